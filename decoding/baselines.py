@@ -1,0 +1,146 @@
+"""Baselines: greedy, sampling and beam search as our own KV-cached loops.
+
+Greedy and beam search reproduce ``transformers``' ``generate`` token for token
+(tests check this on several architectures); they never call ``generate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .events import BeamStep, TokenCommitted
+from .lm import Session
+from .params import BeamParams, GreedyParams, SampleParams
+from .result import ModelPair, Result
+from .sampling import probs as sampling_probs
+from .sampling import sample as draw
+from .tracer import NULL_TRACER
+
+NEG = -1.0e9  # transformers' "impossible" score in beam search
+
+
+def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
+                    tracer: Any, choose: Callable[[torch.Tensor], int], source: str) -> Result:
+    """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token."""
+    target = Session(pair.target, "target", tracer)
+    eos = set(pair.target.eos_token_ids)
+    logits = target.prefill(prompt_ids)[0]                       # [V]
+    out: list[int] = []
+    while True:
+        # 1. pick the next token from the last position's logits
+        token = choose(logits)
+        out.append(token)
+        if tracer.enabled:
+            prob = float(logits.softmax(-1)[token])
+            tracer.emit(TokenCommitted(step=target.forwards, position=len(out) - 1,
+                                       token=token, source=source, prob=prob))
+        # 2. stop on EOS or length
+        if token in eos:
+            return Result(out, target.forwards, stop_reason="eos")
+        if len(out) >= max_new_tokens:
+            return Result(out, target.forwards)
+        # 3. feed it back through the cache
+        logits = target.forward(target.tensor([[token]]), last_only=True)[0, -1]
+
+
+def greedy(prompt_ids: Sequence[int], pair: ModelPair, params: GreedyParams, *,
+           max_new_tokens: int, tracer: Any = NULL_TRACER,
+           rng: Optional[torch.Generator] = None) -> Result:
+    return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
+                           lambda logits: int(torch.argmax(logits)), "greedy")
+
+
+def sample(prompt_ids: Sequence[int], pair: ModelPair, params: SampleParams, *,
+           max_new_tokens: int, tracer: Any = NULL_TRACER,
+           rng: Optional[torch.Generator] = None) -> Result:
+    if params.is_greedy:
+        return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
+                               lambda logits: int(torch.argmax(logits)), "sample")
+    return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
+                           lambda logits: draw(sampling_probs(logits, params), rng), "sample")
+
+
+def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,
+         max_new_tokens: int, tracer: Any = NULL_TRACER,
+         rng: Optional[torch.Generator] = None) -> Result:
+    """Beam search with transformers' rules (batch of one prompt).
+
+    Each step keeps the best ``keep = max(2, 1 + n_eos) * num_beams`` continuations
+    of all beams; those that end (EOS or length) compete for the ``num_beams``
+    finished slots with score ``sum log p / generated_len ** length_penalty``;
+    the best unfinished ``num_beams`` keep running. Stops when the early-stop
+    heuristic says no running beam can beat the worst finished one.
+    """
+    k, lp, early = params.num_beams, params.length_penalty, params.early_stopping
+    target = Session(pair.target, "target", tracer)
+    device = pair.target.device
+    eos = torch.tensor(pair.target.eos_token_ids, dtype=torch.long, device=device)
+    keep = max(2, 1 + eos.numel()) * k
+    in_top_k = torch.arange(keep, device=device) < k                    # [keep]
+
+    running = torch.zeros((k, max_new_tokens), dtype=torch.long, device=device)
+    running_scores = torch.full((k,), NEG, device=device)
+    running_scores[0] = 0.0                                              # identical beams: use one
+    done_seqs = running.clone()
+    done_scores = torch.full((k,), NEG, device=device)
+    done_flags = torch.zeros(k, dtype=torch.bool, device=device)
+    done_lens = torch.zeros(k, dtype=torch.long, device=device)
+    improvable = True
+
+    logits = target.prefill(prompt_ids, batch=k)                         # [k, V]
+    vocab = logits.shape[-1]
+    for t in range(max_new_tokens):
+        # 1. best `keep` continuations over all beams x vocab
+        logp = torch.log_softmax(logits, dim=-1) + running_scores[:, None]   # [k, V]
+        top_scores, top_idx = torch.topk(logp.reshape(-1), keep)            # [keep]
+        src, tok = top_idx // vocab, top_idx % vocab
+        cand = running[src].clone()                                         # [keep, max_new]
+        cand[:, t] = tok
+        ends = torch.isin(tok, eos) | (t + 1 >= max_new_tokens)             # [keep]
+
+        # 2. the best num_beams unfinished continuations keep running
+        masked = top_scores + ends.to(torch.float32) * NEG
+        nxt = torch.topk(masked, k).indices
+        running, running_scores, parents = cand[nxt], masked[nxt], src[nxt]
+
+        # 3. finished ones (among the top num_beams) compete for the finished slots
+        just_done = ends & in_top_k
+        scored = top_scores / ((t + 1) ** lp)
+        scored = scored + float(bool(done_flags.all()) and early is True) * NEG
+        scored = scored + float(not improvable) * NEG
+        scored = scored + (~just_done).to(torch.float32) * NEG
+        merged = torch.cat((done_scores, scored))
+        best = torch.topk(merged, k).indices
+        done_seqs = torch.cat((done_seqs, cand))[best]
+        done_scores = merged[best]
+        done_flags = torch.cat((done_flags, just_done))[best]
+        done_lens = torch.cat((done_lens, torch.full((keep,), t + 1, device=device)))[best]
+
+        if tracer.enabled:
+            tracer.emit(BeamStep(step=target.forwards,
+                                 tokens=tuple(tuple(r[: t + 1].tolist()) for r in running),
+                                 scores=tuple(round(float(s), 5) for s in running_scores),
+                                 finished=int(done_flags.sum())))
+
+        # 4. stop when no running beam can still beat the worst finished hypothesis
+        best_possible = running_scores[0] / ((t + 1) ** lp)
+        worst_done = torch.where(done_flags, done_scores.min(), torch.tensor(NEG, device=device))
+        improvable = improvable and bool((best_possible > worst_done).any())
+        open_beams = not (bool(done_flags.all()) and early is True)
+        if not (improvable and open_beams and not bool(ends.all())):
+            break
+
+        # 5. reorder the cache to follow the surviving beams, then extend them
+        target.cache.reorder_cache(parents)
+        logits = target.forward(running[:, t:t + 1], last_only=True)[:, -1]   # [k, V]
+
+    n = int(done_lens[0])
+    tokens = done_seqs[0, :n].tolist()
+    if tracer.enabled:
+        for i, token in enumerate(tokens):
+            tracer.emit(TokenCommitted(step=target.forwards, position=i, token=token, source="beam"))
+    stop = "eos" if tokens and eos.numel() and tokens[-1] in set(eos.tolist()) else "max_new_tokens"
+    return Result(tokens, target.forwards, stats={"beam_score": round(float(done_scores[0]), 6)},
+                  stop_reason=stop)

@@ -1,0 +1,185 @@
+"""The trace schema: every event a decoding strategy can record.
+
+Events are frozen dataclasses of ints, floats, strings, bools and tuples, so they
+are cheap to build, JSON-serializable and replayable without torch. Every event
+carries ``step``: the number of *target* forward passes completed when it
+happened (0 = before/during prefill). Replays use it as their clock, so that a
+speculative run at step 5 can be shown next to greedy at step 5.
+
+Token sources (``TokenCommitted.source``) are a closed vocabulary, listed in
+``SOURCES``, that the visualizations map onto one colour legend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+# How a committed token was produced.
+SOURCES = (
+    "greedy",      # one target forward, argmax
+    "sample",      # one target forward, sampled
+    "beam",        # final beam-search hypothesis
+    "accepted",    # a drafted token the target verified
+    "correction",  # the target's replacement for a rejected draft token
+    "bonus",       # the target's extra token after a fully accepted draft
+    "jacobi",      # fixed by a Jacobi iteration
+    "ngram",       # from an accepted lookahead n-gram
+)
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """One forward pass of a model: which model, how many positions, how long."""
+    step: int
+    model: str          # "target" or "draft"
+    positions: int      # query positions fed in this pass (batch x length)
+    ms: float
+    kind: str = "decode"  # "prefill" | "decode" | "verify" | "draft" | "jacobi" | "lookahead"
+
+
+@dataclass(frozen=True)
+class TokenCommitted:
+    """A token became part of the output. ``position`` counts new tokens from 0."""
+    step: int
+    position: int
+    token: int
+    source: str
+    prob: Optional[float] = None  # target probability of the token, when known
+
+
+@dataclass(frozen=True)
+class DraftProposed:
+    """A drafter proposed ``tokens`` (with draft probabilities ``q`` when it has them)."""
+    step: int
+    position: int               # output position of the first drafted token
+    tokens: tuple[int, ...]
+    q: tuple[float, ...] = ()   # q_draft(token) for each drafted token; empty if deterministic
+    source: str = "assistant"   # "assistant" | "prompt_lookup" | "prophet" | "ngram_pool"
+
+
+@dataclass(frozen=True)
+class TokenVerified:
+    """The target checked one drafted token.
+
+    ``p_target``/``q_draft`` are the target's and the drafter's probabilities of
+    the drafted token; ``u`` is the uniform draw compared with p/q when sampling
+    (None under greedy verification).
+    """
+    step: int
+    position: int
+    token: int
+    accepted: bool
+    p_target: float
+    q_draft: float
+    u: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class CorrectionToken:
+    """The token the target adds after verification: a correction or a bonus."""
+    step: int
+    position: int
+    token: int
+    kind: str          # "correction" | "bonus"
+    p_target: float
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Top of the target and draft distributions at one output position (the inspector)."""
+    step: int
+    position: int
+    tokens: tuple[int, ...]
+    p_target: tuple[float, ...]
+    q_draft: tuple[float, ...] = ()
+    residual: tuple[float, ...] = ()  # normalized max(0, p - q) when a rejection resampled
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Where one propose-verify step spent its time."""
+    step: int
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float
+    drafted: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class JacobiIteration:
+    """One Jacobi refinement of a block: the whole guess and its converged prefix."""
+    step: int
+    block: int
+    iteration: int
+    start: int                     # output position of the block's first token
+    guess: tuple[int, ...]
+    converged: int                 # length of the prefix that is now fixed
+    probs: tuple[float, ...] = ()  # target probability of each guessed token
+
+
+@dataclass(frozen=True)
+class LookaheadStep:
+    """One fused lookahead forward: window, pool, candidates and what was accepted."""
+    step: int
+    position: int                            # output position of the first committed token
+    window: tuple[tuple[int, ...], ...]      # (N-1) levels x W positions
+    pool_size: int
+    candidates: tuple[tuple[int, ...], ...]  # verified n-grams
+    accepted_candidate: int                  # index into candidates, -1 if none matched
+    accepted: tuple[int, ...]                # tokens committed this step
+    pool_hits: int = 0                       # candidates found for the key token
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    """Running beams after one beam-search step."""
+    step: int
+    tokens: tuple[tuple[int, ...], ...]  # each running beam's generated tokens
+    scores: tuple[float, ...]            # cumulative log-probabilities
+    finished: int                        # hypotheses finished so far
+
+
+EVENT_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (ForwardPass, TokenCommitted, DraftProposed, TokenVerified, CorrectionToken,
+                Distribution, StepTiming, JacobiIteration, LookaheadStep, BeamStep)
+}
+
+
+def event_to_dict(event: Any) -> dict:
+    """A plain dict with a ``type`` tag; tuples become lists."""
+    data = {"type": type(event).__name__}
+    for f in dataclasses.fields(event):
+        data[f.name] = getattr(event, f.name)
+    return data
+
+
+def _to_tuple(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_to_tuple(v) for v in value)
+    return value
+
+
+def event_from_dict(data: dict) -> Any:
+    """Rebuild an event from :func:`event_to_dict` output (or its JSON round trip).
+
+    Raises ``ValueError`` for an unknown type or missing/unknown fields.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"event must be an object, got {type(data).__name__}")
+    name = data.get("type")
+    cls = EVENT_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"unknown event type {name!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    extra = set(data) - set(fields) - {"type"}
+    if extra:
+        raise ValueError(f"{name}: unknown field(s) {sorted(extra)}")
+    kwargs = {k: _to_tuple(v) for k, v in data.items() if k != "type"}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{name}: {exc}") from None

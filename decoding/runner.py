@@ -1,0 +1,304 @@
+"""Run several strategies on one prompt, side by side, and measure them.
+
+The runner owns everything around the decoding loops: text <-> ids, seeding,
+warm-up, device synchronisation around timers, progress and cancellation
+hooks, per-strategy failure isolation, the greedy reference used for speedups
+and the exactness check, and the JSON shape written by ``--json``::
+
+    {"environment": {...}, "prompt_ids": [...],
+     "results": [{"strategy", "label", "params", "token_ids", "text", "pieces", "vocab",
+                  "wall_s", "tokens_per_s", "speedup", "target_forwards",
+                  "draft_forwards", "stats", "events", "lossless",
+                  "matches_greedy", "first_divergence", "stop_reason", "error"}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
+from .params import check_max_new_tokens, params_to_dict
+from .result import ModelPair, Result
+from .sampling import make_generator
+from .strategies import Strategy, get_strategy
+from .tracer import NULL_TRACER, Tracer
+
+
+class Cancelled(Exception):
+    """Raised inside a run when the user pressed Stop or the time limit passed."""
+
+
+# --------------------------------------------------------------------------- text
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
+    """Token ids for ``text``; with ``chat`` the model's chat template wraps it as a user turn."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("prompt must not be empty")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template; run without --chat")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+
+def token_pieces(tokenizer: Any, ids: Sequence[int], context: int = 8) -> list[str]:
+    """The text each token adds, decoded in a short context window so multi-byte characters survive."""
+    pieces = []
+    ids = list(ids)
+    for i in range(len(ids)):
+        lo = max(0, i - context)
+        before = tokenizer.decode(ids[lo:i], skip_special_tokens=False)
+        upto = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False)
+        pieces.append(upto[len(before):] if upto.startswith(before) else tokenizer.decode([ids[i]]))
+    return pieces
+
+
+def _event_token_ids(events: Sequence[Any]) -> set[int]:
+    ids: set[int] = set()
+    for e in events:
+        for name in ("token", "tokens", "guess", "accepted", "window", "candidates"):
+            value = getattr(e, name, None)
+            stack = [value]
+            while stack:
+                v = stack.pop()
+                if isinstance(v, int) and not isinstance(v, bool):
+                    ids.add(v)
+                elif isinstance(v, tuple):
+                    stack.extend(v)
+    return ids
+
+
+# --------------------------------------------------------------------------- results
+
+@dataclass
+class RunResult:
+    strategy: str
+    label: str
+    params: dict
+    token_ids: list[int]
+    wall_s: float
+    target_forwards: int
+    draft_forwards: int = 0
+    stats: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
+    lossless: bool = False
+    text: str = ""
+    pieces: list[str] = field(default_factory=list)
+    vocab: dict[int, str] = field(default_factory=dict)
+    stop_reason: str = ""
+    error: Optional[str] = None
+    speedup: Optional[float] = None
+    matches_greedy: Optional[bool] = None
+    first_divergence: Optional[int] = None
+    reference: bool = False    # added by the runner as the greedy baseline
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "events"}
+        data["tokens_per_s"] = round(self.tokens_per_s, 3)
+        data["vocab"] = {str(k): v for k, v in self.vocab.items()}
+        data["events"] = [event_to_dict(e) for e in self.events]
+        return data
+
+
+def environment(pair: ModelPair, seed: int) -> dict:
+    import transformers
+    env = {
+        "device": str(pair.target.device), "dtype": str(pair.target.dtype).replace("torch.", ""),
+        "target": pair.target.describe(),
+        "assistant": pair.assistant.describe() if pair.assistant else None,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(), "seed": seed,
+    }
+    if pair.target.device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(pair.target.device)
+    return env
+
+
+# --------------------------------------------------------------------------- hooks
+
+class HookTracer(Tracer):
+    """A tracer that also reports progress and enforces Stop / time limits at each event."""
+
+    def __init__(self, on_tokens: Optional[Callable[[int], None]] = None,
+                 should_stop: Optional[Callable[[], bool]] = None,
+                 deadline: Optional[float] = None, record: bool = True) -> None:
+        super().__init__()
+        self.on_tokens, self.should_stop, self.deadline, self.record = on_tokens, should_stop, deadline, record
+        self.done = 0
+
+    def emit(self, event: Any) -> None:
+        if self.record:
+            self.events.append(event)
+        n = None
+        if isinstance(event, TokenCommitted):
+            n = event.position + 1
+        elif isinstance(event, BeamStep) and event.tokens:
+            n = len(event.tokens[0])
+        elif isinstance(event, JacobiIteration):
+            n = event.start + event.converged
+        if n is not None and n > self.done:
+            self.done = n
+            if self.on_tokens:
+                self.on_tokens(n)
+        if self.should_stop is not None and self.should_stop():
+            raise Cancelled("stopped by the user")
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise Cancelled("time limit reached")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- running
+
+def run_one(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair, *,
+            max_new_tokens: int, seed: int = 0, trace: bool = True,
+            tracer: Optional[Tracer] = None) -> tuple[Result, float, list]:
+    """Run one strategy once; returns (result, wall seconds, events)."""
+    if strategy.needs_assistant and pair.assistant is None and not pair.extras:
+        raise ValueError(f"strategy {strategy.name!r} needs an assistant model")
+    tr = tracer if tracer is not None else (Tracer() if trace else NULL_TRACER)
+    rng = make_generator(seed, pair.target.device)
+    _sync(pair.target.device)
+    t0 = time.perf_counter()
+    result = strategy.generate(list(prompt_ids), pair, params, max_new_tokens=max_new_tokens,
+                               tracer=tr, rng=rng)
+    _sync(pair.target.device)
+    return result, time.perf_counter() - t0, list(tr.events)
+
+
+def _first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tuple[str, Any]], *,
+                   max_new_tokens: int, seed: int = 0, warmup: bool = True, trace: bool = True,
+                   reference: bool = True,
+                   on_progress: Optional[Callable[[int, str, int], None]] = None,
+                   should_stop: Optional[Callable[[], bool]] = None,
+                   time_limit_s: Optional[float] = None) -> list[RunResult]:
+    """Run ``runs`` = [(strategy name, params dict or params object)] on one prompt.
+
+    Parameters are validated before anything runs (a bad one raises ValueError).
+    With ``reference`` a greedy run is added first when absent, so every result
+    gets a speedup and lossless strategies an exactness verdict. A strategy that
+    raises is reported in its own result's ``error``; the others still run.
+    ``on_progress(index, strategy, tokens_done)`` is called as tokens commit.
+    """
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    plan: list[tuple[Strategy, Any, bool]] = []
+    for name, values in runs:
+        strategy = get_strategy(name)
+        params = values if isinstance(values, strategy.params_cls) else strategy.parse(values)
+        plan.append((strategy, params, False))
+    if reference and not any(s.name == "greedy" for s, _, _ in plan):
+        greedy = get_strategy("greedy")
+        plan.insert(0, (greedy, greedy.parse({}), True))
+
+    if warmup:  # 1. allocate caches and kernels once, untimed
+        for strategy, params, _ in plan:
+            try:
+                run_one(strategy, params, prompt_ids, pair, max_new_tokens=min(4, max_new_tokens),
+                        seed=seed, trace=False)
+            except Exception:  # the real run reports it
+                pass
+
+    deadline = time.perf_counter() + time_limit_s if time_limit_s else None
+    tokenizer = pair.target.tokenizer
+    results: list[RunResult] = []
+    for index, (strategy, params, is_ref) in enumerate(plan):
+        # 2. one timed run per strategy, each with its own seeded generator
+        hook = None
+        if trace or on_progress or should_stop or deadline:
+            hook = HookTracer(on_tokens=(lambda n, i=index, s=strategy.name: on_progress(i, s, n))
+                              if on_progress else None,
+                              should_stop=should_stop, deadline=deadline, record=trace)
+        rr = RunResult(strategy.name, strategy.label or strategy.name, params_to_dict(params), [],
+                       0.0, 0, lossless=strategy.lossless, reference=is_ref)
+        t0 = time.perf_counter()
+        try:
+            result, rr.wall_s, rr.events = run_one(strategy, params, prompt_ids, pair,
+                                                   max_new_tokens=max_new_tokens, seed=seed,
+                                                   tracer=hook if hook is not None else NULL_TRACER)
+            rr.token_ids, rr.target_forwards = list(result.token_ids), result.target_forwards
+            rr.draft_forwards, rr.stats, rr.stop_reason = result.draft_forwards, dict(result.stats), result.stop_reason
+        except Cancelled as exc:
+            rr.wall_s, rr.error, rr.stop_reason = time.perf_counter() - t0, str(exc), "cancelled"
+            rr.events = list(hook.events) if hook else []
+            rr.token_ids = _committed_tokens(rr.events)
+        except Exception as exc:  # isolate failures: the other columns still show
+            rr.wall_s = time.perf_counter() - t0
+            rr.error = f"{type(exc).__name__}: {exc}"
+            rr.stop_reason = "error"
+            if isinstance(exc, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if tokenizer is not None:
+            rr.text = tokenizer.decode(rr.token_ids, skip_special_tokens=True)
+            rr.pieces = token_pieces(tokenizer, rr.token_ids)
+            ids = _event_token_ids(rr.events) | set(rr.token_ids)
+            rr.vocab = {i: tokenizer.decode([i]) for i in sorted(ids)}
+        results.append(rr)
+        if rr.error and rr.stop_reason == "cancelled" and should_stop is not None and should_stop():
+            break
+    _compare_to_greedy(results)
+    return results
+
+
+def _committed_tokens(events: Sequence[Any]) -> list[int]:
+    tokens: dict[int, int] = {}
+    for e in events:
+        if isinstance(e, TokenCommitted):
+            tokens[e.position] = e.token
+    return [tokens[i] for i in range(len(tokens)) if i in tokens]
+
+
+def _compare_to_greedy(results: list[RunResult]) -> None:
+    base = next((r for r in results if r.strategy == "greedy" and not r.error), None)
+    if base is None:
+        return
+    for r in results:
+        if r.error:
+            continue
+        if base.tokens_per_s > 0 and r.tokens_per_s > 0:
+            r.speedup = round(r.tokens_per_s / base.tokens_per_s, 4)
+        if r.lossless:
+            r.first_divergence = _first_divergence(r.token_ids, base.token_ids)
+            r.matches_greedy = r.first_divergence is None
+
+
+def summarize(results: Sequence[RunResult]) -> list[dict]:
+    """One row per result for tables: strategy, tokens, seconds, tok/s, speedup, forwards."""
+    rows = []
+    for r in results:
+        rows.append({
+            "strategy": r.strategy + (" (reference)" if r.reference else ""),
+            "tokens": len(r.token_ids), "seconds": round(r.wall_s, 3),
+            "tok/s": round(r.tokens_per_s, 2),
+            "speedup": None if r.speedup is None or math.isnan(r.speedup) else round(r.speedup, 2),
+            "target fwd": r.target_forwards, "draft fwd": r.draft_forwards,
+            "= greedy": {True: "yes", False: f"no (pos {r.first_divergence})", None: "-"}[r.matches_greedy],
+            "error": r.error or "",
+        })
+    return rows
