@@ -52,15 +52,27 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
     return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
 
 
-def token_pieces(tokenizer: Any, ids: Sequence[int], context: int = 8) -> list[str]:
-    """The text each token adds, decoded in a short context window so multi-byte characters survive."""
-    pieces = []
+def token_pieces(tokenizer: Any, ids: Sequence[int], context: int = 4) -> list[str]:
+    """The text each token adds, so that ``"".join(pieces) == decode(ids)``.
+
+    A token that ends inside a multi-byte character gets an empty piece and the
+    token completing the character carries it. Each piece is decoded after a few
+    tokens of left context, so tokenizers that drop a word's leading space when
+    it starts a string still show it.
+    """
     ids = list(ids)
+    pieces: list[str] = []
+    anchor = 0  # first token whose text has not been emitted yet
     for i in range(len(ids)):
-        lo = max(0, i - context)
-        before = tokenizer.decode(ids[lo:i], skip_special_tokens=False)
-        upto = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False)
-        pieces.append(upto[len(before):] if upto.startswith(before) else tokenizer.decode([ids[i]]))
+        ctx = max(0, anchor - context)
+        head = tokenizer.decode(ids[ctx:anchor], skip_special_tokens=False)
+        full = tokenizer.decode(ids[ctx:i + 1], skip_special_tokens=False)
+        if full.endswith("\ufffd") and i < len(ids) - 1:
+            pieces.append("")  # incomplete character: wait for the next token
+            continue
+        pieces.append(full[len(head):] if full.startswith(head)
+                      else tokenizer.decode(ids[anchor:i + 1], skip_special_tokens=False))
+        anchor = i + 1
     return pieces
 
 

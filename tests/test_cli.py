@@ -1,0 +1,86 @@
+"""The command line: JSON shape, generate parity through the CLI, local directories, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from decoding import cli
+from decoding.models import cache_root, load_model
+
+PROMPT = "Name three colours of the rainbow."
+RESULT_KEYS = {"strategy", "params", "token_ids", "text", "wall_s", "tokens_per_s",
+               "target_forwards", "draft_forwards", "stats", "events"}
+
+
+def _generate(lm, ids, **kw):
+    t = torch.tensor([ids])
+    out = lm.model.generate(t, attention_mask=torch.ones_like(t), do_sample=False, **kw)[0, len(ids):]
+    pad = lm.model.generation_config.pad_token_id
+    new = out.tolist()
+    while new and new[-1] == pad and 2 in new[:-1]:
+        new.pop()
+    return new
+
+
+@pytest.mark.parametrize("target", ["smollm2-135m-instruct", "local-dir"])
+def test_run_json_matches_generate(tmp_path, target, capsys):
+    load_model("smollm2-135m-instruct")
+    spec = str(cache_root() / "smollm2-135m-instruct") if target == "local-dir" else target
+    out = tmp_path / "out.json"
+    rc = cli.main(["run", "--target", spec, "--strategy", "greedy", "--strategy", "beam",
+                   "--set", "num_beams=4", "--chat", "--prompt", PROMPT, "--max-new-tokens", "24",
+                   "--json", str(out), "--quiet"])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "strategy" in table and "tok/s" in table and "speedup" in table and "beam" in table
+    doc = json.loads(out.read_text())
+    assert {"environment", "prompt_ids", "results"} <= set(doc)
+    assert doc["environment"]["device"] == "cpu" and doc["environment"]["seed"] == 0
+    lm = load_model(spec)
+    by_name = {r["strategy"]: r for r in doc["results"]}
+    for r in doc["results"]:
+        assert RESULT_KEYS <= set(r) and r["events"] and r["error"] is None
+    assert by_name["greedy"]["token_ids"] == _generate(lm, doc["prompt_ids"], max_new_tokens=24)
+    assert by_name["beam"]["params"]["num_beams"] == 4
+    assert by_name["beam"]["token_ids"] == _generate(lm, doc["prompt_ids"], max_new_tokens=24, num_beams=4)
+    assert by_name["greedy"]["text"] == lm.tokenizer.decode(by_name["greedy"]["token_ids"],
+                                                            skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "num_beams=0", "--strategy", "beam"], "num_beams must be in [1, 16]"),
+    (["--set", "temperature=-1", "--strategy", "sample"], "temperature must be in [0, 100]"),
+    (["--set", "top_p=nan", "--strategy", "sample"], "top_p must be finite"),
+    (["--set", "num_beams=4", "--strategy", "greedy"], "no selected strategy has a parameter 'num_beams'"),
+    (["--set", "num_beams", "--strategy", "beam"], "--set expects KEY=VALUE"),
+    (["--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be in [1, 1024]"),
+    (["--max-new-tokens", "99999"], "max_new_tokens must be in [1, 1024]"),
+    (["--target", "gpt2-xl"], "offline"),
+])
+def test_bad_input_exits_2_with_message(args, message, capsys):
+    rc = cli.main(["run", "--prompt", "hi", "--quiet", *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_empty_prompt(capsys):
+    assert cli.main(["run", "--prompt", "   ", "--quiet"]) == 2
+    assert "prompt must not be empty" in capsys.readouterr().err
+
+
+def test_module_entry_point_and_list():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "decoding", "list"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "greedy" in proc.stdout and "smollm2-135m-instruct" in proc.stdout and "beam" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "decoding", "run", "--prompt", "x", "--strategy", "beam",
+                          "--set", "num_beams=-3"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "num_beams" in bad.stderr and "Traceback" not in bad.stderr

