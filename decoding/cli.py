@@ -1,4 +1,4 @@
-"""Command line: ``python -m decoding run|list``.
+"""Command line: ``python -m decoding run|bench|list``.
 
     python -m decoding run --target NAME|PATH|HUB_ID [--assistant ...] \
         --strategy NAME [--strategy NAME ...] (--prompt TEXT | --prompt-file F) [--chat] \
@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 EXIT_USAGE = 2
@@ -116,6 +117,72 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if any(r.error for r in results) else 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from . import bench
+    from .models import load_model
+    from .params import check_max_new_tokens
+    from .result import ModelPair
+    from .runner import environment
+    from .strategies import get_strategy
+
+    strategies = args.strategy or []
+    for name in strategies:
+        get_strategy(name)
+    per = _parse_sets(args.set or [], strategies)
+    max_new = check_max_new_tokens(args.max_new_tokens)
+    methods = [bench.Method(s, s, get_strategy(s).parse(per[s]), lossless=get_strategy(s).lossless)
+               for s in strategies if s != "greedy"]
+    sweeps = [bench.parse_sweep(spec) for spec in args.sweep or []]
+    for strategy, keys, combos in sweeps:
+        for combo in combos:
+            values = dict(per.get(strategy, {}), **dict(zip(keys, combo)))
+            methods.append(bench.Method(bench.sweep_method_name(strategy, keys, combo), strategy,
+                                        get_strategy(strategy).parse(values),
+                                        lossless=get_strategy(strategy).lossless))
+    prompts = bench.load_prompt_set(args.prompts, args.category, args.per_category)
+    status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
+    target = load_model(args.target, device=args.device, dtype=args.dtype, progress=status)
+    assistant = load_model(args.assistant, device=args.device, dtype=args.dtype,
+                           progress=status) if args.assistant else None
+    pair = ModelPair(target, assistant)
+    anchors = args.anchor if args.anchor is not None else (
+        ["hf_greedy"] + (["hf_prompt_lookup"] if "prompt_lookup" in strategies else [])
+        + (["hf_assisted"] if assistant is not None else []))
+    for a in anchors:
+        if a not in bench.ANCHORS:
+            raise ValueError(f"--anchor must be one of {', '.join(bench.ANCHORS)}, got {a!r}")
+        if a == "hf_assisted" and assistant is None:
+            raise ValueError("--anchor hf_assisted needs --assistant")
+    pl_tokens = int(getattr(methods[[m.strategy for m in methods].index("prompt_lookup")].params,
+                            "draft_tokens", 10)) if "prompt_lookup" in [m.strategy for m in methods] else 10
+    methods += [bench.Method(a, None, anchor=a) for a in anchors]
+    total = len(prompts) * args.repeats * (len(methods) + 1)
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.quiet) as bar:
+        doc = bench.run_bench(pair, prompts, methods, max_new_tokens=max_new, repeats=args.repeats,
+                              seed=args.seed, chat=not args.no_chat, prompt_lookup_tokens=pl_tokens,
+                              on_step=lambda: bar.update(1))
+    doc["environment"] = environment(pair, args.seed)
+    doc["args"] = {k: v for k, v in vars(args).items() if k != "func"}
+    if sweeps:
+        doc["sweeps"] = bench.sweep_points(doc, sweeps)
+    print(bench.markdown_table(doc["summary"]))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(bench.markdown_table(doc["summary"]) + "\n", encoding="utf-8")
+    if args.html:
+        Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+        bench.html_report(doc, args.html)
+    bad = [r for r in doc["rows"] if r["equals_greedy"] is False and r["method"] in
+           {m.name for m in methods if m.lossless}]
+    return 1 if bad else 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from .models import bundled_file, load_presets
     from .strategies import registry
@@ -160,6 +227,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--show-text", action="store_true", help="print each strategy's text")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)
+    bn = sub.add_parser("bench", help="benchmark strategies against greedy and transformers' generate")
+    bn.add_argument("--target", default="smollm2-135m-instruct")
+    bn.add_argument("--assistant", default=None)
+    bn.add_argument("--strategy", action="append", help="strategy to time; repeat for several")
+    bn.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategy parameter (as for run)")
+    bn.add_argument("--sweep", action="append", metavar="STRATEGY:KEY=V1,V2[;KEY=...]",
+                    help="parameter grid, e.g. 'lookahead:window=4,8;ngram=3,4'")
+    bn.add_argument("--prompts", default=None, help="YAML prompt set (default presets/prompts.yaml)")
+    bn.add_argument("--category", action="append", help="only these categories")
+    bn.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
+    bn.add_argument("--anchor", action="append", help=f"transformers anchors: hf_greedy, hf_prompt_lookup, hf_assisted")
+    bn.add_argument("--repeats", type=int, default=3)
+    bn.add_argument("--max-new-tokens", type=int, default=64)
+    bn.add_argument("--seed", type=int, default=0)
+    bn.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    bn.add_argument("--device", default=None)
+    bn.add_argument("--dtype", default=None)
+    bn.add_argument("--json", default=None)
+    bn.add_argument("--markdown", default=None)
+    bn.add_argument("--html", default=None)
+    bn.add_argument("--quiet", action="store_true")
+    bn.set_defaults(func=cmd_bench)
     lst = sub.add_parser("list", help="list strategies, their parameters and model presets")
     lst.set_defaults(func=cmd_list)
     return parser

@@ -1,0 +1,285 @@
+"""``python -m decoding bench``: a Spec-Bench-style benchmark anyone can rerun.
+
+For every prompt of a prompt set (``presets/prompts.yaml``, by category) it runs
+our greedy baseline, every requested strategy and transformers' own
+``generate`` anchors, interleaved in one process after a warm-up, untraced,
+``--repeats`` times. It reports per category the median wall time, tok/s, the
+speedup against our greedy (geometric mean over prompts), acceptance α, mean
+tokens per target forward, the draft/target cost ratio and, for lossless
+strategies, whether the tokens equal greedy's. Output: a table on stdout, and
+optionally JSON, markdown and a plotly HTML report (with sweep heatmaps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import yaml
+
+from .models import PRESETS_DIR, LoadedModel
+from .result import ModelPair
+from .runner import encode_prompt, environment
+from .sampling import make_generator
+from .strategies import get_strategy
+from .tracer import NULL_TRACER
+
+ANCHORS = ("hf_greedy", "hf_prompt_lookup", "hf_assisted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One thing to time: a strategy with parameters, or a transformers anchor."""
+    name: str                       # display name, unique within a run
+    strategy: Optional[str]         # registry name, None for anchors
+    params: Any = None
+    anchor: Optional[str] = None    # one of ANCHORS
+    lossless: bool = False
+
+
+def load_prompt_set(path: Path | None = None, categories: Sequence[str] | None = None,
+                    per_category: int | None = None) -> list[tuple[str, str]]:
+    """[(category, prompt text)] from a YAML mapping ``{category: [prompt | {prompt: ...}]}``."""
+    with open(path or PRESETS_DIR / "prompts.yaml", encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data = data.get("categories", data) if isinstance(data, dict) else {}
+    out = []
+    for category, items in data.items():
+        if categories and category not in categories:
+            continue
+        for item in (items or [])[: per_category or None]:
+            text = item.get("prompt") if isinstance(item, dict) else item
+            if isinstance(text, str) and text.strip():
+                out.append((category, text))
+    if not out:
+        raise ValueError(f"no prompts found for categories {list(categories or [])}")
+    return out
+
+
+def _hf_generate(lm: LoadedModel, prompt_ids: list[int], max_new: int, **kwargs: Any) -> list[int]:
+    ids = torch.tensor([prompt_ids], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                do_sample=False, **kwargs)[0, len(prompt_ids):]
+    tokens = out.tolist()
+    eos = set(lm.eos_token_ids)
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _runner(method: Method, pair: ModelPair, max_new: int, seed: int,
+            prompt_lookup_tokens: int) -> Callable[[list[int]], tuple[list[int], dict, int, int]]:
+    """A function prompt_ids -> (tokens, stats, target forwards, draft forwards)."""
+    if method.anchor == "hf_greedy":
+        return lambda ids: (_hf_generate(pair.target, ids, max_new), {}, 0, 0)
+    if method.anchor == "hf_prompt_lookup":
+        return lambda ids: (_hf_generate(pair.target, ids, max_new,
+                                         prompt_lookup_num_tokens=prompt_lookup_tokens), {}, 0, 0)
+    if method.anchor == "hf_assisted":
+        return lambda ids: (_hf_generate(pair.target, ids, max_new,
+                                         assistant_model=pair.assistant.model), {}, 0, 0)
+    strategy = get_strategy(method.strategy)
+
+    def run(ids: list[int]) -> tuple[list[int], dict, int, int]:
+        res = strategy.generate(ids, pair, method.params, max_new_tokens=max_new, tracer=NULL_TRACER,
+                                rng=make_generator(seed, pair.target.device))
+        return res.token_ids, res.stats, res.target_forwards, res.draft_forwards
+    return run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def geomean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+
+
+def run_bench(pair: ModelPair, prompts: list[tuple[str, str]], methods: list[Method], *,
+              max_new_tokens: int, repeats: int = 3, seed: int = 0, chat: bool = True,
+              prompt_lookup_tokens: int = 10,
+              on_step: Optional[Callable[[], None]] = None) -> dict:
+    """Time every method on every prompt; returns a JSON-ready document."""
+    baseline = Method("greedy", "greedy", get_strategy("greedy").parse({}), lossless=True)
+    methods = [baseline] + [m for m in methods if m.name != "greedy"]
+    runs = {m.name: _runner(m, pair, max_new_tokens, seed, prompt_lookup_tokens) for m in methods}
+    encoded = [(cat, text, encode_prompt(pair.target.tokenizer, text, chat=chat and pair.target.chat))
+               for cat, text in prompts]
+    for _, _, ids in encoded[:2]:  # 1. warm-up, untimed
+        for run in runs.values():
+            run(ids)
+    rows = []
+    for cat, text, ids in encoded:
+        times: dict[str, list[float]] = defaultdict(list)
+        outputs: dict[str, tuple] = {}
+        for _ in range(repeats):  # 2. interleave methods so drift hits all alike
+            for m in methods:
+                _sync(pair.target.device)
+                t0 = time.perf_counter()
+                outputs[m.name] = runs[m.name](ids)
+                _sync(pair.target.device)
+                times[m.name].append(time.perf_counter() - t0)
+                if on_step:
+                    on_step()
+        greedy_tokens = outputs["greedy"][0]
+        base_s = statistics.median(times["greedy"])
+        for m in methods:
+            tokens, stats, tfwd, dfwd = outputs[m.name]
+            wall = statistics.median(times[m.name])
+            rows.append({
+                "category": cat, "prompt": text[:80], "method": m.name, "tokens": len(tokens),
+                "wall_s": wall, "tok_s": len(tokens) / wall if wall else 0.0,
+                "speedup": (len(tokens) / wall) / (len(greedy_tokens) / base_s) if wall and greedy_tokens else None,
+                "alpha": stats.get("alpha"), "tokens_per_target_forward":
+                    stats.get("mean_tokens_per_target_forward", stats.get("step_compression",
+                              len(tokens) / tfwd if tfwd else None)),
+                "cost_ratio": stats.get("cost_ratio"), "target_forwards": tfwd, "draft_forwards": dfwd,
+                "equals_greedy": (tokens == greedy_tokens) if (m.lossless or m.anchor in ANCHORS) else None,
+            })
+    return {"methods": [{"name": m.name, "strategy": m.strategy, "anchor": m.anchor,
+                         "params": dataclasses.asdict(m.params) if m.params is not None else {}}
+                        for m in methods],
+            "rows": rows, "summary": summarize_rows(rows)}
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize_rows(rows: list[dict]) -> list[dict]:
+    """Per (category, method) and per method over all categories ("all")."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["category"], r["method"])].append(r)
+        groups[("all", r["method"])].append(r)
+    cats = list(dict.fromkeys(r["category"] for r in rows)) + ["all"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    ordered = [(c, m) for c in cats for m in methods if (c, m) in groups]
+    out = []
+    for cat, method in ordered:
+        rs = groups[(cat, method)]
+        eq = [r["equals_greedy"] for r in rs if r["equals_greedy"] is not None]
+        out.append({"category": cat, "method": method, "prompts": len(rs),
+                    "median_wall_s": statistics.median(r["wall_s"] for r in rs),
+                    "tok_s": statistics.median(r["tok_s"] for r in rs),
+                    "speedup_geomean": geomean([r["speedup"] for r in rs]),
+                    "alpha": _mean([r["alpha"] for r in rs]),
+                    "tokens_per_target_forward": _mean([r["tokens_per_target_forward"] for r in rs]),
+                    "cost_ratio": _mean([r["cost_ratio"] for r in rs]),
+                    "equals_greedy": (f"{sum(eq)}/{len(eq)}" if eq else "-")})
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def markdown_table(summary: list[dict], category: str | None = None) -> str:
+    cols = ["category", "method", "prompts", "median_wall_s", "tok_s", "speedup_geomean", "alpha",
+            "tokens_per_target_forward", "cost_ratio", "equals_greedy"]
+    rows = [s for s in summary if category is None or s["category"] == category]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def html_report(doc: dict, path: str) -> None:
+    """A self-contained plotly report: speedup per category and method, plus sweeps."""
+    import plotly.graph_objects as go
+    summary = [s for s in doc["summary"] if s["category"] != "all"]
+    methods = list(dict.fromkeys(s["method"] for s in summary))
+    cats = list(dict.fromkeys(s["category"] for s in summary))
+    fig = go.Figure()
+    for m in methods:
+        ys = [next((s["speedup_geomean"] for s in summary if s["method"] == m and s["category"] == c), None)
+              for c in cats]
+        fig.add_bar(name=m, x=cats, y=ys)
+    fig.update_layout(title="Speedup vs our greedy (geometric mean over prompts)", barmode="group",
+                      yaxis_title="speedup x")
+    parts = [fig.to_html(full_html=False, include_plotlyjs="cdn")]
+    for sweep in doc.get("sweeps", []):
+        parts.append(sweep_figure(sweep).to_html(full_html=False, include_plotlyjs=False))
+    body = "\n".join(parts)
+    env = doc.get("environment", {})
+    Path(path).write_text(f"<html><head><meta charset='utf-8'><title>decoding bench</title></head><body>"
+                          f"<h1>Decoding benchmark</h1><p>{env.get('device')} {env.get('dtype')} "
+                          f"torch {env.get('torch')} transformers {env.get('transformers')}</p>{body}"
+                          f"</body></html>", encoding="utf-8")
+
+
+def sweep_figure(sweep: dict) -> Any:
+    """A curve for a one-parameter sweep, a heatmap for two parameters."""
+    import plotly.graph_objects as go
+    keys, points = sweep["keys"], sweep["points"]
+    title = f"{sweep['strategy']}: speedup over greedy"
+    if len(keys) == 1:
+        fig = go.Figure(go.Scatter(x=[p["values"][0] for p in points], y=[p["speedup"] for p in points],
+                                   mode="lines+markers"))
+        fig.update_layout(title=title, xaxis_title=keys[0], yaxis_title="speedup x")
+        return fig
+    xs = sorted({p["values"][0] for p in points})
+    ys = sorted({p["values"][1] for p in points})
+    z = [[max((p["speedup"] for p in points if p["values"][0] == x and p["values"][1] == y), default=None)
+          for x in xs] for y in ys]
+    fig = go.Figure(go.Heatmap(x=[str(x) for x in xs], y=[str(y) for y in ys], z=z, colorscale="Viridis",
+                               colorbar={"title": "speedup"}, texttemplate="%{z:.2f}"))
+    rest = f" (best over {', '.join(keys[2:])})" if len(keys) > 2 else ""
+    fig.update_layout(title=title + rest, xaxis_title=keys[0], yaxis_title=keys[1])
+    return fig
+
+
+def parse_sweep(spec: str) -> tuple[str, list[str], list[tuple]]:
+    """``"lookahead:window=4,8;ngram=3,4"`` -> (strategy, keys, [value tuples])."""
+    import itertools
+    if ":" not in spec:
+        raise ValueError(f"--sweep expects STRATEGY:KEY=V1,V2[;KEY=...], got {spec!r}")
+    strategy, rest = spec.split(":", 1)
+    get_strategy(strategy.strip())
+    keys, grids = [], []
+    for part in rest.split(";"):
+        if "=" not in part:
+            raise ValueError(f"--sweep part {part!r} must be KEY=V1,V2")
+        key, values = part.split("=", 1)
+        keys.append(key.strip())
+        grids.append([v.strip() for v in values.split(",") if v.strip()])
+    return strategy.strip(), keys, list(itertools.product(*grids))
+
+
+def sweep_points(doc: dict, sweeps: list[tuple[str, list[str], list[tuple]]]) -> list[dict]:
+    overall = {s["method"]: s for s in doc["summary"] if s["category"] == "all"}
+    out = []
+    for strategy, keys, combos in sweeps:
+        points = []
+        for combo in combos:
+            name = sweep_method_name(strategy, keys, combo)
+            if name in overall:
+                s = overall[name]
+                points.append({"values": [_num(v) for v in combo], "speedup": s["speedup_geomean"],
+                               "tokens_per_target_forward": s["tokens_per_target_forward"]})
+        out.append({"strategy": strategy, "keys": keys, "points": points})
+    return out
+
+
+def sweep_method_name(strategy: str, keys: list[str], combo: tuple) -> str:
+    return f"{strategy}[" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)) + "]"
+
+
+def _num(v: str) -> Any:
+    try:
+        f = float(v)
+        return int(f) if f.is_integer() else f
+    except ValueError:
+        return v
