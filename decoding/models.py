@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -166,9 +167,53 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
 
 # --------------------------------------------------------------------------- loading
 
-_cache: dict[tuple, LoadedModel] = {}
+_cache: "OrderedDict[tuple, LoadedModel]" = OrderedDict()  # least recently used first
 _cache_lock = threading.Lock()
 _key_locks: dict[tuple, threading.Lock] = {}
+_budget_bytes: Optional[int] = None
+
+
+def set_memory_budget(gigabytes: Optional[float]) -> None:
+    """Cap the memory held by cached models; least recently used ones are evicted first.
+
+    ``None`` removes the cap. A model larger than the budget still loads (alone).
+    """
+    global _budget_bytes
+    if gigabytes is not None and not (gigabytes > 0):
+        raise ValueError(f"memory budget must be > 0 GB, got {gigabytes!r}")
+    _budget_bytes = None if gigabytes is None else int(gigabytes * 2**30)
+
+
+def model_bytes(loaded: LoadedModel) -> int:
+    seen, total = set(), 0
+    for t in list(loaded.model.parameters()) + list(loaded.model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _evict_for(incoming: int) -> list[str]:
+    """Drop least recently used models until ``incoming`` more bytes fit the budget."""
+    evicted = []
+    if _budget_bytes is None:
+        return evicted
+    held = sum(model_bytes(m) for m in _cache.values())
+    while _cache and held + incoming > _budget_bytes:
+        key, old = _cache.popitem(last=False)
+        held -= model_bytes(old)
+        evicted.append(old.name)
+    if evicted:
+        import gc
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return evicted
+
+
+def cached_models() -> list[str]:
+    with _cache_lock:
+        return [m.name for m in _cache.values()]
 
 
 def _auto_classes(config: Any) -> Any:
@@ -267,14 +312,17 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
     key = (spec, str(dev), str(dt))
     with _cache_lock:
         if key in _cache:
+            _cache.move_to_end(key)
             return _cache[key]
         lock = _key_locks.setdefault(key, threading.Lock())
     with lock:  # one loader per key; others wait and then read the cache
         with _cache_lock:
             if key in _cache:
+                _cache.move_to_end(key)
                 return _cache[key]
         loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None))
         with _cache_lock:
+            _evict_for(model_bytes(loaded))
             _cache[key] = loaded
         return loaded
 

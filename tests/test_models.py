@@ -101,3 +101,48 @@ def test_no_trust_remote_code_anywhere():
     for path in list((root / "decoding").rglob("*.py")) + [root / "app.py"]:
         if path.exists():
             assert "trust_remote_code=True" not in path.read_text(encoding="utf-8"), path
+
+
+def test_concurrent_loads_share_one_model(monkeypatch):
+    import threading
+    calls = []
+    real = models._load_uncached
+
+    def slow(spec, device, dtype, progress):
+        calls.append(spec)
+        time.sleep(0.3)
+        return real(spec, device, dtype, progress)
+    models.clear_model_cache()
+    monkeypatch.setattr(models, "_load_uncached", slow)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(load_model(BUNDLED))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [BUNDLED] and len(got) == 4 and all(g is got[0] for g in got)
+
+
+def test_memory_budget_evicts_least_recently_used(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    dirs = []
+    for i in range(3):
+        cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1)
+        d = tmp_path / f"m{i}"
+        LlamaForCausalLM(cfg).save_pretrained(d)
+        load_model(BUNDLED).tokenizer.save_pretrained(d)
+        dirs.append(str(d))
+    models.clear_model_cache()
+    size = models.model_bytes(load_model(dirs[0]))
+    try:
+        models.set_memory_budget(2.5 * size / 2**30)
+        load_model(dirs[1])
+        load_model(dirs[0])                    # touch m0: m1 is now least recently used
+        load_model(dirs[2])                    # over budget: evicts m1
+        assert models.cached_models() == [dirs[0], dirs[2]]
+        with pytest.raises(ValueError, match="memory budget"):
+            models.set_memory_budget(0)
+    finally:
+        models.set_memory_budget(None)
+        models.clear_model_cache()
