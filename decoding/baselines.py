@@ -22,9 +22,11 @@ NEG = -1.0e9  # transformers' "impossible" score in beam search
 
 
 def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
-                    tracer: Any, choose: Callable[[torch.Tensor], int], source: str) -> Result:
+                    tracer: Any, choose: Callable[[torch.Tensor], int], source: str,
+                    fast: bool = False) -> Result:
     """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token."""
-    target = Session(pair.target, "target", tracer)
+    static_len = len(prompt_ids) + max_new_tokens if fast else None
+    target = Session(pair.target, "target", tracer, static_len=static_len, compiled=fast)
     eos = set(pair.target.eos_token_ids)
     logits = target.prefill(prompt_ids)[0]                       # [V]
     out: list[int] = []
@@ -49,7 +51,7 @@ def greedy(prompt_ids: Sequence[int], pair: ModelPair, params: GreedyParams, *,
            max_new_tokens: int, tracer: Any = NULL_TRACER,
            rng: Optional[torch.Generator] = None) -> Result:
     return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
-                           lambda logits: int(torch.argmax(logits)), "greedy")
+                           lambda logits: int(torch.argmax(logits)), "greedy", fast=params.fast)
 
 
 def sample(prompt_ids: Sequence[int], pair: ModelPair, params: SampleParams, *,

@@ -36,7 +36,8 @@ class Session:
     """
 
     def __init__(self, lm: LoadedModel, role: str = "target", tracer: Any = NULL_TRACER,
-                 clock: Optional[Callable[[], int]] = None) -> None:
+                 clock: Optional[Callable[[], int]] = None, static_len: Optional[int] = None,
+                 compiled: bool = False) -> None:
         self.lm = lm
         self.model = lm.model
         self.role = role
@@ -49,6 +50,13 @@ class Session:
         self.last_hidden: Optional[torch.Tensor] = None
         self._encoder_kwargs: dict = {}
         self._sync = lm.device.type == "cuda"
+        # Fast path: a preallocated (static) KV cache of ``static_len`` positions, and on
+        # CUDA the forward compiled with CUDA graphs so small models are not bound by
+        # kernel-launch overhead. Decoder-only models only.
+        self.static_len = static_len if not lm.is_encoder_decoder else None
+        self._call = self.model
+        if compiled and self.static_len and lm.device.type == "cuda":
+            self._call = _compiled_forward(self.model)
 
     # ------------------------------------------------------------------ state
     @property
@@ -57,6 +65,12 @@ class Session:
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
     def crop(self, length: int) -> None:
+        if self.static_len:
+            # A static cache keeps its buffers; moving the write position back is enough,
+            # since the causal mask hides every slot past the query positions.
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(min(length, int(layer.cumulative_length)))
+            return
         crop_cache(self.cache, length)
 
     def tensor(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
@@ -64,7 +78,9 @@ class Session:
         return t if t.dim() == 2 else t.unsqueeze(0)
 
     def new_cache(self) -> Any:
-        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+        if self.static_len:
+            return StaticCache(config=self.model.config, max_cache_len=self.static_len)
         if self.lm.is_encoder_decoder:
             return EncoderDecoderCache(DynamicCache(), DynamicCache())
         return DynamicCache()
@@ -124,8 +140,11 @@ class Session:
         if self._sync and traced:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
+        # the compiled graph serves one-token decode steps; prefill and multi-token
+        # forwards (whose shapes vary) run eagerly
+        call = self._call if ids.shape[-1] == 1 else self.model
         with torch.inference_mode():
-            out = self.model(**kwargs)
+            out = call(**kwargs)
         if self._sync and traced:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0
@@ -142,3 +161,14 @@ class Session:
         if last_only:
             logits = logits[:, -1:]
         return logits.float()
+
+
+_COMPILED: dict[int, Any] = {}
+
+
+def _compiled_forward(model: Any) -> Any:
+    """``torch.compile`` of a model's forward (CUDA graphs), built once per model."""
+    key = id(model)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+    return _COMPILED[key]

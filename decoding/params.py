@@ -37,7 +37,16 @@ def check_number(name: str, value: Any, lo: float | None = None, hi: float | Non
 
 @dataclass(frozen=True)
 class GreedyParams:
-    """Plain greedy decoding: one target forward per token, argmax."""
+    """Plain greedy decoding: one target forward per token, argmax.
+
+    ``fast``: a preallocated static KV cache; on CUDA the per-token forward is also
+    compiled (``torch.compile``, CUDA graphs). Same tokens either way.
+    """
+    fast: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fast, bool):
+            raise ValueError(f"fast must be true or false, got {self.fast!r}")
 
 
 @dataclass(frozen=True)
