@@ -113,6 +113,10 @@ class RunResult:
     speedup: Optional[float] = None
     matches_greedy: Optional[bool] = None
     first_divergence: Optional[int] = None
+    # top-1 minus top-2 target logit at the first divergence (a near-tie in low precision
+    # shows up as a tiny margin; a bug as a large one), and the two competing tokens
+    divergence_margin: Optional[float] = None
+    divergence_tokens: Optional[list[int]] = None
     reference: bool = False    # added by the runner as the greedy baseline
 
     @property
@@ -275,7 +279,26 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         if rr.error and rr.stop_reason == "cancelled" and should_stop is not None and should_stop():
             break
     _compare_to_greedy(results)
+    for r in results:
+        if r.matches_greedy is False:
+            _explain_divergence(r, results, prompt_ids, pair)
     return results
+
+
+def _explain_divergence(r: RunResult, results: list[RunResult], prompt_ids: Sequence[int],
+                        pair: ModelPair) -> None:
+    """Fill ``divergence_margin``: the target's top-2 logit gap where the outputs first differ."""
+    from .lm import Session
+    base = next(x for x in results if x.strategy == "greedy" and not x.error)
+    pos = r.first_divergence
+    try:
+        session = Session(pair.target)
+        logits = session.prefill(list(prompt_ids) + base.token_ids[:pos])[0]
+        top = torch.topk(logits, 2)
+        r.divergence_margin = round(float(top.values[0] - top.values[1]), 6)
+        r.divergence_tokens = [int(t) for t in top.indices]
+    except Exception:  # a diagnosis must never break a run
+        r.divergence_margin = None
 
 
 def _committed_tokens(events: Sequence[Any]) -> list[int]:
@@ -310,7 +333,8 @@ def summarize(results: Sequence[RunResult]) -> list[dict]:
             "tok/s": round(r.tokens_per_s, 2),
             "speedup": None if r.speedup is None or math.isnan(r.speedup) else round(r.speedup, 2),
             "target fwd": r.target_forwards, "draft fwd": r.draft_forwards,
-            "= greedy": {True: "yes", False: f"no (pos {r.first_divergence})", None: "-"}[r.matches_greedy],
+            "= greedy": {True: "yes", None: "-",
+                         False: f"no (pos {r.first_divergence}, top-2 margin {r.divergence_margin})"}[r.matches_greedy],
             "error": r.error or "",
         })
     return rows

@@ -64,8 +64,10 @@ def test_divergence_is_reported(pair, monkeypatch):
         return Result(res.token_ids[:3] + [(res.token_ids[3] + 1) % 96] + res.token_ids[4:], res.target_forwards)
     _register(monkeypatch, Strategy("wrong", GreedyParams, off_by_one, lossless=True))
     results = run_comparison(prompt(8), pair, [("wrong", {})], max_new_tokens=10)
-    assert results[1].matches_greedy is False and results[1].first_divergence == 3
-    assert summarize(results)[1]["= greedy"] == "no (pos 3)"
+    r = results[1]
+    assert r.matches_greedy is False and r.first_divergence == 3
+    assert r.divergence_margin > 0 and r.divergence_tokens[0] == results[0].token_ids[3]
+    assert summarize(results)[1]["= greedy"].startswith("no (pos 3, top-2 margin ")
 
 
 def test_progress_and_stop(pair):
