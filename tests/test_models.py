@@ -22,8 +22,8 @@ def test_presets_list_the_pairs_people_want():
     assert ("EleutherAI/pythia-1.4b-deduped", "EleutherAI/pythia-160m-deduped") in pairs
     assert ("openai-community/gpt2-xl", "distilbert/distilgpt2") in pairs
     assert presets["opus-mt-en-de"].task == "translation"
-    assert presets[BUNDLED].network is False
-    assert all(p.network for name, p in presets.items() if name != BUNDLED)
+    assert presets[BUNDLED].network is False and presets["gemma-3-270m"].network is False
+    assert all(p.network for name, p in presets.items() if not p.bundled)
 
 
 def test_bundled_file_is_located_without_import():
@@ -146,3 +146,21 @@ def test_memory_budget_evicts_least_recently_used(tmp_path):
     finally:
         models.set_memory_budget(None)
         models.clear_model_cache()
+
+
+def test_second_bundled_model_assembles_from_parts_and_matches_generate():
+    """gemma-3-270m: four part packages -> one sha256-checked GGUF -> safetensors cache."""
+    from decoding.baselines import greedy
+    from decoding.params import GreedyParams
+    from decoding.result import ModelPair
+    preset = load_presets()["gemma-3-270m"]
+    path = models.bundled_file(preset.bundled)
+    assert path is not None and path.name == "gemma-3-270m-q4_k_m.gguf"
+    lm = load_model("gemma-3-270m")
+    assert lm.model.config.model_type.startswith("gemma3")
+    ids = lm.tokenizer("The capital of France is")["input_ids"]
+    ours = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=16).token_ids
+    t = torch.tensor([ids])
+    ref = lm.model.generate(t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=16)
+    assert ours == ref[0, len(ids):].tolist()
+    assert "Paris" in lm.tokenizer.decode(ours) or len(ours) == 16
