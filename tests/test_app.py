@@ -1,0 +1,96 @@
+"""The app through gradio_client against a real server on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import app
+
+BUNDLED = "smollm2-135m-instruct"
+
+
+def run(client, strategies, prompt="Say hi in five words.", max_new=12, seed=0, model=BUNDLED,
+        assistant="none", params=None, chat=True):
+    values = [None] * len(app.param_fields())
+    for (s, f), v in (params or {}).items():
+        values[app.param_fields().index((s, f))] = v
+    out = client.predict(model, assistant, strategies, prompt, chat, max_new, seed, *values, api_name="/run")
+    # API outputs (gr.State stays in the session): step, columns, speed, timeline, sources, trace, status
+    step, columns, trace, status = out[0], out[1], out[5], out[6]
+    html = columns if isinstance(columns, str) else columns.get("value", "")
+    with open(trace, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return {"doc": doc, "html": html, "trace": trace, "status": status, "step": step}
+
+
+def test_real_run_side_by_side(client):
+    out = run(client, ["greedy", "sample", "beam"], params={("beam", "num_beams"): 3})
+    doc = out["doc"]
+    assert out["status"].startswith("Ran 3 strategies")
+    assert doc["format"] == "decoding-playground-trace"
+    assert [r["strategy"] for r in doc["results"]] == ["greedy", "sample", "beam"]
+    assert doc["results"][2]["params"]["num_beams"] == 3
+    assert all(r["error"] is None and r["token_ids"] for r in doc["results"])
+    assert out["html"].count("class='dp-col'") == 3 and "dp-tok" in out["html"]
+    # the replay slider's handler redraws every column at an earlier step (state kept in the session)
+    frame = client.predict(1, api_name="/replay")
+    assert frame.count("step 1 / ") == 3
+
+
+BAD = [
+    (dict(prompt=""), "prompt must not be empty"),
+    (dict(prompt="   \n "), "prompt must not be empty"),
+    (dict(max_new=0), "max_new_tokens must be in [1, 512]"),
+    (dict(max_new=100000), "max_new_tokens must be in [1, 512]"),
+    (dict(seed=-1), "seed must be an integer"),
+    (dict(strategies=[]), "strategies: pick at least one"),
+    (dict(strategies=["greedy"] * 7), "strategies: pick at most 6"),
+    (dict(params={("sample", "temperature"): -1.0}, strategies=["sample"]), "temperature must be in [0, 100]"),
+    (dict(params={("beam", "num_beams"): 0}, strategies=["beam"]), "num_beams must be in [1, 16]"),
+    (dict(params={("beam", "num_beams"): 99}, strategies=["beam"]), "num_beams must be in [1, 16]"),
+    (dict(params={("sample", "top_p"): 0.0}, strategies=["sample"]), "top_p must be in (0, 1]"),
+    (dict(params={("sample", "top_k"): -5}, strategies=["sample"]), "top_k must be in [0, inf]"),
+    (dict(model="gpt2-xl"), "offline"),
+    (dict(prompt="x " * 3000), "the limit is 2048"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", BAD)
+def test_bad_input_gets_a_clear_error_and_server_keeps_serving(client, kwargs, message):
+    kwargs = dict(kwargs)
+    strategies = kwargs.pop("strategies", ["greedy"])
+    with pytest.raises(Exception) as err:
+        run(client, strategies, **kwargs)
+    assert message in str(err.value)
+
+
+def test_bad_model_names_are_refused_in_the_validation_layer():
+    presets = app.load_presets()
+    with pytest.raises(ValueError, match="not one of the presets"):
+        app.check_model_name("someone/some-model", "model", presets)
+    with pytest.raises(ValueError, match="choose a model"):
+        app.check_model_name("", "model", presets)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        app.build_plan(["nope"], {})
+
+
+def test_html_in_prompt_is_escaped_and_server_still_answers(client):
+    out = run(client, ["greedy"], prompt="Repeat exactly: <script>alert(1)</script>", max_new=16)
+    assert "<script>alert" not in out["html"]
+    assert out["status"].startswith("Ran 1 strategies")
+
+
+def test_import_rejects_bad_files_and_replays_good_ones(client, tmp_path):
+    from gradio_client import handle_file
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(Exception, match="not valid JSON"):
+        client.predict(handle_file(str(bad)), api_name="/import_trace")
+    out = run(client, ["greedy"], max_new=6)
+    good = client.predict(handle_file(out["trace"]), api_name="/import_trace")
+    assert good[6].startswith("Imported a trace with 1 strategies")
+    with open(good[5], encoding="utf-8") as fh:
+        again = json.load(fh)
+    assert [r["token_ids"] for r in again["results"]] == [r["token_ids"] for r in out["doc"]["results"]]

@@ -1,0 +1,180 @@
+"""Token-level replay frames: result dicts in, HTML out. Never imports torch.
+
+A result dict is the JSON shape of ``decoding.runner.RunResult.to_dict()``.
+Every event carries ``step`` (target forwards done), the replay clock: the
+frame at step ``s`` shows what each strategy had committed after ``s`` target
+forward passes, plus the drafts the target rejected on the way (struck through
+where they were proposed).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Iterable
+
+# One legend for every view (Okabe–Ito palette, safe for colour-blind viewers).
+LEGEND: dict[str, tuple[str, str]] = {
+    "greedy": ("greedy step", "#56B4E9"),
+    "sample": ("sampled", "#CC79A7"),
+    "beam": ("beam search", "#0072B2"),
+    "accepted": ("accepted draft", "#009E73"),
+    "rejected": ("rejected draft", "#D55E00"),
+    "correction": ("correction", "#E69F00"),
+    "bonus": ("bonus token", "#F0E442"),
+    "jacobi": ("Jacobi-converged", "#999999"),
+    "ngram": ("n-gram hit", "#000000"),
+}
+
+
+def _tint(hex_colour: str, alpha: float = 0.28) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def show_text(piece: str) -> str:
+    """Escape a token's text for HTML, keeping whitespace visible and faithful."""
+    if piece == "":
+        return "<span class='dp-empty'>∅</span>"
+    out = html.escape(piece).replace(" ", "&nbsp;").replace("\t", "⇥&nbsp;")
+    return out.replace("\n", "<span class='dp-nl'>↵</span><br>")
+
+
+def max_step(result: dict) -> int:
+    return max((int(e.get("step", 0)) for e in result.get("events", ())), default=0)
+
+
+def _vocab_text(result: dict, token: int) -> str:
+    return result.get("vocab", {}).get(str(token), f"<{token}>")
+
+
+def token_items(result: dict, step: int | None = None) -> list[dict]:
+    """Ordered items to draw at ``step``: committed tokens and rejected drafts.
+
+    Each item: {"text", "token", "source", "position", "prob", "step", "struck"}.
+    """
+    pieces = result.get("pieces") or []
+    committed: dict[int, dict] = {}
+    rejected: dict[int, list[dict]] = {}
+    for e in result.get("events", ()):
+        if step is not None and e.get("step", 0) > step:
+            continue
+        kind = e.get("type")
+        if kind == "TokenCommitted":
+            pos = int(e["position"])
+            text = pieces[pos] if pos < len(pieces) else _vocab_text(result, e["token"])
+            committed[pos] = {"text": text, "token": e["token"], "source": e["source"], "position": pos,
+                              "prob": e.get("prob"), "step": e["step"], "struck": False}
+        elif kind == "TokenVerified" and not e.get("accepted"):
+            pos = int(e["position"])
+            rejected.setdefault(pos, []).append({
+                "text": _vocab_text(result, e["token"]), "token": e["token"], "source": "rejected",
+                "position": pos, "prob": e.get("p_target"), "step": e["step"], "struck": True})
+    items: list[dict] = []
+    for pos in sorted(set(committed) | set(rejected)):
+        items.extend(rejected.get(pos, []))
+        if pos in committed:
+            items.append(committed[pos])
+    if step is None and not committed and result.get("token_ids"):
+        # a trace without events (or a failed run) still shows its tokens
+        for pos, tok in enumerate(result["token_ids"]):
+            text = pieces[pos] if pos < len(pieces) else _vocab_text(result, tok)
+            items.append({"text": text, "token": tok, "source": "greedy", "position": pos, "prob": None,
+                          "step": 0, "struck": False})
+    return items
+
+
+def highlighted(result: dict, step: int | None = None) -> list[tuple[str, str | None]]:
+    """``gr.HighlightedText`` value: [(text, label)]."""
+    return [(it["text"], LEGEND.get(it["source"], (it["source"], ""))[0]) for it in token_items(result, step)]
+
+
+def tokens_html(result: dict, step: int | None = None) -> str:
+    spans = []
+    for it in token_items(result, step):
+        label, colour = LEGEND.get(it["source"], (it["source"], "#999999"))
+        prob = "" if it["prob"] is None else f", p={it['prob']:.3f}"
+        title = html.escape(f"#{it['position']} id {it['token']}: {label}{prob} (step {it['step']})", quote=True)
+        cls = "dp-tok dp-struck" if it["struck"] else "dp-tok"
+        spans.append(f"<span class='{cls}' data-source='{it['source']}' title='{title}' "
+                     f"style='background:{_tint(colour)};border-bottom:3px solid {colour}'>"
+                     f"{show_text(it['text'])}</span>")
+    return "".join(spans) or "<span class='dp-muted'>(nothing yet)</span>"
+
+
+def legend_html(sources: Iterable[str] | None = None) -> str:
+    keys = list(sources) if sources is not None else list(LEGEND)
+    chips = [f"<span class='dp-chip' style='background:{_tint(LEGEND[k][1])};border-bottom:3px solid "
+             f"{LEGEND[k][1]}'>{html.escape(LEGEND[k][0])}</span>" for k in keys if k in LEGEND]
+    return "<div class='dp-legend'>" + "".join(chips) + "</div>"
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else html.escape(str(value))
+
+
+def verdict_html(result: dict) -> str:
+    if result.get("error"):
+        return f"<span class='dp-bad'>{html.escape(str(result['error']))}</span>"
+    if not result.get("lossless"):
+        return "<span class='dp-muted'>not lossless (no check)</span>"
+    if result.get("matches_greedy") is True:
+        return "<span class='dp-good'>✓ identical to greedy</span>"
+    if result.get("matches_greedy") is False:
+        margin = result.get("divergence_margin")
+        why = "" if margin is None else f"; top-2 logit margin there {margin:.4g}"
+        return (f"<span class='dp-bad'>✗ diverges at position {result.get('first_divergence')}"
+                f"{html.escape(why)}</span>")
+    return "<span class='dp-muted'>no greedy reference</span>"
+
+
+def stats_html(result: dict) -> str:
+    n = len(result.get("token_ids") or [])
+    cells = [("tokens", n), ("seconds", _fmt(result.get("wall_s"))), ("tok/s", _fmt(result.get("tokens_per_s"))),
+             ("speedup", _fmt(result.get("speedup"))), ("target fwd", result.get("target_forwards")),
+             ("draft fwd", result.get("draft_forwards"))]
+    stats = result.get("stats") or {}
+    for key in ("alpha", "mean_tokens_per_target_forward", "step_compression"):
+        if isinstance(stats.get(key), (int, float)):
+            cells.append((key.replace("mean_tokens_per_target_forward", "tok/fwd"), _fmt(float(stats[key]))))
+    body = "".join(f"<div><b>{html.escape(str(v))}</b><small>{html.escape(k)}</small></div>" for k, v in cells)
+    return f"<div class='dp-stats'>{body}</div><div class='dp-verdict'>{verdict_html(result)}</div>"
+
+
+def column_html(result: dict, step: int | None = None) -> str:
+    title = html.escape(result.get("label") or result.get("strategy", "?"))
+    if result.get("reference"):
+        title += " <small>(reference)</small>"
+    params = ", ".join(f"{k}={v}" for k, v in (result.get("params") or {}).items())
+    shown = max_step(result) if step is None else min(step, max_step(result))
+    return (f"<div class='dp-col' data-strategy='{html.escape(result.get('strategy', ''), quote=True)}'>"
+            f"<div class='dp-title'>{title}</div>"
+            f"<div class='dp-params'>{html.escape(params) or '&nbsp;'}</div>"
+            f"<div class='dp-step'>step {shown} / {max_step(result)}</div>"
+            f"<div class='dp-tokens'>{tokens_html(result, step)}</div>{stats_html(result)}</div>")
+
+
+CSS = """
+.dp-grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(260px,1fr));gap:12px}
+.dp-col{border:1px solid #d0d7de;border-radius:10px;padding:10px;background:#fff;color:#1f2328}
+.dp-title{font-weight:700;font-size:1.05em}.dp-params,.dp-step{font-size:.8em;color:#57606a}
+.dp-tokens{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.9em;line-height:1.9;margin:8px 0;
+  max-height:420px;overflow:auto;word-break:break-word}
+.dp-tok{padding:1px 0;margin-right:1px;border-radius:3px}.dp-struck{text-decoration:line-through;opacity:.8}
+.dp-nl{color:#8c959f}.dp-empty{color:#8c959f}.dp-muted{color:#8c959f}
+.dp-stats{display:flex;flex-wrap:wrap;gap:10px}.dp-stats div{display:flex;flex-direction:column;min-width:52px}
+.dp-stats small{color:#57606a;font-size:.75em}.dp-verdict{margin-top:6px;font-size:.85em}
+.dp-good{color:#1a7f37;font-weight:600}.dp-bad{color:#cf222e;font-weight:600}
+.dp-legend{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0}.dp-chip{padding:2px 8px;border-radius:4px;font-size:.85em;color:#1f2328}
+"""
+
+
+def columns_html(results: list[dict], step: int | None = None) -> str:
+    """All strategies side by side at one replay step."""
+    if not results:
+        return "<div class='dp-muted'>Run a comparison (or import a trace) to see it here.</div>"
+    used = {it["source"] for r in results for it in token_items(r, None)}
+    legend = legend_html([k for k in LEGEND if k in used])
+    cols = "".join(column_html(r, step) for r in results)
+    return f"<style>{CSS}</style>{legend}<div class='dp-grid'>{cols}</div>"
