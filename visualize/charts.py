@@ -25,6 +25,8 @@ def speed_chart(results: list[dict]) -> Any:
         text=[("–" if r.get("speedup") is None else f"{r['speedup']:.2f}× greedy") for r in ok],
         textposition="outside",
         hovertemplate="%{x}<br>%{y:.1f} tok/s<br>%{text}<extra></extra>"))
+    top = max([r.get("tokens_per_s") or 0 for r in ok] + [1e-9])
+    fig.update_yaxes(range=[0, top * 1.25])
     fig.update_layout(title="Tokens per second (label: speedup vs greedy)", yaxis_title="tokens / s",
                       margin=dict(l=40, r=20, t=50, b=40), height=340, template="plotly_white")
     return fig
