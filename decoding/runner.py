@@ -252,7 +252,8 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
                               if on_progress else None,
                               should_stop=should_stop, deadline=deadline, record=trace)
         rr = RunResult(strategy.name, strategy.label or strategy.name, params_to_dict(params), [],
-                       0.0, 0, lossless=strategy.lossless, reference=is_ref)
+                       0.0, 0, lossless=strategy.lossless and not getattr(params, "temperature", 0),
+                       reference=is_ref)
         t0 = time.perf_counter()
         try:
             result, rr.wall_s, rr.events = run_one(strategy, params, prompt_ids, pair,

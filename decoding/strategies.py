@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .params import parse_params
 
-_MODULES = ("baselines",)
+_MODULES = ("baselines", "speculative")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,234 @@
+"""Speculative decoding and prompt lookup: greedy exactness, sampling correctness, tracing."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from decoding import verify as verify_mod
+from decoding.baselines import greedy
+from decoding.events import event_to_dict
+from decoding.models import load_model
+from decoding.params import GreedyParams
+from decoding.result import ModelPair
+from decoding.runner import encode_prompt
+from decoding.sampling import make_generator
+from decoding.speculative import (PromptLookupParams, SpeculativeParams, check_vocabularies, prompt_lookup,
+                                  speculative)
+from decoding.tracer import Tracer
+from decoding.verify import verify_greedy, verify_sampling
+from tiny_models import prompt, tiny_causal
+
+F64 = torch.float64
+
+
+def _greedy(pair, ids, n):
+    return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
+
+
+@pytest.mark.parametrize("arch", ["llama", "gptneox"])
+@pytest.mark.parametrize("assistant", ["random", "self"])
+def test_speculative_greedy_is_exact(arch, assistant):
+    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
+    helper = target if assistant == "self" else tiny_causal(arch, seed=7, scale=8.0, dtype=F64)
+    for seed in (1, 2):
+        ids = prompt(8, seed)
+        ref = _greedy(ModelPair(target), ids, 40)
+        for k, adaptive in itertools.product((1, 3, 6), (False, True)):
+            res = speculative(ids, ModelPair(target, helper), SpeculativeParams(draft_tokens=k, adaptive=adaptive),
+                              max_new_tokens=40)
+            assert res.token_ids == ref, (seed, k, adaptive)
+            if assistant == "self":
+                assert res.stats["alpha"] == 1.0 and res.target_forwards < len(ref)
+        if assistant == "random":
+            assert res.stats["alpha"] < 0.5  # a random drafter is almost never right
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
+def test_prompt_lookup_greedy_is_exact(arch):
+    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
+    for seed in (1, 3):
+        ids = prompt(6, seed) * 3  # repetitive prompt: lookups hit
+        ref = _greedy(ModelPair(target), ids, 40)
+        for k, n in ((2, 1), (5, 3), (10, 2)):
+            res = prompt_lookup(ids, ModelPair(target), PromptLookupParams(draft_tokens=k, ngram_size=n),
+                                max_new_tokens=40)
+            assert res.token_ids == ref and res.draft_forwards == 0
+
+
+def test_confidence_threshold_and_limits():
+    target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
+    ids = prompt(8, 1)
+    ref = _greedy(ModelPair(target), ids, 17)
+    res = speculative(ids, ModelPair(target, target), SpeculativeParams(draft_tokens=8, confidence_threshold=0.99),
+                      max_new_tokens=17)
+    assert res.token_ids == ref and len(res.token_ids) == 17
+    eos_model = tiny_causal("gptneox", seed=1, scale=8.0, dtype=F64)
+    ref = _greedy(ModelPair(eos_model), prompt(8, 1), 40)
+    assert ref[-1] == 2 and len(ref) < 40
+    res = speculative(prompt(8, 1), ModelPair(eos_model, eos_model), SpeculativeParams(draft_tokens=5),
+                      max_new_tokens=40)
+    assert res.token_ids == ref and res.stop_reason == "eos"
+
+
+def test_vocabulary_mismatch_is_a_clear_error():
+    a = tiny_causal("llama", vocab=96)
+    b = tiny_causal("llama", vocab=64)
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        check_vocabularies(a, b)
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        speculative(prompt(4), ModelPair(a, b), SpeculativeParams(), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("bad,msg", [({"draft_tokens": 0}, "draft_tokens must be in [1, 32]"),
+                                     ({"confidence_threshold": 2}, "confidence_threshold must be in [0, 1]"),
+                                     ({"temperature": -1}, "temperature must be in [0, 100]")])
+def test_params_validation(bad, msg):
+    with pytest.raises(ValueError) as err:
+        SpeculativeParams(**bad)
+    assert msg in str(err.value)
+    with pytest.raises(ValueError, match="ngram_size must be in"):
+        PromptLookupParams(ngram_size=0)
+
+
+def test_tracing_does_not_change_tokens_and_is_json():
+    target = tiny_causal("llama", seed=0, scale=8.0)
+    helper = tiny_causal("llama", seed=3, scale=8.0)
+    ids = prompt(8, 2)
+    for params in (SpeculativeParams(draft_tokens=3), SpeculativeParams(temperature=0.8, top_k=20, draft_tokens=3)):
+        plain = speculative(ids, ModelPair(target, helper), params, max_new_tokens=24, rng=make_generator(4))
+        tracer = Tracer()
+        traced = speculative(ids, ModelPair(target, helper), params, max_new_tokens=24, rng=make_generator(4),
+                             tracer=tracer)
+        assert plain.token_ids == traced.token_ids
+        kinds = {type(e).__name__ for e in tracer.events}
+        assert {"DraftProposed", "TokenVerified", "CorrectionToken", "Distribution", "StepTiming",
+                "TokenCommitted", "ForwardPass"} <= kinds
+        json.dumps([event_to_dict(e) for e in tracer.events])
+        committed = [e.token for e in tracer.events if type(e).__name__ == "TokenCommitted"]
+        assert committed == traced.token_ids
+    s = traced.stats
+    assert 0 <= s["alpha"] <= 1 and s["cost_ratio"] > 0 and s["predicted_speedup"] > 0
+    assert sum(s["accepted_lengths"]) == s["accepted"]
+
+
+# --------------------------------------------------------------------------- sampling correctness
+
+def test_verify_greedy_unit():
+    logits = torch.tensor([[0., 5, 1], [3, 0, 1], [0, 0, 9]])
+    assert (verify_greedy(logits, [1, 0]).n_accepted, verify_greedy(logits, [1, 0]).next_token) == (2, 2)
+    assert (verify_greedy(logits, [2, 0]).n_accepted, verify_greedy(logits, [2, 0]).next_token) == (0, 1)
+
+
+def _simulate(p, q, k, n_out, samples, seed):
+    """Pure loop over verify_sampling with history-independent rows p[i], q[i]: counts of n_out-token outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    counts: dict[tuple, int] = {}
+    for _ in range(samples):
+        out: list[int] = []
+        while len(out) < n_out:
+            i0 = len(out)
+            kk = min(k, n_out - i0)
+            qs = q[i0:i0 + kk]
+            draft = [int(torch.multinomial(row, 1, generator=gen)) for row in qs]
+            v = verify_sampling(p[i0:i0 + kk + 1], qs, draft, gen)
+            out += draft[:v.n_accepted] + [v.next_token]
+        key = tuple(out[:n_out])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _chi_square(counts, exact, n):
+    """Chi-square statistic with cells of expected count < 5 pooled; returns (stat, degrees of freedom)."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for key, prob in exact.items():
+        e, o = prob * n, counts.get(key, 0)
+        if e < 5:
+            pooled_obs, pooled_exp = pooled_obs + o, pooled_exp + e
+            continue
+        stat += (o - e) ** 2 / e
+        cells += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    return stat, cells - 1
+
+
+def _passes(stat, dof):
+    return stat < dof + 5 * (2 * dof) ** 0.5   # ~5 sigma above the chi-square mean
+
+
+def test_rejection_sampling_unit_matches_target_and_catches_naive_resampling(monkeypatch):
+    torch.manual_seed(0)
+    V, n_out, k = 4, 3, 3
+    p = torch.softmax(torch.randn(n_out + 1, V) * 1.5, -1)
+    q = torch.softmax(torch.randn(n_out, V) * 3.0, -1)  # a poor drafter
+    exact = {seq: float(p[0, seq[0]] * p[1, seq[1]] * p[2, seq[2]])
+             for seq in itertools.product(range(V), repeat=n_out)}
+    n = 12000
+    stat, dof = _chi_square(_simulate(p, q, k, n_out, n, 1), exact, n)
+    assert _passes(stat, dof), (stat, dof)
+    monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
+    stat_naive, dof = _chi_square(_simulate(p, q, k, n_out, n, 1), exact, n)
+    assert not _passes(stat_naive, dof), (stat_naive, dof)
+
+
+def _exact_model_distribution(model, ids, n_out, params):
+    """Enumerate p(x1..xn | prompt) under filtered sampling from the target."""
+    from decoding.sampling import probs
+    V = model.vocab_size
+    seqs = list(itertools.product(range(V), repeat=n_out))
+    exact = {}
+    with torch.no_grad():
+        for seq in seqs:
+            full = torch.tensor([ids + list(seq)])
+            logits = model.model(input_ids=full).logits[0, len(ids) - 1:-1].float()
+            pr = probs(logits, params)
+            exact[seq] = float(torch.prod(pr[torch.arange(n_out), torch.tensor(seq)]))
+    return exact
+
+
+@pytest.mark.parametrize("params", [SpeculativeParams(temperature=1.0, draft_tokens=2),
+                                    SpeculativeParams(temperature=0.7, top_k=4, top_p=0.95, draft_tokens=2)])
+def test_speculative_sampling_matches_target_distribution_on_a_toy_model(params, monkeypatch):
+    """Empirical distribution of 3-token outputs vs the exact target distribution (enumerated)."""
+    target = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
+    helper = tiny_causal("llama", seed=9, vocab=6, eos=False, scale=4.0)
+    ids, n_out, n = [1, 3, 4], 3, 3000
+    exact = _exact_model_distribution(target, ids, n_out, params)
+    assert abs(sum(exact.values()) - 1) < 1e-4
+
+    def draw(seed_base):
+        counts: dict[tuple, int] = {}
+        gen = make_generator(seed_base)
+        for _ in range(n):
+            res = speculative(ids, ModelPair(target, helper), params, max_new_tokens=n_out, rng=gen)
+            key = tuple(res.token_ids)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+    stat, dof = _chi_square(draw(11), exact, n)
+    assert _passes(stat, dof), (stat, dof)
+    monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
+    stat_naive, _ = _chi_square(draw(11), exact, n)
+    assert stat_naive > stat and not _passes(stat_naive, dof), (stat_naive, dof)
+
+
+# --------------------------------------------------------------------------- bundled model
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_model("smollm2-135m-instruct")
+
+
+def test_bundled_model_self_assistant_and_prompt_lookup_equal_greedy(bundled):
+    text = ("Repeat this sentence twice: The quick brown fox jumps over the lazy dog.")
+    ids = encode_prompt(bundled.tokenizer, text, chat=True)
+    ref = _greedy(ModelPair(bundled), ids, 32)
+    spec = speculative(ids, ModelPair(bundled, bundled), SpeculativeParams(draft_tokens=4), max_new_tokens=32)
+    assert spec.token_ids == ref and spec.stats["alpha"] == 1.0
+    pl = prompt_lookup(ids, ModelPair(bundled), PromptLookupParams(), max_new_tokens=32)
+    assert pl.token_ids == ref
+    assert pl.target_forwards < len(ref)  # the copy task lets lookups hit
