@@ -22,6 +22,7 @@ from decoding.result import ModelPair
 from decoding.runner import encode_prompt, environment, run_comparison
 from decoding.strategies import registry
 from visualize.charts import forward_timeline, source_counts, speed_chart
+from visualize.speculative import accepted_length_histogram, has_drafts, inspectable_positions, inspector
 from visualize.tokens import columns_html, max_step
 from visualize.traces import export_trace, import_trace
 
@@ -35,7 +36,7 @@ except ImportError:
 # --------------------------------------------------------------------------- limits (one place)
 LIMITS = {"max_new_tokens": 512, "prompt_tokens": 2048, "strategies": 6, "time_limit_s": 180.0}
 SETTINGS = {"allow_any_model": False}
-DEFAULT_STRATEGIES = ["greedy", "sample", "beam", "speculative", "prompt_lookup", "lookahead"]
+DEFAULT_STRATEGIES = ["greedy", "sample", "beam", "prompt_lookup"]
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 STOP_FLAGS: dict[str, threading.Event] = {}
 
@@ -112,10 +113,13 @@ def _outputs(doc: dict | None, message: str) -> tuple:
         fd, trace_path = tempfile.mkstemp(prefix="decoding-trace-", suffix=".json")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(export_trace(doc))
+    drafted = [r for r in results if has_drafts(r)]
+    choices = [r["strategy"] for r in drafted if inspectable_positions(r)]
     return (doc, gr.update(minimum=0, maximum=max(top, 1), value=top),
             columns_html(results, top), speed_chart(results) if results else None,
             forward_timeline(results) if results else None, source_counts(results) if results else None,
-            trace_path, message)
+            trace_path, message, accepted_length_histogram(drafted) if drafted else None,
+            gr.update(choices=choices, value=choices[0] if choices else None))
 
 
 @gpu
@@ -179,6 +183,19 @@ def replay(doc: dict | None, step: float) -> str:
     return columns_html(results, int(step or 0))
 
 
+def inspect_position(doc: dict | None, strategy: str | None, position: float) -> Any:
+    result = next((r for r in (doc or {}).get("results", []) if r["strategy"] == strategy), None)
+    if result is None:
+        return None
+    positions = inspectable_positions(result)
+    if not positions:
+        return None
+    pos = int(position or 0)
+    if pos not in positions:  # snap to the nearest verified position
+        pos = min(positions, key=lambda p: abs(p - pos))
+    return inspector(result, pos)
+
+
 def import_file(path: str | None) -> tuple:
     if not path:
         raise gr.Error("trace: choose a JSON file exported from this app")
@@ -214,7 +231,7 @@ def build_demo() -> gr.Blocks:
                     seed = gr.Number(value=0, precision=0, label="Seed")
                 max_new = gr.Number(value=64, precision=0, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})")
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
-                                      value=[n for n in DEFAULT_STRATEGIES if n in reg][:4],
+                                      value=[n for n in DEFAULT_STRATEGIES if n in reg],
                                       label="Strategies (greedy is always run as the reference)")
         param_inputs: dict[tuple[str, str], Any] = {}
         with gr.Accordion("Strategy parameters", open=False):
@@ -239,11 +256,18 @@ def build_demo() -> gr.Blocks:
             sources = gr.Plot(label="Token sources")
         timeline = gr.Plot(label="Forward passes")
         with gr.Row():
+            histogram = gr.Plot(label="Accepted length per step")
+            with gr.Column():
+                with gr.Row():
+                    inspect_strategy = gr.Dropdown([], label="Inspect strategy")
+                    inspect_pos = gr.Number(value=1, precision=0, label="Output position")
+                inspect_plot = gr.Plot(label="p_target vs q_draft")
+        with gr.Row():
             download = gr.File(label="Trace (JSON download)")
             upload = gr.File(label="Import a trace to replay it without a model", file_types=[".json"],
                              type="filepath")
 
-        outputs = [state, step, columns, speed, timeline, sources, download, status]
+        outputs = [state, step, columns, speed, timeline, sources, download, status, histogram, inspect_strategy]
         keys = list(param_inputs)
 
         def _run(model_v, assistant_v, strategies_v, prompt_v, chat_v, max_new_v, seed_v, *values,
@@ -256,6 +280,8 @@ def build_demo() -> gr.Blocks:
         stop_btn.click(stop_run, None, status, api_name="stop", queue=False)
         step.change(replay, [state, step], columns, api_name="replay", queue=False)
         upload.upload(import_file, upload, outputs, api_name="import_trace")
+        for trigger in (inspect_strategy.change, inspect_pos.change):
+            trigger(inspect_position, [state, inspect_strategy, inspect_pos], inspect_plot, queue=False)
         category.change(lambda c: gr.update(choices=prompts[c], value=prompts[c][0]), category, example,
                         queue=False)
         example.change(lambda e: e, example, prompt, queue=False)
