@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .params import parse_params
 
-_MODULES = ("baselines", "speculative")
+_MODULES = ("baselines", "speculative", "jacobi")
 
 
 @dataclass(frozen=True)
