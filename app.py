@@ -22,6 +22,7 @@ from decoding.result import ModelPair
 from decoding.runner import encode_prompt, environment, run_comparison
 from decoding.strategies import registry
 from visualize.charts import forward_timeline, source_counts, speed_chart
+from visualize.jacobi import has_iterations, jacobi_heatmap
 from visualize.speculative import accepted_length_histogram, has_drafts, inspectable_positions, inspector
 from visualize.tokens import columns_html, max_step
 from visualize.traces import export_trace, import_trace
@@ -119,7 +120,8 @@ def _outputs(doc: dict | None, message: str) -> tuple:
             columns_html(results, top), speed_chart(results) if results else None,
             forward_timeline(results) if results else None, source_counts(results) if results else None,
             trace_path, message, accepted_length_histogram(drafted) if drafted else None,
-            gr.update(choices=choices, value=choices[0] if choices else None))
+            gr.update(choices=choices, value=choices[0] if choices else None),
+            next((jacobi_heatmap(r) for r in results if has_iterations(r)), None))
 
 
 @gpu
@@ -267,7 +269,9 @@ def build_demo() -> gr.Blocks:
             upload = gr.File(label="Import a trace to replay it without a model", file_types=[".json"],
                              type="filepath")
 
-        outputs = [state, step, columns, speed, timeline, sources, download, status, histogram, inspect_strategy]
+        heatmap = gr.Plot(label="Jacobi iterations")
+        outputs = [state, step, columns, speed, timeline, sources, download, status, histogram, inspect_strategy,
+                   heatmap]
         keys = list(param_inputs)
 
         def _run(model_v, assistant_v, strategies_v, prompt_v, chat_v, max_new_v, seed_v, *values,

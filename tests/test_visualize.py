@@ -1,0 +1,128 @@
+"""Pure views: frames, escaping, legend, charts, trace import validation, no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from visualize.charts import forward_timeline, source_counts, speed_chart
+from visualize.jacobi import jacobi_heatmap
+from visualize.speculative import accepted_length_histogram, inspector
+from visualize.tokens import LEGEND, columns_html, max_step, token_items, tokens_html
+from visualize.traces import MAX_BYTES, export_trace, import_trace
+
+
+def _result(**over):
+    r = {"strategy": "prompt_lookup", "label": "Prompt lookup", "params": {}, "token_ids": [5, 6, 7],
+         "pieces": ["<script>", " b", "\n"], "vocab": {"5": "<script>", "6": " b", "7": "\n", "9": "x"},
+         "wall_s": 1.0, "tokens_per_s": 3.0, "speedup": 1.2, "target_forwards": 2, "draft_forwards": 0,
+         "stats": {"accepted_lengths": [1]}, "lossless": True, "matches_greedy": True, "error": None,
+         "events": [
+             {"type": "ForwardPass", "step": 1, "model": "target", "positions": 4, "ms": 3.0, "kind": "prefill"},
+             {"type": "TokenCommitted", "step": 1, "position": 0, "token": 5, "source": "greedy", "prob": 0.5},
+             {"type": "DraftProposed", "step": 2, "position": 1, "tokens": [6, 9], "q": [1.0, 1.0],
+              "source": "prompt_lookup"},
+             {"type": "TokenVerified", "step": 2, "position": 1, "token": 6, "accepted": True,
+              "p_target": 0.9, "q_draft": 1.0, "u": None},
+             {"type": "TokenVerified", "step": 2, "position": 2, "token": 9, "accepted": False,
+              "p_target": 0.1, "q_draft": 1.0, "u": None},
+             {"type": "Distribution", "step": 2, "position": 2, "tokens": [7, 9], "p_target": [0.8, 0.1],
+              "q_draft": [], "residual": []},
+             {"type": "StepTiming", "step": 2, "draft_ms": 0.1, "verify_ms": 3.0, "overhead_ms": 0.2,
+              "drafted": 2, "accepted": 1},
+             {"type": "TokenCommitted", "step": 2, "position": 1, "token": 6, "source": "accepted"},
+             {"type": "TokenCommitted", "step": 2, "position": 2, "token": 7, "source": "correction"},
+             {"type": "JacobiIteration", "step": 2, "block": 1, "iteration": 1, "start": 1, "guess": [6, 7],
+              "converged": 2, "probs": [0.9, 0.8]}]}
+    r.update(over)
+    return r
+
+
+def test_frames_follow_the_replay_clock():
+    r = _result()
+    assert max_step(r) == 2
+    assert [it["source"] for it in token_items(r, 1)] == ["greedy"]
+    items = token_items(r, 2)
+    assert [it["source"] for it in items] == ["greedy", "accepted", "rejected", "correction"]
+    assert items[2]["struck"] and items[2]["text"] == "x"
+
+
+def test_token_text_is_escaped():
+    html = tokens_html(_result())
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "↵" in html  # newlines visible
+    page = columns_html([_result(), _result(strategy="greedy", label="<b>evil</b>")])
+    assert "<b>evil</b>" not in page and page.count("class='dp-col'") == 2
+    assert "identical to greedy" in page
+
+
+def test_legend_is_one_palette():
+    assert {"greedy", "accepted", "rejected", "correction", "bonus", "jacobi", "ngram"} <= set(LEGEND)
+    assert len({c for _, c in LEGEND.values()}) == len(LEGEND)
+
+
+def test_charts_build():
+    results = [_result(), _result(strategy="greedy", label="Greedy", speedup=1.0)]
+    assert speed_chart(results).data[0].type == "bar"
+    assert forward_timeline(results).data
+    assert source_counts(results).data
+    assert accepted_length_histogram(results).data
+    fig = inspector(_result(), 2)
+    assert "rejected" in fig.layout.title.text
+    assert jacobi_heatmap(_result()).data[0].type == "heatmap"
+
+
+def test_trace_round_trip_and_bad_uploads():
+    doc = {"prompt": "p", "prompt_ids": [1], "results": [_result()]}
+    back = import_trace(export_trace(doc))
+    assert back["results"][0]["events"] == json.loads(json.dumps(_result()))["events"]
+    bad = [
+        (b"not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (json.dumps({"format": "other"}), "not a decoding-playground trace"),
+        (json.dumps({"format": "decoding-playground-trace", "version": 9}), "unsupported trace version"),
+        (json.dumps({"format": "decoding-playground-trace", "version": 1, "results": []}), "no results"),
+        (json.dumps({"format": "decoding-playground-trace", "version": 1, "results": [{"strategy": "x"}]}),
+         "token_ids is missing"),
+        (json.dumps({"format": "decoding-playground-trace", "version": 1, "results": [
+            {"strategy": "x", "token_ids": [1], "events": [{"type": "Pickle", "step": 1}]}]}), "unknown event type"),
+        ("[" * 5000 + "]" * 5000, "nested deeper"),
+        (b" " * (MAX_BYTES + 1), "the limit is 20 MB"),
+    ]
+    for data, msg in bad:
+        with pytest.raises(ValueError) as err:
+            import_trace(data)
+        assert msg in str(err.value)
+
+
+def test_visualize_imports_no_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import visualize.tokens, visualize.charts, visualize.traces, visualize.speculative, visualize.jacobi\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=".")
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=4), max_leaves=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(payload=st.one_of(st.binary(max_size=200), json_values.map(json.dumps),
+                         st.fixed_dictionaries({"format": st.just("decoding-playground-trace"),
+                                                "version": st.just(1), "results": json_values}).map(json.dumps)))
+def test_fuzzed_trace_import_never_crashes(payload):
+    try:
+        doc = import_trace(payload)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        assert isinstance(doc["results"], list)
+        columns_html(doc["results"])  # and whatever it accepted, the views can draw
