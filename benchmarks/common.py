@@ -31,17 +31,11 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def generate_new_tokens(lm: Any, prompt_ids: list[int], **kwargs: Any) -> list[int]:
-    """transformers' generate, new tokens only, trailing padding after EOS removed."""
-    ids = torch.tensor([prompt_ids], device=lm.device)
-    with torch.inference_mode():
-        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, len(prompt_ids):]
-    tokens = out.tolist()
-    eos = set(lm.eos_token_ids)
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
+def generate_new_tokens(lm: Any, prompt_ids: list[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
+    """transformers' generate, new tokens only, cut after the first EOS."""
+    from decoding.bench import hf_generate
+    kwargs.pop("do_sample", None)
+    return hf_generate(lm, prompt_ids, max_new_tokens, **kwargs)
 
 
 def write_json(path: str | None, doc: dict) -> None:

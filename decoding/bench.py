@@ -62,7 +62,8 @@ def load_prompt_set(path: Path | None = None, categories: Sequence[str] | None =
     return out
 
 
-def _hf_generate(lm: LoadedModel, prompt_ids: list[int], max_new: int, **kwargs: Any) -> list[int]:
+def hf_generate(lm: LoadedModel, prompt_ids: list[int], max_new: int, **kwargs: Any) -> list[int]:
+    """transformers' greedy ``generate``: new tokens only, cut after the first EOS."""
     ids = torch.tensor([prompt_ids], device=lm.device)
     with torch.inference_mode():
         out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
@@ -79,12 +80,12 @@ def _runner(method: Method, pair: ModelPair, max_new: int, seed: int,
             prompt_lookup_tokens: int) -> Callable[[list[int]], tuple[list[int], dict, int, int]]:
     """A function prompt_ids -> (tokens, stats, target forwards, draft forwards)."""
     if method.anchor == "hf_greedy":
-        return lambda ids: (_hf_generate(pair.target, ids, max_new), {}, 0, 0)
+        return lambda ids: (hf_generate(pair.target, ids, max_new), {}, 0, 0)
     if method.anchor == "hf_prompt_lookup":
-        return lambda ids: (_hf_generate(pair.target, ids, max_new,
+        return lambda ids: (hf_generate(pair.target, ids, max_new,
                                          prompt_lookup_num_tokens=prompt_lookup_tokens), {}, 0, 0)
     if method.anchor == "hf_assisted":
-        return lambda ids: (_hf_generate(pair.target, ids, max_new,
+        return lambda ids: (hf_generate(pair.target, ids, max_new,
                                          assistant_model=pair.assistant.model), {}, 0, 0)
     strategy = get_strategy(method.strategy)
 
