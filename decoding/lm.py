@@ -86,7 +86,7 @@ class Session:
         return DynamicCache()
 
     # ------------------------------------------------------------------ forwards
-    def prefill(self, prompt_ids: Sequence[int], batch: int = 1) -> torch.Tensor:
+    def prefill(self, prompt_ids: Sequence[int], batch: int = 1, hidden: bool = False) -> torch.Tensor:
         """Start the generation. Returns next-token logits ``[batch, V]`` (float32).
 
         ``decoder_prefix()`` gives the ids that now sit in the decoder cache.
@@ -104,7 +104,7 @@ class Session:
         else:
             self._prefix = list(prompt_ids)
             ids = prompt
-        return self.forward(ids, last_only=True, kind="prefill")[:, -1]
+        return self.forward(ids, last_only=True, hidden=hidden, kind="prefill")[:, -1]
 
     def decoder_prefix(self) -> list[int]:
         return list(self._prefix)

@@ -199,8 +199,14 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
     greedy = params.is_greedy
     length = DraftLength(draft_tokens, adaptive)
 
+    # a drafter that reads the target's hidden states (a prophet head) gets them
+    # from the forwards the loop runs anyway, never from an extra target forward
+    needs_hidden = bool(getattr(drafter, "needs_hidden", False))
+
     # 1. prefill: the first token comes from the target alone
-    logits = target.prefill(prompt_ids)[0]
+    logits = target.prefill(prompt_ids, hidden=needs_hidden)[0]
+    if needs_hidden:
+        drafter.observe(target.last_hidden[0, -1])
     first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
                                                                       generator=rng))
     out = [first]
@@ -223,7 +229,8 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
                                       q=tuple(round(q, 5) for q in draft.q_token), source=drafter.source))
         # 3. verify all drafted tokens in one target forward: [newest committed] + draft
         base = target.length
-        logits = target.forward(target.tensor([[out[-1]] + tokens]), kind="verify")[0]   # [1+d, V]
+        logits = target.forward(target.tensor([[out[-1]] + tokens]), hidden=needs_hidden,
+                                kind="verify")[0]                                           # [1+d, V]
         t2 = time.perf_counter()
         if greedy:
             verdict = verify_greedy(logits, tokens)
@@ -246,6 +253,8 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
         # 5. roll back: keep the cache of the newest-but-one committed token
         target.crop(base + 1 + n)
         drafter.feedback(len(tokens), n)
+        if needs_hidden:   # row n predicted the newest committed token (correction or bonus)
+            drafter.observe(target.last_hidden[0, n])
         length.update(len(tokens), n)
         drafted_total += len(tokens)
         accepted_total += n
@@ -289,9 +298,9 @@ def _stats(target: Session, drafter: Drafter, drafted: int, accepted: int, steps
            hist: list[int]) -> dict:
     alpha = accepted / drafted if drafted else 0.0
     gamma = drafted / steps if steps else 0.0
-    draft_session = getattr(drafter, "session", None)
     t_ms = target.ms / target.forwards if target.forwards else 0.0
-    d_ms = draft_session.ms / draft_session.forwards if draft_session and draft_session.forwards else 0.0
+    d_count, d_total = drafter.forwards, getattr(getattr(drafter, "session", drafter), "ms", 0.0)
+    d_ms = d_total / d_count if d_count else 0.0
     c = d_ms / t_ms if t_ms else 0.0
     # Leviathan et al.: expected tokens per step E = (1 - a^(g+1)) / (1 - a); speedup E / (g c + 1)
     expected = (gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)

@@ -1,0 +1,421 @@
+"""Train a prophet draft head for a target model: ``python -m decoding.train_prophet``.
+
+Stages (each resumable; the data lives under the user cache dir, never in git):
+
+1. ``prompts``  varied chat prompts from our own templates x topics x tasks
+   (chat, code, explanations, lists, math, summaries, translation).
+2. ``data``     the target's own greedy responses (chat template, batched
+   ``generate`` with left padding) together with the target's last-layer hidden
+   state at every position, captured during that same generation. Saved in
+   shards ``<data-dir>/shard-XXXX.pt``; a rerun continues after the last shard.
+3. ``train``    cross-entropy on the target's greedy tokens, unrolled over
+   ``--depth`` draft positions with teacher tokens (a draft token only matters
+   when every earlier one was accepted, i.e. equal to the teacher token), plus
+   KL to the target's distribution over the draft vocabulary and a small
+   regression of the prophet's features onto the target's. Checkpoints to
+   ``--out-dir`` (``--resume`` continues); held-out top-1 agreement per depth
+   and an estimate of alpha are printed as training goes.
+
+Example (the command used for the shipped weights is in presets/prophet/README.md)::
+
+    python -m decoding.train_prophet --target smollm2-135m-instruct --gen-minutes 12 \
+        --train-minutes 12 --export presets/prophet/smollm2-135m-instruct.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from .prophet import Prophet
+
+import torch
+import torch.nn.functional as F
+
+from .models import cache_root, load_model
+
+# --------------------------------------------------------------------------- 1. prompts
+
+TOPICS = [
+    "photosynthesis", "black holes", "the French Revolution", "machine learning", "climate change",
+    "the water cycle", "volcanoes", "the immune system", "blockchain", "the Roman Empire", "gravity",
+    "electric cars", "coffee", "the internet", "honey bees", "the moon landing", "vaccines",
+    "renewable energy", "the human heart", "chess", "jazz music", "the stock market", "rainforests",
+    "quantum computing", "dinosaurs", "the printing press", "sleep", "recycling", "earthquakes",
+    "the Olympic games", "bread baking", "solar panels", "the Great Wall of China", "DNA",
+    "social media", "time management", "public speaking", "learning a new language", "gardening",
+    "the ocean", "artificial intelligence", "healthy eating", "the solar system", "electricity",
+    "friendship", "remote work", "cats", "dogs", "mountains", "rivers", "the brain", "money",
+    "democracy", "the weather", "music theory", "video games", "meditation", "running", "cities",
+]
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
+    "finds the largest element in a list", "counts the vowels in a string", "sorts a list of numbers",
+    "returns the Fibonacci numbers up to n", "checks whether a word is a palindrome",
+    "merges two sorted lists", "removes duplicates from a list", "computes the average of a list",
+    "converts Celsius to Fahrenheit", "reads a file and counts its lines", "finds the GCD of two numbers",
+    "flattens a nested list", "counts word frequencies in a text", "implements binary search",
+    "validates an email address", "computes the sum of the digits of a number", "transposes a matrix",
+]
+LANGS = ["Python", "JavaScript", "C", "Java", "Rust", "Go", "SQL", "Bash"]
+TARGET_LANGS = ["French", "Spanish", "German", "Italian", "Portuguese"]
+SENTENCES = [
+    "The weather is nice today.", "I would like a cup of tea, please.", "Where is the train station?",
+    "My brother plays the guitar every evening.", "We are going to the beach tomorrow.",
+    "This book is very interesting.", "Can you help me with my homework?", "The cat is sleeping on the sofa.",
+    "I have been learning to cook this year.", "The museum opens at nine o'clock.",
+]
+PASSAGES = [
+    "The city council met on Tuesday to discuss the new park. Residents asked for more trees, a playground "
+    "and better lighting. The council agreed to spend part of next year's budget on the project.",
+    "Researchers found that people who walk for thirty minutes a day sleep better and report less stress. "
+    "The study followed two thousand adults for one year.",
+    "The company released a new phone with a larger battery and a better camera. Reviewers praised the "
+    "screen but said the price is too high for most buyers.",
+    "Bees pollinate many of the crops we eat. Their numbers have fallen because of pesticides, disease "
+    "and loss of habitat, and farmers are trying new ways to protect them.",
+    "The library will close for two weeks in August for repairs. During that time, books can be returned "
+    "at the community centre, and the online catalogue will stay open.",
+]
+TEMPLATES = {
+    "explain": ["Explain {t} in simple terms.", "What is {t}?", "How does {t} work?",
+                "Can you tell me about {t}?", "Why is {t} important?", "Give me a short overview of {t}.",
+                "Explain {t} to a ten-year-old.", "What are the main facts about {t}?"],
+    "list": ["List five interesting facts about {t}.", "Give me three tips about {t}.",
+             "What are the pros and cons of {t}?", "Name some common misconceptions about {t}.",
+             "List the key ideas someone should know about {t}."],
+    "write": ["Write a short poem about {t}.", "Write a short story involving {t}.",
+              "Write a paragraph describing {t}.", "Write a haiku about {t}.",
+              "Write a tweet about {t}.", "Write an email to a friend about {t}."],
+    "chat": ["Hi! Can you help me learn about {t}?", "I'm curious about {t}. Where should I start?",
+             "What do you think about {t}?", "Tell me something surprising about {t}.",
+             "I have a test on {t} tomorrow. Any advice?"],
+    "code": ["Write a {l} function that {c}.", "How do I write code in {l} that {c}?",
+             "Show me a {l} program that {c}, with comments.", "Write a {l} snippet that {c} and explain it."],
+    "math": ["What is {a} + {b}?", "What is {a} times {b}?", "Solve for x: {a}x + {b} = {c2}.",
+             "If a train travels {a} km in {b} hours, what is its average speed?",
+             "What is {a} percent of {b}?", "Is {a} a prime number? Explain.",
+             "A shop sells apples for {b} cents each. How much do {a} apples cost?"],
+    "translate": ["Translate into {tl}: {s}", "How do you say \"{s}\" in {tl}?"],
+    "summarize": ["Summarize this text in one sentence: {p}", "Give the main point of this passage: {p}",
+                  "Summarize: {p}"],
+}
+
+
+def build_prompts(n: int, seed: int = 0, exclude: frozenset = frozenset()) -> list[str]:
+    """``n`` distinct prompts drawn round-robin over the task kinds (deterministic for a seed)."""
+    rng = random.Random(seed)
+    kinds = list(TEMPLATES)
+    seen: set[str] = set()
+    out: list[str] = []
+    for i in itertools.count():
+        if len(out) >= n or i > 50 * n + 1000:
+            break
+        kind = kinds[i % len(kinds)]
+        tpl = rng.choice(TEMPLATES[kind])
+        text = tpl.format(t=rng.choice(TOPICS), l=rng.choice(LANGS), c=rng.choice(CODE_TASKS),
+                          a=rng.randint(2, 99), b=rng.randint(2, 99), c2=rng.randint(100, 999),
+                          tl=rng.choice(TARGET_LANGS), s=rng.choice(SENTENCES), p=rng.choice(PASSAGES))
+        if text not in seen and text not in exclude:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+# --------------------------------------------------------------------------- 2. data
+
+def default_data_dir(target: str) -> Path:
+    return cache_root().parent / "prophet-data" / target.replace("/", "--")
+
+
+def _shards(data_dir: Path) -> list[Path]:
+    return sorted(data_dir.glob("shard-*.pt"))
+
+
+@torch.inference_mode()
+def generate_data(lm: Any, prompts: list[str], data_dir: Path, *, batch: int, max_new: int,
+                  minutes: float) -> None:
+    """Greedy responses + the last-layer hidden state that predicted each response token.
+
+    A shard holds a list of records ``{"tokens": [L] long, "hidden": [L, H] fp16}``
+    where ``hidden[i]`` is the target's state at the position before ``tokens[i]``
+    (so ``argmax(lm_head(hidden[i])) == tokens[i]``).
+    """
+    from tqdm import tqdm
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tok, model = lm.tokenizer, lm.model
+    tok.padding_side = "left"
+    eos = set(lm.eos_token_ids)
+    done = len(_shards(data_dir))
+    batches = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    deadline = time.time() + minutes * 60
+    bar = tqdm(batches[done:], desc="target greedy data", unit="batch", initial=0)
+    for index, group in enumerate(bar, start=done):
+        if time.time() > deadline:
+            bar.write(f"generation time budget of {minutes} min reached after {index} shards")
+            break
+        enc = tok.apply_chat_template([[{"role": "user", "content": p}] for p in group], add_generation_prompt=True,
+                                      return_tensors="pt", padding=True, return_dict=True).to(lm.device)
+        gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, output_hidden_states=True,
+                             return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+        new = gen.sequences[:, enc["input_ids"].shape[1]:]                          # [B, T]
+        # step 0's hidden states cover the prompt; each later step holds one position
+        hid = torch.cat([gen.hidden_states[0][-1][:, -1:]] +
+                        [step[-1] for step in gen.hidden_states[1:]], dim=1)         # [B, T, H]
+        records = []
+        for b in range(new.shape[0]):
+            ids = new[b].tolist()
+            stop = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+            records.append({"tokens": new[b, :stop].cpu().clone(),
+                            "hidden": hid[b, :stop].to(torch.float16).cpu().clone()})
+        torch.save(records, data_dir / f"shard-{index:04d}.pt")
+        bar.set_postfix(tokens=sum(len(r["tokens"]) for r in records))
+
+
+def load_records(data_dir: Path) -> list[dict]:
+    return [r for shard in _shards(data_dir) for r in torch.load(shard) if len(r["tokens"]) >= 2]
+
+
+# --------------------------------------------------------------------------- 3. train
+
+def draft_vocabulary(records: list[dict], size: int, always: tuple[int, ...]) -> torch.Tensor:
+    """The ``size`` most frequent response tokens (plus ``always``, e.g. EOS), sorted ids."""
+    counts = torch.bincount(torch.cat([r["tokens"] for r in records]))
+    order = [int(t) for t in torch.argsort(counts, descending=True) if counts[t] > 0]
+    keep = list(dict.fromkeys(list(always) + order))[:size]
+    return torch.tensor(sorted(keep), dtype=torch.long)
+
+
+class Windows:
+    """Training examples: (hidden[i], tokens[i..i+depth]) -> predict tokens[i+1..i+depth]."""
+
+    def __init__(self, records: list[dict], depth: int) -> None:
+        self.depth = depth
+        pad_tok, hs = [], []
+        for r in records:
+            L = len(r["tokens"])
+            t = torch.cat([r["tokens"], torch.full((depth,), -1, dtype=torch.long)])
+            h = torch.cat([r["hidden"], torch.zeros(depth, r["hidden"].shape[1], dtype=r["hidden"].dtype)])
+            pad_tok.append(t)
+            hs.append(h)
+            del L
+        self.tokens = torch.cat(pad_tok)                       # [N+pad]
+        self.hidden = torch.cat(hs)                            # [N+pad, H]
+        starts, offset = [], 0
+        for r in records:
+            L = len(r["tokens"])
+            starts.extend(range(offset, offset + L - 1))       # anchors with at least one label
+            offset += L + depth
+        self.anchors = torch.tensor(starts, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(h0 [B,H], tokens [B, depth+1] with -1 padding, target features [B, depth, H])."""
+        a = self.anchors[idx]
+        span = a[:, None] + torch.arange(self.depth + 1)       # [B, D+1]
+        return (self.hidden[a].float(), self.tokens[span], self.hidden[span[:, 1:]].float())
+
+
+def unrolled_loss(prophet: Prophet, h0: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
+                  kl_weight: float, feat_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Loss over depths; also (correct [D], counted [D]) top-1 agreement per depth.
+
+    ``tokens [B, D+1]``: committed token then the teacher continuation (-1 = none).
+    ``feats [B, D, H]``: the target's hidden state at each teacher position, whose
+    argmax is the label; the prophet's features are regressed onto it.
+    """
+    D = tokens.shape[1] - 1
+    inputs = tokens[:, :D].clamp_min(0)
+    out, f = prophet.forward_train(h0, inputs)                 # [B, D, Vd], [B, D, H]
+    labels = prophet.to_draft_ids(tokens[:, 1:])                # [B, D], -1 = outside draft vocab / pad
+    valid = tokens[:, 1:] >= 0
+    # a depth only counts while every earlier teacher token exists
+    loss = F.cross_entropy(out.flatten(0, 1), labels.flatten(), ignore_index=-1)
+    if kl_weight:
+        with torch.no_grad():
+            teacher = prophet.draft_logits(feats).log_softmax(-1)   # [B, D, Vd]
+        kl = F.kl_div(out.log_softmax(-1), teacher, log_target=True, reduction="none").sum(-1)
+        loss = loss + kl_weight * (kl * valid).sum() / valid.sum().clamp_min(1)
+    if feat_weight:
+        reg = F.smooth_l1_loss(f, feats, reduction="none").mean(-1)
+        loss = loss + feat_weight * (reg * valid).sum() / valid.sum().clamp_min(1)
+    with torch.no_grad():
+        hit = (out.argmax(-1) == labels) & (labels >= 0)
+        correct = hit.sum(0).float()
+        counted = valid.sum(0).float()
+    return loss, correct, counted
+
+
+@torch.no_grad()
+def evaluate(prophet: Prophet, data: Windows, batch: int = 256) -> dict:
+    """Held-out top-1 agreement per depth, conditional acceptance and an alpha estimate.
+
+    ``accept[d]`` = P(depth d correct and all earlier correct); alpha for k drafts
+    = E[accepted] / k with E[accepted] = sum_d accept[d].
+    """
+    prophet.eval()
+    D = data.depth
+    prefix_ok = torch.zeros(D)
+    top1 = torch.zeros(D)
+    counted = torch.zeros(D)
+    for start in range(0, len(data), batch):
+        idx = torch.arange(start, min(start + batch, len(data)))
+        h0, tokens, _ = data.batch(idx)
+        out, _ = prophet.forward_train(h0, tokens[:, :D].clamp_min(0))
+        labels = prophet.to_draft_ids(tokens[:, 1:])
+        valid = tokens[:, 1:] >= 0
+        hit = (out.argmax(-1) == labels) & (labels >= 0)
+        chain = torch.cumprod(hit.float(), dim=1)
+        top1 += hit.sum(0).float()
+        prefix_ok += (chain * valid).sum(0)
+        counted += valid.sum(0).float()
+    prophet.train()
+    top1 = (top1 / counted.clamp_min(1)).tolist()
+    accept = (prefix_ok / counted.clamp_min(1)).tolist()
+    alpha = {k: round(sum(accept[:k]) / k, 4) for k in range(1, D + 1)}
+    return {"top1": [round(x, 4) for x in top1], "accept_chain": [round(x, 4) for x in accept], "alpha": alpha}
+
+
+def train(prophet: Prophet, train_set: Windows, held: Windows, args: argparse.Namespace,
+          out_dir: Path, start_step: int = 0, optim_state: Optional[dict] = None) -> dict:
+    from tqdm import tqdm
+    params = [p for p in prophet.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    if optim_state:
+        opt.load_state_dict(optim_state)
+    sched = lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
+    gen = torch.Generator().manual_seed(args.seed + start_step)
+    deadline = time.time() + args.train_minutes * 60
+    log = {}
+    bar = tqdm(range(start_step, args.steps), desc="prophet training", unit="step", initial=start_step,
+               total=args.steps)
+    step = start_step
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = args.lr * sched(step)
+        idx = torch.randint(len(train_set), (args.batch,), generator=gen)
+        h0, tokens, feats = (t.to(prophet.device) for t in train_set.batch(idx))
+        loss, correct, counted = unrolled_loss(prophet, h0, tokens, feats, args.kl, args.feat)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        acc = (correct / counted.clamp_min(1)).tolist()
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1=" ".join(f"{a:.2f}" for a in acc[:4]))
+        last = step + 1 == args.steps or time.time() > deadline
+        if (step + 1) % args.eval_every == 0 or last:
+            log = evaluate(prophet, held)
+            log["step"] = step + 1
+            bar.write(json.dumps(log))
+            torch.save({"step": step + 1, "model": prophet.trainable_state(), "optim": opt.state_dict(),
+                        "config": prophet.config.to_dict(), "vocab": prophet.vocab.cpu()}, out_dir / "checkpoint.pt")
+        if last:
+            if time.time() > deadline:
+                bar.write(f"training time budget of {args.train_minutes} min reached at step {step + 1}")
+            break
+    log["steps_done"] = step + 1
+    return log
+
+
+# --------------------------------------------------------------------------- CLI
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m decoding.train_prophet", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
+    p.add_argument("--data-dir", type=Path, default=None, help="default: user cache dir/prophet-data/<target>")
+    p.add_argument("--out-dir", type=Path, default=Path("out/prophet"))
+    p.add_argument("--resume", action="store_true", help="continue from --out-dir/checkpoint.pt")
+    p.add_argument("--export", type=Path, default=None, help="write the shipped fp16 safetensors here")
+    p.add_argument("--prompts", type=int, default=2000, help="training prompts to generate for")
+    p.add_argument("--gen-batch", type=int, default=32)
+    p.add_argument("--max-new", type=int, default=96)
+    p.add_argument("--gen-minutes", type=float, default=60.0, help="stop generating data after this long")
+    p.add_argument("--skip-data", action="store_true", help="train on the shards that already exist")
+    p.add_argument("--vocab", type=int, default=4096, help="draft vocabulary size (most frequent tokens)")
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--depth", type=int, default=5, help="draft positions unrolled in training")
+    p.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=True,
+                   help="initialize the prophet layers from the target's last decoder layers")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--train-minutes", type=float, default=60.0)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--kl", type=float, default=0.5, help="weight of KL to the target's draft-vocab distribution")
+    p.add_argument("--feat", type=float, default=1.0, help="weight of the feature regression")
+    p.add_argument("--held-out", type=float, default=0.05, help="fraction of responses held out")
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    from .prophet import Prophet, ProphetConfig, save_prophet
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.time()
+    lm = load_model(args.target, device=args.device, dtype=torch.float32)
+    data_dir = args.data_dir or default_data_dir(args.target)
+    # 1-2. prompts and the target's greedy responses with hidden states
+    if not args.skip_data:
+        prompts = build_prompts(args.prompts, seed=args.seed)
+        generate_data(lm, prompts, data_dir, batch=args.gen_batch, max_new=args.max_new, minutes=args.gen_minutes)
+    t_data = time.time() - t_start
+    records = load_records(data_dir)
+    if len(records) < 2:
+        raise SystemExit(f"no training data in {data_dir}; run without --skip-data")
+    rng = random.Random(args.seed)
+    rng.shuffle(records)
+    n_held = max(1, int(len(records) * args.held_out))
+    held, train_records = records[:n_held], records[n_held:]
+    n_tokens = sum(len(r["tokens"]) for r in train_records)
+    print(f"data: {len(train_records)} responses / {n_tokens} tokens for training, {n_held} held out "
+          f"({data_dir}, {t_data:.0f} s)")
+    # 3. the prophet
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = args.out_dir / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path) if args.resume and ckpt_path.is_file() else None
+    if ckpt:
+        config = ProphetConfig(**ckpt["config"])
+        vocab = ckpt["vocab"]
+    else:
+        config = ProphetConfig.for_target(lm, layers=args.layers)
+        vocab = draft_vocabulary(train_records, args.vocab, lm.eos_token_ids)
+    prophet = Prophet(config, lm, vocab)
+    if ckpt:
+        prophet.load_trainable(ckpt["model"])
+    elif args.init_from_target:
+        prophet.init_from_target(lm)
+    prophet.train()
+    coverage = float(torch.isin(torch.cat([r["tokens"] for r in held]), vocab).float().mean())
+    print(f"prophet: {prophet.num_trainable()} trainable parameters, draft vocab {len(vocab)} "
+          f"(held-out token coverage {coverage:.3f})")
+    t0 = time.time()
+    log = train(prophet, Windows(train_records, args.depth), Windows(held, args.depth), args, args.out_dir,
+                start_step=ckpt["step"] if ckpt else 0, optim_state=ckpt["optim"] if ckpt else None)
+    summary = {"target": args.target, "train_responses": len(train_records), "train_tokens": n_tokens,
+               "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),
+               "data_seconds": round(t_data), "train_seconds": round(time.time() - t0), **log,
+               "device": str(lm.device), "threads": torch.get_num_threads()}
+    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+    if args.export:
+        save_prophet(prophet, args.export, metadata={"train_tokens": str(n_tokens), "steps": str(log["steps_done"])})
+        print(f"wrote {args.export} ({args.export.stat().st_size / 1e6:.1f} MB)")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Prophet draft head: losslessness (shipped and random weights), sampling exactness, weights, training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from decoding import prophet as prophet_mod
+from decoding.baselines import greedy
+from decoding.models import load_model
+from decoding.params import GreedyParams
+from decoding.prophet import (PROPHET_DIR, Prophet, ProphetConfig, ProphetDrafter, ProphetParams, load_prophet,
+                              prophet, prophet_for, save_prophet)
+from decoding.result import ModelPair
+from decoding.runner import encode_prompt
+from decoding.sampling import make_generator
+from decoding.strategies import get_strategy
+from decoding.tracer import Tracer
+from test_speculative import _chi_square as chi_square
+from test_speculative import _exact_model_distribution
+from test_speculative import _passes as plausible
+from tiny_models import prompt, tiny_causal
+
+F64 = torch.float64
+SHIPPED = PROPHET_DIR / "smollm2-135m-instruct.safetensors"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_prophet(lm, seed=0, vocab_size=None, scale=1.0):
+    """An untrained prophet with random weights over a random draft vocabulary."""
+    torch.manual_seed(seed)
+    n = vocab_size or lm.vocab_size
+    vocab = torch.randperm(lm.vocab_size)[:n].sort().values
+    head = Prophet(ProphetConfig.for_target(lm), lm, vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.5 * scale)
+    return head.eval()
+
+
+def _greedy(pair, ids, n):
+    return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_random_prophet_greedy_is_exact_on_tiny_models(arch):
+    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
+    for seed, vocab_size in ((0, None), (1, 40)):
+        pair = ModelPair(target, extras={"prophet": random_prophet(target, seed, vocab_size)})
+        for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
+            want = _greedy(pair, p, 30)
+            for k, adaptive in ((1, False), (3, False), (6, True)):
+                res = prophet(p, pair, ProphetParams(draft_tokens=k, adaptive=adaptive), max_new_tokens=30)
+                assert res.token_ids == want, (arch, seed, k)
+                assert res.stats["drafted"] > 0 and res.draft_forwards == res.stats["drafted"]
+
+
+def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
+    """A few hundred steps on the tiny target's own greedy chains: agreement with the target rises."""
+    from decoding import train_prophet as tp
+    target = tiny_causal("llama", seed=0, scale=8.0)
+    records = []
+    with torch.no_grad():
+        for s in range(24):
+            ids = torch.tensor([prompt(4, seed=100 + s)])
+            out = target.model.generate(ids, max_new_tokens=12, do_sample=False, output_hidden_states=True,
+                                        return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+            hid = torch.cat([out.hidden_states[0][-1][:, -1:]] + [h[-1] for h in out.hidden_states[1:]], 1)
+            records.append({"tokens": out.sequences[0, 4:], "hidden": hid[0].half()})
+    args = tp.parse_args(["--steps", "150", "--batch", "32", "--eval-every", "150", "--lr", "3e-3"])
+    vocab = tp.draft_vocabulary(records, 64, (2,))
+    head = Prophet(ProphetConfig.for_target(target), target, vocab)
+    data = tp.Windows(records, 3)
+    before = tp.evaluate(head, data)
+    tp.train(head, data, data, args, out_dir=tmp_path)
+    after = tp.evaluate(head, data)
+    assert after["top1"][0] > before["top1"][0] + 0.3, (before, after)
+    assert after["alpha"][3] > before["alpha"][3] + 0.2, (before, after)
+    assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_sampling_with_a_random_prophet_matches_the_target_distribution():
+    """3-token outputs of the real loop (filters on; q_draft is 0 outside the draft vocabulary)
+    against the exactly enumerated target distribution."""
+    vocab, ids, n_out, n = 6, [1, 3, 4], 3, 3000
+    target = tiny_causal("llama", seed=0, vocab=vocab, eos=False, scale=2.0)
+    head = random_prophet(target, seed=3, vocab_size=4, scale=4.0)
+    pair = ModelPair(target, extras={"prophet": head})
+    params = ProphetParams(temperature=0.8, top_k=5, top_p=0.95, draft_tokens=2)
+    exact = _exact_model_distribution(target, ids, n_out, params)
+    gen = make_generator(5)
+    counts: dict[tuple, int] = {}
+    drafted = 0
+    for _ in range(n):
+        res = prophet(ids, pair, params, max_new_tokens=n_out, rng=gen)
+        drafted += res.stats["drafted"]
+        key = tuple(res.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert drafted >= n    # every run verified at least one prophet token
+    stat, dof = chi_square(counts, exact, n)
+    assert plausible(stat, dof), (stat, dof)
+
+
+def test_drafter_needs_the_hidden_state_and_traces_without_changing_tokens():
+    target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
+    head = random_prophet(target)
+    drafter = ProphetDrafter(head, ProphetParams())
+    assert drafter.needs_hidden and drafter.propose([1, 2, 3], 4).tokens == []   # no hidden state yet
+    pair = ModelPair(target, extras={"prophet": head})
+    p = prompt(6, seed=2)
+    plain = prophet(p, pair, ProphetParams(draft_tokens=3), max_new_tokens=20)
+    tracer = Tracer()
+    traced = prophet(p, pair, ProphetParams(draft_tokens=3), max_new_tokens=20, tracer=tracer)
+    assert traced.token_ids == plain.token_ids
+    kinds = {type(e).__name__ for e in tracer.events}
+    assert {"DraftProposed", "TokenVerified", "ForwardPass"} <= kinds
+    assert any(getattr(e, "source", "") == "prophet" for e in tracer.events)
+
+
+def test_registry_params_and_missing_weights_error():
+    s = get_strategy("prophet")
+    assert s.lossless and not s.needs_assistant
+    with pytest.raises(ValueError, match="draft_tokens"):
+        ProphetParams(draft_tokens=0)
+    target = tiny_causal("llama", seed=0)
+    with pytest.raises(ValueError, match="no prophet weights for target 'tiny-llama'"):
+        prophet_for(ModelPair(target))
+
+
+def test_save_and_load_round_trip(tmp_path):
+    target = tiny_causal("llama", seed=0)
+    head = random_prophet(target, vocab_size=50)
+    path = tmp_path / "p.safetensors"
+    save_prophet(head, path)
+    again = load_prophet(path, target)
+    assert json.loads((tmp_path / "config.json").read_text())["hidden"] == 64
+    assert torch.equal(again.vocab, head.vocab)
+    h, tok = torch.randn(2, 64), torch.tensor([[3, 4], [5, 6]])
+    a, _ = head.forward_train(h, tok)
+    b, _ = again.forward_train(h, tok)
+    assert torch.allclose(a, b, atol=0.05)      # fp16 storage
+
+
+# --------------------------------------------------------------------------- the bundled model
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_model("smollm2-135m-instruct")
+
+
+def test_shipped_weights_are_small_and_load(bundled):
+    assert SHIPPED.is_file(), "presets/prophet/smollm2-135m-instruct.safetensors is missing"
+    assert SHIPPED.stat().st_size <= 20 * 2**20
+    head = prophet_for(ModelPair(bundled))
+    assert head.config.hidden == 576 and 0 < len(head.vocab) <= 8192
+    assert {"embed", "head"}.isdisjoint(dict(head.named_parameters()))   # frozen pieces are borrowed
+
+
+def test_bundled_model_prophet_equals_greedy_with_shipped_and_random_weights(bundled):
+    ids = encode_prompt(bundled.tokenizer, "Explain what a binary search does.", chat=True)
+    want = _greedy(ModelPair(bundled), ids, 24)
+    shipped = prophet(ids, ModelPair(bundled), ProphetParams(draft_tokens=4), max_new_tokens=24)
+    assert shipped.token_ids == want
+    assert shipped.stats["accepted"] > 0         # the trained head does predict the target
+    pair = ModelPair(bundled, extras={"prophet": random_prophet(bundled, vocab_size=2000)})
+    assert prophet(ids, pair, ProphetParams(draft_tokens=3), max_new_tokens=24).token_ids == want
+
+
+def test_training_command_smoke(tmp_path):
+    from decoding.train_prophet import main
+    out = tmp_path / "out"
+    summary = main(["--data-dir", str(tmp_path / "data"), "--out-dir", str(out), "--prompts", "3",
+                    "--gen-batch", "3", "--max-new", "6", "--steps", "2", "--batch", "4", "--eval-every", "1",
+                    "--depth", "2", "--vocab", "64", "--held-out", "0.34", "--threads", "1",
+                    "--export", str(tmp_path / "w" / "p.safetensors")])
+    assert summary["steps_done"] == 2 and summary["train_tokens"] > 0
+    assert set(summary["alpha"]) == {1, 2} and len(summary["top1"]) == 2
+    assert (out / "checkpoint.pt").is_file() and (tmp_path / "w" / "p.safetensors").is_file()
+    resumed = main(["--data-dir", str(tmp_path / "data"), "--out-dir", str(out), "--skip-data", "--resume",
+                    "--steps", "3", "--batch", "4", "--eval-every", "1", "--depth", "2", "--held-out", "0.34",
+                    "--threads", "1"])
+    assert resumed["steps_done"] == 3

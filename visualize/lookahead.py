@@ -1,0 +1,144 @@
+"""Views of lookahead runs: the 2D window and the verified n-grams per step. Never imports torch.
+
+A result dict is ``RunResult.to_dict()``; its ``LookaheadStep`` events carry the
+window the fused forward saw (levels oldest first, ``W`` columns each), the
+candidate continuations verified after the key token, which one was accepted
+and the tokens committed. Token text is always HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Optional
+
+import plotly.graph_objects as go
+
+from .tokens import LEGEND, _tint
+
+_CSS = ("<style>.dp-la table{border-collapse:collapse;margin:4px 0 10px}"
+        ".dp-la td,.dp-la th{border:1px solid #ddd;padding:2px 6px;font-family:monospace;font-size:12px;"
+        "white-space:pre}.dp-la th{background:#f6f6f6;font-weight:normal}"
+        ".dp-la .dp-hit{background:%s}.dp-la .dp-bonus{background:%s}.dp-la .dp-key{background:%s}"
+        ".dp-la .dp-miss{color:#888}</style>") % (_tint(LEGEND["accepted"][1], 0.35),
+                                                   _tint(LEGEND["greedy"][1], 0.45), "#eeeeee")
+
+
+def _steps(result: dict) -> list[dict]:
+    return [e for e in result.get("events", ()) if e.get("type") == "LookaheadStep"]
+
+
+def has_steps(result: dict) -> bool:
+    return bool(_steps(result))
+
+
+def ngram_tokens(e: dict) -> int:
+    """How many committed tokens of a step came from the accepted n-gram.
+
+    The accepted candidate agrees with the committed tokens exactly on those: the
+    target's own token after them differs from the candidate's next one (or the
+    candidate ended), since otherwise verification would have accepted it too.
+    """
+    j = e["accepted_candidate"]
+    if j < 0 or j >= len(e["candidates"]):
+        return 0
+    n = 0
+    for a, b in zip(e["candidates"][j], e["accepted"]):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def _text(result: dict, token: Any) -> str:
+    """A token's text as a short escaped cell label (repr shows whitespace)."""
+    raw = result.get("vocab", {}).get(str(token))
+    shown = repr(raw)[1:-1] if isinstance(raw, str) else f"<{token}>"
+    return html.escape(shown or "∅")
+
+
+def lookahead_steps(result: dict) -> list[dict]:
+    """One row per lookahead step: what was verified, accepted and committed."""
+    rows = []
+    for e in _steps(result):
+        rows.append({"step": e["step"], "position": e["position"], "pool_size": e["pool_size"],
+                     "pool_hits": e.get("pool_hits", len(e["candidates"])),
+                     "candidates": len(e["candidates"]), "accepted_candidate": e["accepted_candidate"],
+                     "ngram_tokens": ngram_tokens(e), "committed": len(e["accepted"]),
+                     "text": "".join(result.get("vocab", {}).get(str(t), f"<{t}>") for t in e["accepted"])})
+    return rows
+
+
+def step_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
+    """The lookahead step shown at replay ``step``: the last one at or before it (None: the last)."""
+    chosen = None
+    for e in _steps(result):
+        if step is None or e["step"] <= step:
+            chosen = e
+    return chosen
+
+
+def _window_table(result: dict, e: dict) -> str:
+    window = e.get("window") or []
+    width = max((len(lv) for lv in window), default=0)
+    head = "".join(f"<th>col {i}</th>" for i in range(width))
+    body = "".join(f"<tr><th>level {l}{' (oldest)' if l == 0 and len(window) > 1 else ''}</th>"
+                   + "".join(f"<td>{_text(result, t)}</td>" for t in lv) + "</tr>"
+                   for l, lv in enumerate(window))
+    return f"<table class='dp-window'><tr><th>window</th>{head}</tr>{body}</table>"
+
+
+def _candidates_table(result: dict, e: dict) -> str:
+    out = result.get("token_ids") or []
+    pos = int(e["position"])
+    key_cell = (f"<td class='dp-key'>{_text(result, out[pos - 1])}</td>" if 0 < pos <= len(out)
+                else "<td class='dp-key'>key</td>")
+    n_hit = ngram_tokens(e)
+    rows = []
+    for j, cand in enumerate(e["candidates"]):
+        chosen = j == e["accepted_candidate"]
+        cells = []
+        for k, tok in enumerate(cand):
+            cls = "dp-hit" if chosen and k < n_hit else ("dp-miss" if chosen else "")
+            cells.append(f"<td class='{cls}'>{_text(result, tok)}</td>")
+        mark = " ✓" if chosen else ""
+        rows.append(f"<tr><th>n-gram {j}{mark}</th>{key_cell}{''.join(cells)}</tr>")
+    if not rows:
+        rows.append("<tr><td>no n-gram in the pool starts with the key token</td></tr>")
+    committed = "".join(
+        f"<td class='{'dp-hit' if i < n_hit else 'dp-bonus'}'>{_text(result, t)}</td>"
+        for i, t in enumerate(e["accepted"]))
+    rows.append(f"<tr><th>committed</th>{key_cell}{committed}</tr>")
+    return f"<table class='dp-cands'>{''.join(rows)}</table>"
+
+
+def lookahead_step_html(result: dict, step: Optional[int] = None) -> str:
+    """The window and the verification branch of the step shown at replay ``step``."""
+    e = step_at(result, step)
+    if e is None:
+        return "<div class='dp-la'>No lookahead step yet.</div>"
+    n_hit = ngram_tokens(e)
+    n_target = len(e["accepted"]) - n_hit
+    head = (f"<div><b>step {int(e['step'])}</b> · output position {int(e['position'])} · pool "
+            f"{int(e['pool_size'])} n-grams · {int(e.get('pool_hits', 0))} start with the key · "
+            f"{n_hit} n-gram token{'s' if n_hit != 1 else ''} accepted + {n_target} from the target</div>")
+    return (f"{_CSS}<div class='dp-la'>{head}{_window_table(result, e)}"
+            f"{_candidates_table(result, e)}</div>")
+
+
+def lookahead_figure(result: dict) -> Any:
+    """Tokens committed per step (n-gram hits stacked on the target's token) and the pool size."""
+    rows = lookahead_steps(result)
+    xs = [r["step"] for r in rows]
+    fig = go.Figure()
+    fig.add_bar(x=xs, y=[1 if r["committed"] > r["ngram_tokens"] else 0 for r in rows], name="target token",
+                marker_color=LEGEND["greedy"][1])
+    fig.add_bar(x=xs, y=[r["ngram_tokens"] for r in rows], name="accepted n-gram tokens",
+                marker_color=LEGEND["accepted"][1],
+                hovertext=[html.escape(repr(r["text"])) for r in rows])
+    fig.add_scatter(x=xs, y=[r["pool_size"] for r in rows], name="pool size", yaxis="y2",
+                    mode="lines", line={"color": LEGEND["beam"][1]})
+    fig.update_layout(title="Lookahead: tokens committed per target forward", barmode="stack",
+                      xaxis_title="step (target forwards)", yaxis_title="tokens",
+                      yaxis2={"title": "pool size", "overlaying": "y", "side": "right"},
+                      height=320, template="plotly_white", margin=dict(l=40, r=50, t=50, b=40))
+    return fig
