@@ -16,13 +16,17 @@ from typing import Any
 import gradio as gr
 import yaml
 
+from decoding.bench import _num as sweep_value
+from decoding.bench import parse_sweep
 from decoding.models import ModelLoadError, default_target, load_model, load_presets, set_memory_budget
 from decoding.params import check_max_new_tokens
-from decoding.result import ModelPair
+from decoding.prophet import PROPHET, has_prophet, make_pair
 from decoding.runner import encode_prompt, environment, run_comparison
 from decoding.strategies import registry
-from visualize.charts import forward_timeline, source_counts, speed_chart
+from visualize.charts import (forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart,
+                              sweep_figure, time_breakdown)
 from visualize.jacobi import has_iterations, jacobi_heatmap
+from visualize.lookahead import has_steps, lookahead_figure, lookahead_step_html
 from visualize.speculative import accepted_length_histogram, has_drafts, inspectable_positions, inspector
 from visualize.tokens import columns_html, max_step
 from visualize.traces import export_trace, import_trace
@@ -35,11 +39,17 @@ except ImportError:
         return fn
 
 # --------------------------------------------------------------------------- limits (one place)
-LIMITS = {"max_new_tokens": 512, "prompt_tokens": 2048, "strategies": 6, "time_limit_s": 180.0}
+LIMITS = {"max_new_tokens": 512, "prompt_tokens": 2048, "strategies": 6, "time_limit_s": 180.0,
+          "sweep_points": 12}
 SETTINGS = {"allow_any_model": False}
-DEFAULT_STRATEGIES = ["greedy", "sample", "beam", "prompt_lookup"]
+# the default comparison: speculative drafts with the bundled model's trained prophet head
+DEFAULT_STRATEGIES = ["greedy", "speculative", "prompt_lookup", "lookahead"]
+SWEEP_DEFAULTS = {"lookahead": "window=3,5,8;ngram=3,4", "speculative": "draft_tokens=1,2,4,8",
+                  "prophet": "draft_tokens=1,2,3,4,6", "prompt_lookup": "draft_tokens=2,4,8,16",
+                  "jacobi": "block_size=2,4,8,16"}
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
-STOP_FLAGS: dict[str, threading.Event] = {}
+STOP_FLAGS: dict[str, threading.Event] = {}   # insertion-ordered: oldest first
+STOP_LOCK = threading.Lock()
 
 
 def example_prompts() -> dict[str, list[str]]:
@@ -121,7 +131,74 @@ def _outputs(doc: dict | None, message: str) -> tuple:
             forward_timeline(results) if results else None, source_counts(results) if results else None,
             trace_path, message, accepted_length_histogram(drafted) if drafted else None,
             gr.update(choices=choices, value=choices[0] if choices else None),
-            next((jacobi_heatmap(r) for r in results if has_iterations(r)), None))
+            next((jacobi_heatmap(r) for r in results if has_iterations(r)), None),
+            lookahead_view(doc, top), next((lookahead_figure(r) for r in results if has_steps(r)), None),
+            time_breakdown(results) if results else None,
+            leviathan_chart(results) if any(has_prediction(r) for r in results) else None)
+
+
+def lookahead_view(doc: dict | None, step: int | None) -> str:
+    """The lookahead window and verification branch at the replay step (first lookahead column)."""
+    result = next((r for r in (doc or {}).get("results", []) if has_steps(r)), None)
+    if result is None:
+        return "<div class='dp-la'>Run the lookahead strategy to see its 2D window and verified n-grams.</div>"
+    return lookahead_step_html(result, step)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A validated request: the model pair, the prompt ids and the run limits."""
+    pair: Any
+    prompt_ids: list[int]
+    max_new: int
+    seed: int
+    model: str
+    note: str
+
+
+def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
+            needs_assistant: bool, progress: Any = None) -> Prepared:
+    """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError."""
+    presets = load_presets()
+    model = check_model_name(model, "model", presets)
+    if assistant in (None, "", "none"):
+        assistant = None
+    elif assistant != PROPHET:
+        assistant = check_model_name(assistant, "assistant", presets)
+    max_new = check_max_new_tokens(max_new_tokens, LIMITS["max_new_tokens"])
+    if not isinstance(seed, (int, float)) or isinstance(seed, bool) or seed != seed or not 0 <= seed < 2**31:
+        raise ValueError("seed must be an integer in [0, 2147483647]")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt must not be empty")
+    if progress is not None:
+        progress(0, desc=f"loading {model}")
+    target = load_model(model)
+    pair = make_pair(target, assistant, load_model)
+    note = " (speculative drafts with the target's trained prophet head)" if assistant == PROPHET else ""
+    if needs_assistant and assistant is None:
+        pair = dataclasses.replace(pair, assistant=target)
+        note = " (no assistant chosen: the target drafts for itself, a correctness demo)"
+    prompt_ids = encode_prompt(target.tokenizer, prompt, chat=bool(chat) and target.chat)
+    if len(prompt_ids) > LIMITS["prompt_tokens"]:
+        raise ValueError(f"prompt is {len(prompt_ids)} tokens; the limit is {LIMITS['prompt_tokens']}")
+    return Prepared(pair, prompt_ids, max_new, int(seed), model, note)
+
+
+def _session_flag(request: Any) -> threading.Event:
+    """This browser session's Stop flag (bounded: the oldest sessions' flags are forgotten)."""
+    key = getattr(request, "session_hash", None) or "local"
+    with STOP_LOCK:
+        flag = STOP_FLAGS.pop(key, None) or threading.Event()
+        STOP_FLAGS[key] = flag
+        while len(STOP_FLAGS) > 4096:
+            STOP_FLAGS.pop(next(iter(STOP_FLAGS)))
+    return flag
+
+
+def _stop_flag(request: Any) -> threading.Event:
+    stop = _session_flag(request)
+    stop.clear()
+    return stop
 
 
 @gpu
@@ -129,60 +206,108 @@ def run_playground(model: str, assistant: str, strategies: list[str], prompt: st
                    max_new_tokens: float, seed: float, params: dict,
                    progress: gr.Progress = gr.Progress(), request: gr.Request = None) -> tuple:
     """Run the selected strategies side by side; returns the replay outputs."""
+    stop = _stop_flag(request)   # cleared first: a Stop pressed while the model loads still counts
     try:
-        presets = load_presets()
-        model = check_model_name(model, "model", presets)
-        assistant = None if assistant in (None, "", "none") else check_model_name(assistant, "assistant", presets)
-        max_new = check_max_new_tokens(max_new_tokens, LIMITS["max_new_tokens"])
-        if not isinstance(seed, (int, float)) or seed != seed or not 0 <= seed < 2**31:
-            raise ValueError("seed must be an integer in [0, 2147483647]")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must not be empty")
         plan = build_plan(strategies, params or {})
-        progress(0, desc=f"loading {model}")
-        target = load_model(model)
-        helper = load_model(assistant) if assistant else None
-        needs = [n for n, _ in plan if registry()[n].needs_assistant]
-        note = ""
-        if needs and helper is None:
-            helper, note = target, " (no assistant chosen: the target drafts for itself, a correctness demo)"
-        pair = ModelPair(target, helper)
-        prompt_ids = encode_prompt(target.tokenizer, prompt, chat=bool(chat) and target.chat)
-        if len(prompt_ids) > LIMITS["prompt_tokens"]:
-            raise ValueError(f"prompt is {len(prompt_ids)} tokens; the limit is {LIMITS['prompt_tokens']}")
+        needs = any(registry()[n].needs_assistant for n, _ in plan)
+        prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs, progress)
     except (ValueError, ModelLoadError) as exc:
         raise gr.Error(str(exc)) from None
-
-    key = getattr(request, "session_hash", None) or "local"
-    stop = STOP_FLAGS.setdefault(key, threading.Event())
-    stop.clear()
     total = len(plan) + (0 if any(n == "greedy" for n, _ in plan) else 1)
+    max_new = prep.max_new
 
     def on_progress(index: int, name: str, done: int) -> None:
         progress((index + done / max_new) / total, desc=f"{name}: {done}/{max_new} tokens")
 
-    results = run_comparison(prompt_ids, pair, plan, max_new_tokens=max_new, seed=int(seed),
+    results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=max_new, seed=prep.seed,
                              on_progress=on_progress, should_stop=stop.is_set,
                              time_limit_s=LIMITS["time_limit_s"])
-    doc = {"environment": environment(pair, int(seed)), "prompt": prompt, "chat": bool(chat),
-           "prompt_ids": prompt_ids, "max_new_tokens": max_new,
+    doc = {"environment": environment(prep.pair, prep.seed), "prompt": prompt, "chat": bool(chat),
+           "prompt_ids": prep.prompt_ids, "max_new_tokens": max_new,
            "results": [r.to_dict() for r in results]}
     failed = [r for r in results if r.error]
-    message = f"Ran {len(results)} strategies on {model}{note}."
+    message = f"Ran {len(results)} strategies on {prep.model}{prep.note}."
     if failed:
         message += " " + "; ".join(f"{r.strategy}: {r.error}" for r in failed)
     return _outputs(doc, message)
 
 
-def stop_run(request: gr.Request = None) -> str:
-    key = getattr(request, "session_hash", None) or "local"
-    STOP_FLAGS.setdefault(key, threading.Event()).set()
+def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], list[tuple[str, Any]]]:
+    """``"window=3,5;ngram=3,4"`` for ``strategy`` -> (keys, value tuples, validated plan)."""
+    reg = registry()
+    if strategy not in reg:
+        raise ValueError(f"sweep strategy: unknown strategy {strategy!r}")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("sweep values: write KEY=V1,V2[;KEY=V1,V2], e.g. draft_tokens=2,4,8")
+    if len(spec) > 500:
+        raise ValueError("sweep values: at most 500 characters")
+    _, keys, combos = parse_sweep(f"{strategy}:{spec}")
+    if len(keys) > 2:
+        raise ValueError("sweep values: sweep at most two parameters")
+    if not 1 <= len(combos) <= LIMITS["sweep_points"]:
+        raise ValueError(f"sweep values: {len(combos)} combinations; the limit is {LIMITS['sweep_points']}")
+    plan = []
+    for combo in combos:
+        try:
+            plan.append((strategy, reg[strategy].parse({k: sweep_value(v) for k, v in zip(keys, combo)})))
+        except ValueError as exc:
+            raise ValueError(f"sweep values: {exc}") from None
+    return keys, combos, plan
+
+
+@gpu
+def run_sweep(model: str, assistant: str, prompt: str, chat: bool, max_new_tokens: float, seed: float,
+              strategy: str, spec: str, progress: gr.Progress = gr.Progress(), request: gr.Request = None) -> tuple:
+    """Run one strategy over a parameter grid against one greedy reference; returns (figure, message)."""
+    stop = _stop_flag(request)   # cleared first: a Stop pressed while the model loads still counts
+    try:
+        keys, combos, plan = parse_sweep_spec(strategy, spec)
+        needs = registry()[strategy].needs_assistant
+        prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs, progress)
+    except (ValueError, ModelLoadError) as exc:
+        raise gr.Error(str(exc)) from None
+
+    def on_progress(index: int, name: str, done: int) -> None:
+        progress((index + done / prep.max_new) / (len(plan) + 1), desc=f"sweep point {index}: {done} tokens")
+
+    results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new, seed=prep.seed,
+                             on_progress=on_progress, should_stop=stop.is_set,
+                             time_limit_s=LIMITS["time_limit_s"])
+    runs = [r for r in results if not r.reference]
+    points = [{"values": [sweep_value(v) for v in combo], "speedup": r.speedup or 0.0,
+               "tokens_per_target_forward": round(len(r.token_ids) / max(r.target_forwards, 1), 3)}
+              for combo, r in zip(combos, runs) if not r.error]
+    errors = [f"{dict(zip(keys, c))}: {r.error}" for c, r in zip(combos, runs) if r.error]
+    message = f"Swept {len(points)} settings of {strategy} on {prep.model}{prep.note}."
+    if errors:
+        message += " Failed: " + "; ".join(errors)
+    return sweep_figure({"strategy": strategy, "keys": keys, "points": points}), message
+
+
+def advance(doc: dict | None, step: float) -> tuple:
+    """One tick of the play button: the next replay step, stopping the timer at the end."""
+    top = max((max_step(r) for r in (doc or {}).get("results", [])), default=0)
+    nxt = int(step or 0) + 1
+    if nxt >= top:
+        return top, gr.Timer(active=False)
+    return nxt, gr.Timer(active=True)
+
+
+def play(doc: dict | None, step: float) -> tuple:
+    """Start playing from the current step (from 0 when at the end)."""
+    top = max((max_step(r) for r in (doc or {}).get("results", [])), default=0)
+    start = 0 if int(step or 0) >= top else int(step or 0)
+    return start, gr.Timer(active=top > 0)
+
+
+def stop_run(request: gr.Request = None) -> str:  # noqa: D103 - sets this session's Stop flag
+    _session_flag(request).set()
     return "Stopping after the current step…"
 
 
-def replay(doc: dict | None, step: float) -> str:
+def replay(doc: dict | None, step: float) -> tuple[str, str]:
     results = (doc or {}).get("results", [])
-    return columns_html(results, int(step or 0))
+    return columns_html(results, int(step or 0)), lookahead_view(doc, int(step or 0))
 
 
 def inspect_position(doc: dict | None, strategy: str | None, position: float) -> Any:
@@ -227,7 +352,9 @@ def build_demo() -> gr.Blocks:
                                           allow_custom_value=True)
             with gr.Column(scale=1):
                 model = gr.Dropdown(list(presets), value=default_target(), label="Target model")
-                assistant = gr.Dropdown(["none"] + list(presets), value="none", label="Assistant (draft) model")
+                assistant = gr.Dropdown(
+                    [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
+                    value=PROPHET if has_prophet(default_target()) else "none", label="Assistant (draft) model")
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template")
                     seed = gr.Number(value=0, precision=0, label="Seed")
@@ -251,7 +378,10 @@ def build_demo() -> gr.Blocks:
             stop_btn = gr.Button("Stop", variant="stop")
         status = gr.Markdown("")
         state = gr.State(None)
-        step = gr.Slider(0, 1, value=0, step=1, label="Replay step (target forward passes)")
+        with gr.Row():
+            step = gr.Slider(0, 1, value=0, step=1, label="Replay step (target forward passes)", scale=8)
+            play_btn = gr.Button("▶ Play", scale=1, min_width=80)
+        ticker = gr.Timer(0.4, active=False)
         columns = gr.HTML(columns_html([]), elem_id="columns")
         with gr.Row():
             speed = gr.Plot(label="Speed")
@@ -265,25 +395,44 @@ def build_demo() -> gr.Blocks:
                     inspect_pos = gr.Number(value=1, precision=0, label="Output position")
                 inspect_plot = gr.Plot(label="p_target vs q_draft")
         with gr.Row():
-            download = gr.File(label="Trace (JSON download)")
+            download = gr.File(label="Trace (JSON download)", elem_id="trace-download")
             upload = gr.File(label="Import a trace to replay it without a model", file_types=[".json"],
-                             type="filepath")
+                             type="filepath", elem_id="trace-upload")
 
+        with gr.Row():
+            breakdown = gr.Plot(label="Why (no) speedup")
+            leviathan = gr.Plot(label="Predicted vs measured speedup")
         heatmap = gr.Plot(label="Jacobi iterations")
+        with gr.Row():
+            window = gr.HTML(lookahead_view(None, None), elem_id="lookahead-window")
+            la_plot = gr.Plot(label="Lookahead: tokens per target forward")
         outputs = [state, step, columns, speed, timeline, sources, download, status, histogram, inspect_strategy,
-                   heatmap]
+                   heatmap, window, la_plot, breakdown, leviathan]
         keys = list(param_inputs)
+        with gr.Accordion("Sweep: one strategy over a parameter range", open=False):
+            with gr.Row():
+                sweep_strategy = gr.Dropdown([n for n in SWEEP_DEFAULTS if n in reg], value="lookahead",
+                                             label="Sweep strategy")
+                sweep_spec = gr.Textbox(SWEEP_DEFAULTS["lookahead"], label="Values (KEY=V1,V2[;KEY=V1,V2])")
+                sweep_btn = gr.Button("Run sweep")
+            sweep_status = gr.Markdown("")
+            sweep_plot = gr.Plot(label="Sweep")
 
-        def _run(model_v, assistant_v, strategies_v, prompt_v, chat_v, max_new_v, seed_v, *values,
-                 progress=gr.Progress(), request: gr.Request = None):
-            return run_playground(model_v, assistant_v, strategies_v, prompt_v, chat_v, max_new_v, seed_v,
-                                  dict(zip(keys, values)), progress=progress, request=request)
+        # Gradio injects request and progress only into positional parameters before *values
+        def _run(request: gr.Request, progress=gr.Progress(), *values):
+            fixed, params = values[:7], dict(zip(keys, values[7:]))
+            return run_playground(*fixed, params, progress=progress, request=request)
 
         run_event = run_btn.click(_run, [model, assistant, strategies, prompt, chat, max_new, seed,
                                          *param_inputs.values()], outputs, api_name="run")
         stop_btn.click(stop_run, None, status, api_name="stop", queue=False)
-        step.change(replay, [state, step], columns, api_name="replay", queue=False)
+        step.change(replay, [state, step], [columns, window], api_name="replay", queue=False)
+        play_btn.click(play, [state, step], [step, ticker], queue=False)
+        ticker.tick(advance, [state, step], [step, ticker], queue=False)
         upload.upload(import_file, upload, outputs, api_name="import_trace")
+        sweep_strategy.change(lambda n: SWEEP_DEFAULTS.get(n, ""), sweep_strategy, sweep_spec, queue=False)
+        sweep_btn.click(run_sweep, [model, assistant, prompt, chat, max_new, seed, sweep_strategy, sweep_spec],
+                        [sweep_plot, sweep_status], api_name="sweep")
         for trigger in (inspect_strategy.change, inspect_pos.change):
             trigger(inspect_position, [state, inspect_strategy, inspect_pos], inspect_plot, queue=False)
         category.change(lambda c: gr.update(choices=prompts[c], value=prompts[c][0]), category, example,

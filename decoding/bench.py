@@ -222,24 +222,9 @@ def html_report(doc: dict, path: str) -> None:
 
 
 def sweep_figure(sweep: dict) -> Any:
-    """A curve for a one-parameter sweep, a heatmap for two parameters."""
-    import plotly.graph_objects as go
-    keys, points = sweep["keys"], sweep["points"]
-    title = f"{sweep['strategy']}: speedup over greedy"
-    if len(keys) == 1:
-        fig = go.Figure(go.Scatter(x=[p["values"][0] for p in points], y=[p["speedup"] for p in points],
-                                   mode="lines+markers"))
-        fig.update_layout(title=title, xaxis_title=keys[0], yaxis_title="speedup x")
-        return fig
-    xs = sorted({p["values"][0] for p in points})
-    ys = sorted({p["values"][1] for p in points})
-    z = [[max((p["speedup"] for p in points if p["values"][0] == x and p["values"][1] == y), default=None)
-          for x in xs] for y in ys]
-    fig = go.Figure(go.Heatmap(x=[str(x) for x in xs], y=[str(y) for y in ys], z=z, colorscale="Viridis",
-                               colorbar={"title": "speedup"}, texttemplate="%{z:.2f}"))
-    rest = f" (best over {', '.join(keys[2:])})" if len(keys) > 2 else ""
-    fig.update_layout(title=title + rest, xaxis_title=keys[0], yaxis_title=keys[1])
-    return fig
+    """A curve for a one-parameter sweep, a heatmap for two parameters (the app draws the same)."""
+    from visualize.charts import sweep_figure as figure
+    return figure(sweep)
 
 
 def parse_sweep(spec: str) -> tuple[str, list[str], list[tuple]]:

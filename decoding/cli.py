@@ -63,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .models import load_model
     from .params import check_max_new_tokens
-    from .result import ModelPair
+    from .prophet import make_pair
     from .runner import encode_prompt, environment, run_comparison, summarize
     from .strategies import get_strategy
 
@@ -81,9 +81,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = args.prompt
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     target = load_model(args.target, device=args.device, dtype=args.dtype, progress=status)
-    assistant = load_model(args.assistant, device=args.device, dtype=args.dtype,
-                           progress=status) if args.assistant else None
-    pair = ModelPair(target, assistant)
+    pair = make_pair(target, args.assistant, lambda name: load_model(name, device=args.device, dtype=args.dtype,
+                                                                     progress=status))
+    assistant = pair.assistant
     prompt_ids = encode_prompt(target.tokenizer, text, chat=args.chat)
 
     bars: dict[int, Any] = {}
@@ -123,7 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
     from .models import load_model
     from .params import check_max_new_tokens
-    from .result import ModelPair
+    from .prophet import make_pair
     from .runner import environment
     from .strategies import get_strategy
 
@@ -144,9 +144,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = bench.load_prompt_set(args.prompts, args.category, args.per_category)
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     target = load_model(args.target, device=args.device, dtype=args.dtype, progress=status)
-    assistant = load_model(args.assistant, device=args.device, dtype=args.dtype,
-                           progress=status) if args.assistant else None
-    pair = ModelPair(target, assistant)
+    pair = make_pair(target, args.assistant, lambda name: load_model(name, device=args.device, dtype=args.dtype,
+                                                                     progress=status))
+    assistant = pair.assistant
     anchors = args.anchor if args.anchor is not None else (
         ["hf_greedy"] + (["hf_prompt_lookup"] if "prompt_lookup" in strategies else [])
         + (["hf_assisted"] if assistant is not None else []))
@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run strategies on one prompt and compare them")
     run.add_argument("--target", default="smollm2-135m-instruct",
                      help="preset name, local model directory or Hugging Face Hub id")
-    run.add_argument("--assistant", default=None, help="draft model (same tokenizer)")
+    run.add_argument("--assistant", default=None,
+                     help="draft model (same tokenizer), or 'prophet' for the target's trained prophet head")
     run.add_argument("--strategy", action="append", help="strategy name; repeat for several")
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -229,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     bn = sub.add_parser("bench", help="benchmark strategies against greedy and transformers' generate")
     bn.add_argument("--target", default="smollm2-135m-instruct")
-    bn.add_argument("--assistant", default=None)
+    bn.add_argument("--assistant", default=None, help="draft model, or 'prophet' (the trained head)")
     bn.add_argument("--strategy", action="append", help="strategy to time; repeat for several")
     bn.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategy parameter (as for run)")
     bn.add_argument("--sweep", action="append", metavar="STRATEGY:KEY=V1,V2[;KEY=...]",

@@ -274,6 +274,22 @@ def prophet_for(pair: ModelPair) -> Prophet:
         return _LOADED[key]
 
 
+PROPHET = "prophet"   # the assistant name that selects the target's trained prophet head
+
+
+def has_prophet(target_name: str) -> bool:
+    return (PROPHET_DIR / f"{target_name}.safetensors").is_file()
+
+
+def make_pair(target: LoadedModel, assistant: Optional[str], load: Any) -> ModelPair:
+    """The model pair for an assistant choice: ``None``, ``"prophet"`` (the shipped head) or a model name."""
+    if assistant is None:
+        return ModelPair(target)
+    if assistant == PROPHET:
+        return ModelPair(target, None, extras={"prophet": prophet_for(ModelPair(target))})
+    return ModelPair(target, load(assistant))
+
+
 # --------------------------------------------------------------------------- the drafter
 
 class ProphetDrafter:

@@ -323,11 +323,16 @@ def check_vocabularies(target: Any, assistant: Any) -> None:
 
 def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeParams, *, max_new_tokens: int,
                 tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
-    if pair.assistant is None:
-        raise ValueError("strategy 'speculative' needs an assistant model")
-    check_vocabularies(pair.target, pair.assistant)
     target = Session(pair.target, "target", tracer)
-    drafter = AssistantDrafter(pair.assistant, params, tracer, lambda: target.forwards + 1, rng)
+    clock = lambda: target.forwards + 1   # noqa: E731 - draft forwards belong to the next target step
+    if pair.assistant is None and pair.extras.get("prophet") is not None:
+        from .prophet import ProphetDrafter   # the assistant is the target's trained prophet head
+        drafter: Drafter = ProphetDrafter(pair.extras["prophet"], params, tracer=tracer, clock=clock, rng=rng)
+    elif pair.assistant is None:
+        raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")
+    else:
+        check_vocabularies(pair.target, pair.assistant)
+        drafter = AssistantDrafter(pair.assistant, params, tracer, clock, rng)
     return speculative_loop(prompt_ids, pair, params, drafter, params.draft_tokens, params.adaptive,
                             max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_real_run_side_by_side(client):
     assert all(r["error"] is None and r["token_ids"] for r in doc["results"])
     assert out["html"].count("class='dp-col'") == 3 and "dp-tok" in out["html"]
     # the replay slider's handler redraws every column at an earlier step (state kept in the session)
-    frame = client.predict(1, api_name="/replay")
+    frame, _window = client.predict(1, api_name="/replay")
     assert frame.count("step 1 / ") == 3
 
 
@@ -54,6 +55,20 @@ BAD = [
     (dict(params={("sample", "top_k"): -5}, strategies=["sample"]), "top_k must be in [0, inf]"),
     (dict(model="gpt2-xl"), "offline"),
     (dict(prompt="x " * 3000), "the limit is 2048"),
+    (dict(max_new=float("nan")), "max_new_tokens must be"),
+    (dict(max_new=2.5), "max_new_tokens must be"),
+    (dict(seed=float("nan")), "seed must be an integer"),
+    (dict(model="someone/some-model"), "not one of the presets"),
+    (dict(model="../../etc/passwd"), "not one of the presets"),
+    (dict(model=""), "model: choose a model"),
+    (dict(assistant="someone/draft"), "assistant: 'someone/draft' is not one of the presets"),
+    (dict(strategies=["nope"]), "unknown strategy 'nope'"),
+    (dict(params={("lookahead", "window"): 0}, strategies=["lookahead"]), "window must be in [1, 32]"),
+    (dict(params={("lookahead", "ngram"): 99}, strategies=["lookahead"]), "ngram must be in [2, 8]"),
+    (dict(params={("speculative", "draft_tokens"): -3}, strategies=["speculative"]), "draft_tokens must be in"),
+    (dict(params={("jacobi", "block_size"): 1e9}, strategies=["jacobi"]), "block_size must be in [1, 64]"),
+    (dict(params={("jacobi", "variant"): "<script>"}, strategies=["jacobi"]), "variant must be one of"),
+    (dict(params={("sample", "temperature"): float("inf")}, strategies=["sample"]), "temperature must be"),
 ]
 
 
@@ -64,6 +79,8 @@ def test_bad_input_gets_a_clear_error_and_server_keeps_serving(client, kwargs, m
     with pytest.raises(Exception) as err:
         run(client, strategies, **kwargs)
     assert message in str(err.value)
+    good = run(client, ["greedy"], prompt="Name a colour.", max_new=3)   # still serving, correctly
+    assert good["status"].startswith("Ran 1 strategies") and len(good["doc"]["results"][0]["token_ids"]) == 3
 
 
 def test_bad_model_names_are_refused_in_the_validation_layer():
@@ -94,3 +111,31 @@ def test_import_rejects_bad_files_and_replays_good_ones(client, tmp_path):
     with open(good[5], encoding="utf-8") as fh:
         again = json.load(fh)
     assert [r["token_ids"] for r in again["results"]] == [r["token_ids"] for r in out["doc"]["results"]]
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2, 3]", "trace must be a JSON object"),
+    (b'{"format": "pickle"}', "not a decoding-playground trace"),
+    (b"\x80\x04\x95pickle-bytes", "not valid JSON"),
+    (b"[" * 5000 + b"]" * 5000, "nested deeper than"),
+    (b" " * (21 * 2**20), "the limit is 20 MB"),
+])
+def test_hostile_uploads_are_rejected_and_server_keeps_serving(client, tmp_path, content, message):
+    from gradio_client import handle_file
+    bad = tmp_path / "upload.json"
+    bad.write_bytes(content)
+    with pytest.raises(Exception, match=message):
+        client.predict(handle_file(str(bad)), api_name="/import_trace")
+    assert run(client, ["greedy"], max_new=2)["status"].startswith("Ran 1 strategies")
+
+
+def test_sweep_through_the_server(client):
+    fig, status = client.predict(BUNDLED, "none", "Write a haiku about rivers.", True, 6, 0, "prompt_lookup",
+                                 "draft_tokens=2,4", api_name="/sweep")
+    assert status.startswith("Swept 2 settings of prompt_lookup")
+    assert fig is not None
+    for spec, message in (("window=0", "window must be in [1, 32]"), ("", "sweep values: write KEY"),
+                          ("window=1,2,3,4;ngram=2,3,4,5", "the limit is 12"), ("bogus=1", "bogus")):
+        with pytest.raises(Exception, match=re.escape(message)):
+            client.predict(BUNDLED, "none", "Hi.", True, 6, 0, "lookahead", spec, api_name="/sweep")

@@ -1,12 +1,16 @@
 """The app in a real browser: Debian's chromium, headless, driven by Playwright.
 
-Loads the app, runs greedy / sample / beam on the bundled model, checks the
-side-by-side columns, coloured tokens and charts, moves the replay slider, and
-saves screenshots for the README. Timings are printed, never asserted.
+Runs the default comparison (greedy, speculative with the bundled prophet head,
+prompt lookup, lookahead) plus Jacobi on the bundled model with 64 new tokens,
+checks every column's coloured tokens, the charts, the Jacobi heatmap and the
+lookahead window view, moves and plays the replay slider, exports the trace and
+re-imports it. Saves the README's screenshots. Timings are printed (and kept in
+``docs/screenshots/timings.json``), never asserted.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -16,6 +20,7 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 pytestmark = pytest.mark.browser
+SLIDER = "input[type=number][aria-label='number input for Replay step (target forward passes)']"
 
 
 @pytest.fixture(scope="module")
@@ -27,54 +32,89 @@ def page(app_url):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run", "--disable-quic"])
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
         pg.goto(app_url)
         pg.wait_for_selector("text=Decoding Playground", timeout=60_000)
         yield pg
         browser.close()
 
 
-def test_run_compare_and_replay(page):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.get_by_label("max_new_tokens (1–512)").fill("24")
-    page.get_by_label("Speculative").check()   # no assistant chosen: the target drafts for itself
-    t0 = time.perf_counter()
-    page.get_by_role("button", name="Run", exact=True).click()
-    page.wait_for_function("document.querySelectorAll('#columns .dp-col').length >= 5", timeout=180_000)
-    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
-    drawn = time.perf_counter() - t0
-    cols = page.locator("#columns .dp-col")
-    assert cols.count() == 5
-    titles = [cols.nth(i).locator(".dp-title").inner_text() for i in range(5)]
-    assert titles[0].startswith("Greedy") and titles[1:] == ["Sampling", "Beam search", "Prompt lookup",
-                                                             "Speculative"]
-    for i in range(5):
-        assert cols.nth(i).locator(".dp-tok").count() > 0
-    assert page.locator("#columns .dp-legend .dp-chip").count() >= 3
-    for i in (0, 3, 4):
-        assert "identical to greedy" in cols.nth(i).inner_text()
-    # speculative tokens are coloured by fate (self-assistant: every draft accepted)
-    assert cols.nth(4).locator(".dp-tok[data-source='accepted']").count() > 0
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=60_000)
-    assert "Accepted draft tokens per target forward" in page.content()
-    page.get_by_label("Output position").fill("5")
-    page.get_by_label("Output position").press("Enter")
-    page.wait_for_function("document.body.innerText.includes('Position 5 (step')", timeout=30_000)
-    page.screenshot(path=str(SHOTS / "app-overview.png"), full_page=True)
-    full = cols.nth(0).locator(".dp-tok").count()
+def _step_text(page) -> str:
+    return page.locator("#columns .dp-col .dp-step").first.inner_text()
 
-    # move the replay slider back to step 3: every column redraws at that step
-    slider = page.locator("input[type=number][aria-label='number input for Replay step (target forward passes)']")
+
+def _set_step(page, value: int) -> None:
+    slider = page.locator(SLIDER)
     if slider.count() == 0:
         slider = page.get_by_label("Replay step (target forward passes)").first
-    t1 = time.perf_counter()
-    slider.fill("3")
+    slider.fill(str(value))
     slider.press("Enter")
+
+
+def test_default_comparison_replay_export_and_import(page, tmp_path):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    timings = {}
+    assert page.get_by_label("max_new_tokens (1–512)").input_value() == "64"
+    for name in ("Greedy", "Speculative", "Prompt lookup", "Lookahead"):   # the default comparison
+        assert page.get_by_label(name, exact=True).is_checked(), name
+    page.get_by_label("Jacobi", exact=True).check()
+    t0 = time.perf_counter()
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function("document.querySelectorAll('#columns .dp-col').length >= 5", timeout=300_000)
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 9", timeout=60_000)
+    timings["default_comparison_plus_jacobi_64_tokens_to_fully_drawn_s"] = round(time.perf_counter() - t0, 2)
+    status = page.locator("text=/Ran \\d strategies/").first.inner_text()
+    assert "prophet head" in status
+
+    cols = page.locator("#columns .dp-col")
+    titles = [cols.nth(i).locator(".dp-title").inner_text() for i in range(cols.count())]
+    assert titles[0].startswith("Greedy") and titles[1:] == ["Speculative", "Prompt lookup", "Lookahead", "Jacobi"]
+    for i in range(5):
+        assert cols.nth(i).locator(".dp-tok").count() > 0
+        assert "identical to greedy" in cols.nth(i).inner_text(), titles[i]
+    assert page.locator("#columns .dp-legend .dp-chip").count() >= 3
+    # tokens coloured by how they were produced
+    assert cols.nth(1).locator(".dp-tok[data-source='accepted']").count() > 0      # prophet drafts
+    assert cols.nth(4).locator(".dp-tok[data-source='jacobi']").count() > 0
+    content = page.content()
+    for title in ("Jacobi: guesses per iteration", "Lookahead: tokens committed per target forward",
+                  "Why (no) speedup", "Leviathan-predicted vs measured speedup", "Forward passes along wall-clock"):
+        assert title in content, title
+    window = page.locator("#lookahead-window")
+    assert window.locator("table.dp-window").count() == 1 and window.locator("table.dp-cands").count() == 1
+    full_columns = page.locator("#columns").inner_text()
+    full = cols.nth(0).locator(".dp-tok").count()
+    page.screenshot(path=str(SHOTS / "app-overview.png"), full_page=True)
+
+    # move the replay slider back to step 3: every column and the lookahead view redraw at that step
+    t1 = time.perf_counter()
+    _set_step(page, 3)
     page.wait_for_function("document.querySelector('#columns .dp-col .dp-step').innerText.startsWith('step 3 /')",
                            timeout=30_000)
-    redraw = time.perf_counter() - t1
+    timings["slider_redraw_ms"] = round((time.perf_counter() - t1) * 1000)
     assert cols.nth(0).locator(".dp-tok").count() == 3 < full
-    assert cols.nth(4).locator(".dp-step").inner_text().startswith("step 3 /")
+    assert all(cols.nth(i).locator(".dp-step").inner_text().startswith("step 3 /") for i in range(5))
+    assert "step 3" in window.inner_text() or "step 2" in window.inner_text()
     page.locator("#columns").screenshot(path=str(SHOTS / "replay-step-3.png"))
-    print(f"\n[browser timing] run of greedy+sample+beam+speculative+prompt lookup (24 tokens) to fully drawn: {drawn:.2f} s; "
-          f"slider redraw: {redraw * 1000:.0f} ms")
+    window.screenshot(path=str(SHOTS / "lookahead-window.png"))
+
+    # the play button advances the replay by itself
+    page.get_by_role("button", name="▶ Play").click()
+    page.wait_for_function("parseInt(document.querySelector('#columns .dp-col .dp-step').innerText.slice(5)) >= 6",
+                           timeout=30_000)
+
+    # export the trace, re-import it: the same replay, with no model involved
+    _set_step(page, 10_000)
+    with page.expect_download() as info:
+        page.locator("#trace-download a").first.click()
+    exported = tmp_path / "trace.json"
+    info.value.save_as(exported)
+    doc = json.loads(exported.read_text(encoding="utf-8"))
+    assert [r["strategy"] for r in doc["results"]] == ["greedy", "speculative", "prompt_lookup", "lookahead",
+                                                       "jacobi"]
+    page.locator("#trace-upload input[type=file]").set_input_files(str(exported))
+    page.wait_for_selector("text=Imported a trace with 5 strategies", timeout=60_000)
+    page.wait_for_function("document.querySelectorAll('#columns .dp-col').length >= 5", timeout=30_000)
+    assert page.locator("#columns").inner_text() == full_columns
+    (SHOTS / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    print(f"\n[browser timing] {timings}")

@@ -33,26 +33,87 @@ def speed_chart(results: list[dict]) -> Any:
 
 
 def forward_timeline(results: list[dict]) -> Any:
-    """Every forward pass along wall-clock time, one row per strategy, target vs draft."""
+    """Every forward pass along wall-clock time, one row per strategy, target vs draft.
+
+    One bar trace per (strategy, model) holds all of its passes, so the figure
+    stays light with hundreds of forwards.
+    """
     fig = go.Figure()
     colours = {"target": "#0072B2", "draft": "#E69F00"}
     shown = set()
     for r in results:
         t = 0.0
+        bars: dict[str, dict[str, list]] = {}
         for e in r.get("events", ()):
             if e.get("type") != "ForwardPass":
                 continue
-            model = e.get("model", "target")
-            fig.add_trace(go.Bar(
-                y=[_name(r)], x=[e["ms"]], base=[t], orientation="h", name=model,
-                marker_color=colours.get(model, "#999999"), showlegend=model not in shown,
-                hovertemplate=f"{model} {e.get('kind', '')}: {e['positions']} positions, "
-                              f"{e['ms']:.1f} ms (step {e['step']})<extra></extra>"))
-            shown.add(model)
+            b = bars.setdefault(e.get("model", "target"), {"x": [], "base": [], "text": []})
+            b["x"].append(e["ms"])
+            b["base"].append(t)
+            b["text"].append(f"{e.get('kind', '')}: {e['positions']} positions, {e['ms']:.1f} ms "
+                             f"(step {e['step']})")
             t += e["ms"]
+        for model, b in bars.items():
+            fig.add_trace(go.Bar(
+                y=[_name(r)] * len(b["x"]), x=b["x"], base=b["base"], orientation="h", name=model,
+                marker_color=colours.get(model, "#999999"), showlegend=model not in shown,
+                customdata=b["text"], hovertemplate=f"{model} %{{customdata}}<extra></extra>"))
+            shown.add(model)
     fig.update_layout(barmode="overlay", title="Forward passes along wall-clock time",
                       xaxis_title="milliseconds (sum of forward time)", height=120 + 40 * max(1, len(results)),
                       margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
+    return fig
+
+
+def time_breakdown(results: list[dict]) -> Any:
+    """"Why no speedup?": draft time, target (verify) time and overhead per generated token.
+
+    Target and draft times are the sums of their forward passes; overhead is the
+    rest of the wall time (sampling, verification logic, tracing, Python).
+    """
+    ok = [r for r in results if not r.get("error") and r.get("token_ids")]
+    names = [_name(r) for r in ok]
+    parts: dict[str, list[float]] = {"draft forwards": [], "target forwards": [], "overhead": []}
+    for r in ok:
+        n = len(r["token_ids"])
+        ms = {"target": 0.0, "draft": 0.0}
+        for e in r.get("events", ()):
+            if e.get("type") == "ForwardPass":
+                ms[e.get("model", "target")] = ms.get(e.get("model", "target"), 0.0) + float(e["ms"])
+        wall = float(r.get("wall_s") or 0.0) * 1e3
+        parts["draft forwards"].append(ms["draft"] / n)
+        parts["target forwards"].append(ms["target"] / n)
+        parts["overhead"].append(max(0.0, wall - ms["target"] - ms["draft"]) / n)
+    fig = go.Figure()
+    for (label, values), colour in zip(parts.items(), ("#E69F00", "#0072B2", "#999999")):
+        fig.add_bar(x=names, y=values, name=label, marker_color=colour,
+                    hovertemplate="%{x}: %{y:.1f} ms per token<extra>" + label + "</extra>")
+    fig.update_layout(barmode="stack", title="Why (no) speedup: milliseconds per generated token",
+                      yaxis_title="ms / token", height=340, margin=dict(l=40, r=20, t=50, b=40),
+                      template="plotly_white")
+    return fig
+
+
+def has_prediction(result: dict) -> bool:
+    return not result.get("error") and (result.get("stats") or {}).get("predicted_speedup") is not None
+
+
+def leviathan_chart(results: list[dict]) -> Any:
+    """Speedup predicted by Leviathan et al. (E / (gamma c + 1), from measured alpha, gamma, c) vs measured."""
+    ok = [r for r in results if has_prediction(r)]
+    names = [_name(r) for r in ok]
+    predicted = [r["stats"]["predicted_speedup"] for r in ok]
+    measured = [r.get("speedup") or 0.0 for r in ok]
+    detail = [f"alpha {r['stats'].get('alpha', 0):.2f}, gamma {r['stats'].get('gamma', 0):.1f}, "
+              f"c {r['stats'].get('cost_ratio', 0):.3f}" for r in ok]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=predicted, name="predicted E/(γc+1)", marker_color="#56B4E9", customdata=detail,
+                hovertemplate="%{x}: %{y:.2f}× predicted<br>%{customdata}<extra></extra>")
+    fig.add_bar(x=names, y=measured, name="measured", marker_color="#009E73",
+                hovertemplate="%{x}: %{y:.2f}× measured<extra></extra>")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#666666")
+    fig.update_layout(barmode="group", title="Leviathan-predicted vs measured speedup", yaxis_title="× greedy",
+                      height=340, margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
     return fig
 
 
@@ -67,4 +128,35 @@ def source_counts(results: list[dict]) -> Any:
             fig.add_bar(x=names, y=counts, name=label, marker_color=colour)
     fig.update_layout(barmode="stack", title="Where the tokens came from", yaxis_title="tokens",
                       height=320, margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
+    return fig
+
+
+
+def sweep_figure(sweep: dict) -> Any:
+    """Speedup over a parameter sweep: a curve for one parameter, a heatmap for two (best over the rest).
+
+    ``sweep``: ``{"strategy", "keys": [k1, ...], "points": [{"values": [v1, ...], "speedup",
+    "tokens_per_target_forward"}]}``, as the benchmark and the app's sweep write it.
+    """
+    keys, points = sweep["keys"], sweep["points"]
+    title = f"{sweep['strategy']}: speedup over greedy"
+    fig = go.Figure()
+    if len(keys) == 1:
+        xs = [p["values"][0] for p in points]
+        fig.add_scatter(x=xs, y=[p["speedup"] for p in points], mode="lines+markers", name="speedup vs greedy",
+                        line={"color": "#009E73"})
+        fig.add_scatter(x=xs, y=[p.get("tokens_per_target_forward") for p in points], mode="lines+markers",
+                        name="tokens per target forward", line={"color": "#0072B2", "dash": "dash"})
+        fig.add_hline(y=1.0, line_dash="dot", line_color="#666666")
+        fig.update_layout(title=title, xaxis_title=keys[0], yaxis_title="×")
+    else:
+        xs = sorted({p["values"][0] for p in points})
+        ys = sorted({p["values"][1] for p in points})
+        z = [[max((p["speedup"] for p in points if p["values"][0] == x and p["values"][1] == y), default=None)
+              for x in xs] for y in ys]
+        fig.add_heatmap(x=[str(x) for x in xs], y=[str(y) for y in ys], z=z, colorscale="Viridis",
+                        colorbar={"title": "× greedy"}, texttemplate="%{z:.2f}")
+        rest = f" (best over {', '.join(keys[2:])})" if len(keys) > 2 else ""
+        fig.update_layout(title=title + rest, xaxis_title=keys[0], yaxis_title=keys[1])
+    fig.update_layout(height=360, template="plotly_white", margin=dict(l=40, r=20, t=50, b=40))
     return fig
