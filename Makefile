@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prophet bench-lookahead train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -42,6 +42,38 @@ test: setup browser
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_baselines.py --json benchmarks/results/baselines-cpu.json
+
+# What a forward over T positions costs relative to one position (why drafting does or does not pay).
+bench-forward: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_forward_cost.py --json benchmarks/results/forward-cost-cpu.json
+
+# The CPU table of BENCHMARKS.md: every strategy against our greedy and transformers' generate,
+# on two prompts of each category (raw numbers: benchmarks/results/bench-cpu.json).
+bench-strategies: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --assistant prophet --strategy prompt_lookup --strategy speculative \
+	    --strategy lookahead --anchor hf_greedy --anchor hf_prompt_lookup --per-category 2 --repeats 3 \
+	    --max-new-tokens 64 --json benchmarks/results/bench-cpu.json \
+	    --markdown benchmarks/results/bench-cpu.md --html benchmarks/results/bench-cpu.html
+
+# The prophet head on all held-out chat prompts (none was used to train it), with a draft_tokens sweep.
+bench-prophet: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat --repeats 2 --max-new-tokens 64 \
+	    --sweep "prophet:draft_tokens=2,4,6" --json benchmarks/results/bench-cpu-prophet.json \
+	    --markdown benchmarks/results/bench-cpu-prophet.md --html benchmarks/results/bench-cpu-prophet.html
+
+# Jacobi and lookahead on code and chat prompts, with a (W, N, G) sweep (heatmap: W x N, best over G).
+bench-lookahead: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy lookahead --strategy jacobi --category code \
+	    --category chat --per-category 2 --repeats 2 --max-new-tokens 64 \
+	    --sweep "lookahead:window=1,4;ngram=3,4;guess_set=1,4" \
+	    --json benchmarks/results/bench-cpu-lookahead.json --markdown benchmarks/results/bench-cpu-lookahead.md \
+	    --html benchmarks/results/bench-cpu-lookahead.html
+
+# Retrain the prophet head shipped in presets/prophet/ (data: the target's own greedy answers).
+train-prophet: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding.train_prophet --target smollm2-135m-instruct --prompts 2000 \
+	    --gen-batch 32 --max-new 96 --gen-minutes 60 --vocab 8192 --depth 5 --batch 64 --steps 4000 \
+	    --train-minutes 20 --export presets/prophet/smollm2-135m-instruct.safetensors
 
 clean-cache:
 	rm -rf $${XDG_CACHE_HOME:-$$HOME/.cache}/decoding-playground

@@ -73,7 +73,7 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
     choices = getattr(strategy.params_cls, "CHOICES", {}).get(field.name)
     label = field.name
     if choices:
-        return gr.Dropdown(choices=list(choices), value=field.default, label=label)
+        return gr.Dropdown(choices=list(choices), value=field.default, label=label, allow_custom_value=True)
     if kind is bool:
         return gr.Checkbox(value=field.default, label=label)
     if kind is int:
@@ -351,10 +351,12 @@ def build_demo() -> gr.Blocks:
                     example = gr.Dropdown(prompts["chat"], value=prompts["chat"][0], label="Example prompt",
                                           allow_custom_value=True)
             with gr.Column(scale=1):
-                model = gr.Dropdown(list(presets), value=default_target(), label="Target model")
+                model = gr.Dropdown(list(presets), value=default_target(), label="Target model",
+                                    allow_custom_value=True)   # our validator names the parameter
                 assistant = gr.Dropdown(
                     [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
-                    value=PROPHET if has_prophet(default_target()) else "none", label="Assistant (draft) model")
+                    value=PROPHET if has_prophet(default_target()) else "none", label="Assistant (draft) model",
+                    allow_custom_value=True)
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template")
                     seed = gr.Number(value=0, precision=0, label="Seed")

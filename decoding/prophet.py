@@ -304,6 +304,7 @@ class ProphetDrafter:
         self.clock = clock or (lambda: 0)
         self.greedy = params.is_greedy
         self.keep_q = not self.greedy or tracer.enabled
+        self.threshold = float(getattr(params, "confidence_threshold", 0.0) or 0.0)
         self.forwards = 0
         self.ms = 0.0
         self.hidden: Optional[torch.Tensor] = None
@@ -346,6 +347,9 @@ class ProphetDrafter:
             if self.tracer.enabled:
                 self.tracer.emit(ForwardPass(step=self.clock(), model="draft", positions=1, ms=round(ms, 3),
                                              kind="draft"))
+            # 3. an unsure head stops early: every drafted token costs a verified position
+            if tokens and self.threshold and float(logits.softmax(-1).max()) < self.threshold:
+                break
             tokens.append(tok)
             if q is not None:
                 rows.append(q)
@@ -361,16 +365,22 @@ class ProphetDrafter:
 
 @dataclass(frozen=True)
 class ProphetParams(SamplingParams):
-    """Prophet head drafting; temperature 0 = greedy verification (lossless)."""
+    """Prophet head drafting; temperature 0 = greedy verification (lossless).
+
+    ``confidence_threshold``: stop drafting once the head's top probability
+    falls below it (the first token is always drafted).
+    """
     temperature: float = 0.0
     draft_tokens: int = 4
-    adaptive: bool = False
+    adaptive: bool = True
+    confidence_threshold: float = 0.4
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
+        check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
 
 
 def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *, max_new_tokens: int,

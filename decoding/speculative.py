@@ -38,8 +38,8 @@ class SpeculativeParams(SamplingParams):
     """Assistant-model drafting. temperature 0 = greedy verification (lossless)."""
     temperature: float = 0.0
     draft_tokens: int = 4
-    adaptive: bool = False
-    confidence_threshold: float = 0.0
+    adaptive: bool = True           # grow after a fully accepted draft, shrink after a rejection
+    confidence_threshold: float = 0.4   # stop drafting when the drafter's top probability is below this
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -173,3 +173,17 @@ def test_params_validation(bad, msg):
     with pytest.raises(ValueError) as err:
         LookaheadParams(**bad)
     assert msg in str(err.value)
+
+
+def test_bundled_model_equals_greedy():
+    from decoding.models import load_model
+    from decoding.runner import encode_prompt
+    lm = load_model("smollm2-135m-instruct")
+    text = "Write a Python function that returns the squares of a list of numbers, and call it on [1, 2, 3]."
+    ids = encode_prompt(lm.tokenizer, text, chat=True)
+    ref = _greedy(lm, ids, 40)
+    check_mask_support(lm)      # the real model honours the fused 4D mask
+    for w, n, g in ((2, 3, 2), (5, 4, 5)):
+        res = lookahead(ids, ModelPair(lm), LookaheadParams(window=w, ngram=n, guess_set=g), max_new_tokens=40)
+        assert res.token_ids == ref, (w, n, g)
+        assert res.target_forwards < len(ref)      # some n-grams were accepted on this code prompt

@@ -58,10 +58,15 @@ def test_random_prophet_greedy_is_exact_on_tiny_models(arch):
         pair = ModelPair(target, extras={"prophet": random_prophet(target, seed, vocab_size)})
         for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
             want = _greedy(pair, p, 30)
-            for k, adaptive in ((1, False), (3, False), (6, True)):
-                res = prophet(p, pair, ProphetParams(draft_tokens=k, adaptive=adaptive), max_new_tokens=30)
-                assert res.token_ids == want, (arch, seed, k)
-                assert res.stats["drafted"] > 0 and res.draft_forwards == res.stats["drafted"]
+            for k, adaptive, threshold in ((1, False, 0.0), (3, False, 0.0), (6, True, 0.0), (6, True, 0.4)):
+                res = prophet(p, pair, ProphetParams(draft_tokens=k, adaptive=adaptive,
+                                                     confidence_threshold=threshold), max_new_tokens=30)
+                assert res.token_ids == want, (arch, seed, k, threshold)
+                assert res.stats["drafted"] > 0
+                if threshold:   # an unsure head computes a token, then stops without proposing it
+                    assert res.draft_forwards >= res.stats["drafted"]
+                else:
+                    assert res.draft_forwards == res.stats["drafted"]
 
 
 def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
@@ -175,7 +180,14 @@ def test_bundled_model_prophet_equals_greedy_with_shipped_and_random_weights(bun
     assert prophet(ids, pair, ProphetParams(draft_tokens=3), max_new_tokens=24).token_ids == want
 
 
-def test_training_command_smoke(tmp_path):
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)      # --threads 1 below must not slow the rest of the session
+
+
+def test_training_command_smoke(tmp_path, keep_threads):
     from decoding.train_prophet import main
     out = tmp_path / "out"
     summary = main(["--data-dir", str(tmp_path / "data"), "--out-dir", str(out), "--prompts", "3",
@@ -189,3 +201,14 @@ def test_training_command_smoke(tmp_path):
                     "--steps", "3", "--batch", "4", "--eval-every", "1", "--depth", "2", "--held-out", "0.34",
                     "--threads", "1"])
     assert resumed["steps_done"] == 3
+
+
+def test_training_prompts_never_include_the_benchmark_prompts():
+    # the benchmark's chat prompts are held out: training prompts come from our own templates only
+    import yaml
+    from decoding.models import PRESETS_DIR
+    from decoding.train_prophet import build_prompts
+    sets = yaml.safe_load((PRESETS_DIR / "prompts.yaml").read_text(encoding="utf-8"))
+    bench = {p if isinstance(p, str) else str(p) for prompts in sets.values() for p in prompts}
+    assert len(bench) >= 40
+    assert bench.isdisjoint(build_prompts(2000))

@@ -1,0 +1,70 @@
+"""What one target forward over T new positions costs, relative to T = 1.
+
+    python benchmarks/bench_forward_cost.py [--target smollm2-135m-instruct] [--repeats 15]
+        [--context 128] [--json benchmarks/results/forward-cost-cpu.json]
+
+Speculative, prompt-lookup, prophet and lookahead decoding all trade target
+forwards for wider ones: a step verifies 1 + k drafted positions (or a whole
+lookahead window) at once. They can only win when a T-position forward costs
+far less than T one-position forwards. On a GPU that holds up to hundreds of
+positions; on a small CPU it does not, and this script measures by how much.
+
+After a prefill of ``--context`` tokens, forwards of T positions run
+round-robin over all T (interleaved, after a warm-up), the cache cropped back
+after each; every figure is the median over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import median, timed, write_json
+
+from decoding.lm import Session
+from decoding.models import load_model
+from decoding.result import ModelPair
+from decoding.runner import environment
+
+WIDTHS = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    lm = load_model(args.target, device=args.device, dtype=args.dtype)
+    vocab = lm.vocab_size
+    session = Session(lm)
+    session.prefill([(17 * i + 3) % vocab for i in range(args.context)])
+    base = session.length
+
+    def forward(width: int) -> None:
+        ids = session.tensor([[(31 * i + 7) % vocab for i in range(width)]])
+        session.forward(ids, last_only=width == 1)    # one position: as plain greedy runs it
+        session.crop(base)
+
+    for width in WIDTHS:   # warm-up
+        forward(width)
+    times: dict[int, list[float]] = {w: [] for w in WIDTHS}
+    for _ in range(args.repeats):
+        for width in WIDTHS:
+            times[width].append(timed(lambda: forward(width), lm.device)[1])
+    one = median(times[1])
+    rows = []
+    for width in WIDTHS:
+        ms = median(times[width]) * 1000
+        rows.append({"positions": width, "median_ms": round(ms, 2),
+                     "relative_to_one": round(ms / (one * 1000), 3)})
+        print(f"T={width:3d}  {ms:7.1f} ms  x{ms / (one * 1000):5.2f} of a one-position forward")
+    write_json(args.json, {"environment": environment(ModelPair(lm), 0), "context": args.context,
+                           "repeats": args.repeats, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
