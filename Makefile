@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prophet bench-lookahead train-prophet clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-prophet bench-lookahead train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -54,6 +54,12 @@ bench-strategies: setup
 	    --strategy lookahead --anchor hf_greedy --anchor hf_prompt_lookup --per-category 2 --repeats 3 \
 	    --max-new-tokens 64 --json benchmarks/results/bench-cpu.json \
 	    --markdown benchmarks/results/bench-cpu.md --html benchmarks/results/bench-cpu.html
+
+# Prompt lookup on input-grounded prompts: the three code-edit prompts and three summaries.
+bench-prompt-lookup: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prompt_lookup --anchor hf_greedy --anchor hf_prompt_lookup \
+	    --category code:2,4,7 --category summarization:0,1,2 --repeats 3 --max-new-tokens 64 \
+	    --json benchmarks/results/bench-cpu-prompt-lookup.json --markdown benchmarks/results/bench-cpu-prompt-lookup.md
 
 # The prophet head on all held-out chat prompts (none was used to train it), with a draft_tokens sweep.
 bench-prophet: setup

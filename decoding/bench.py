@@ -45,15 +45,27 @@ class Method:
 
 def load_prompt_set(path: Path | None = None, categories: Sequence[str] | None = None,
                     per_category: int | None = None) -> list[tuple[str, str]]:
-    """[(category, prompt text)] from a YAML mapping ``{category: [prompt | {prompt: ...}]}``."""
+    """[(category, prompt text)] from a YAML mapping ``{category: [prompt | {prompt: ...}]}``.
+
+    A category may name some of its prompts by 0-based index: ``code:2,4,7``.
+    """
     with open(path or PRESETS_DIR / "prompts.yaml", encoding="utf-8") as fh:
         data = yaml.safe_load(fh)
     data = data.get("categories", data) if isinstance(data, dict) else {}
+    picks: dict[str, Optional[list[int]]] = {}
+    for spec in categories or []:
+        name, _, index = spec.partition(":")
+        try:
+            picks[name] = [int(i) for i in index.split(",")] if index else None
+        except ValueError:
+            raise ValueError(f"--category {spec!r}: write NAME or NAME:I,J (0-based prompt indices)") from None
     out = []
     for category, items in data.items():
-        if categories and category not in categories:
+        if picks and category not in picks:
             continue
-        for item in (items or [])[: per_category or None]:
+        items = list(items or [])
+        chosen = [items[i] for i in picks[category] if 0 <= i < len(items)] if picks.get(category) else items
+        for item in chosen[: per_category or None]:
             text = item.get("prompt") if isinstance(item, dict) else item
             if isinstance(text, str) and text.strip():
                 out.append((category, text))

@@ -37,6 +37,9 @@ def test_prompt_set_and_sweep_parsing(tmp_path):
     assert bench.load_prompt_set(f) == [("a", "one"), ("a", "two"), ("b", "three")]
     assert bench.load_prompt_set(f, ["b"]) == [("b", "three")]
     assert bench.load_prompt_set(f, per_category=1) == [("a", "one"), ("b", "three")]
+    assert bench.load_prompt_set(f, ["a:1", "b"]) == [("a", "two"), ("b", "three")]   # prompts by index
+    with pytest.raises(ValueError, match="0-based prompt indices"):
+        bench.load_prompt_set(f, ["a:first"])
     with pytest.raises(ValueError, match="no prompts"):
         bench.load_prompt_set(f, ["zzz"])
     strategy, keys, combos = bench.parse_sweep("beam:num_beams=1,2;length_penalty=0.5,1")
