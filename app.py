@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import tempfile
 import threading
@@ -77,7 +78,8 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
     if kind is bool:
         return gr.Checkbox(value=field.default, label=label)
     if kind is int:
-        return gr.Number(value=field.default, precision=0, label=label)
+        # no precision=0: Gradio would round 2.5 and crash on NaN before our validator names the field
+        return gr.Number(value=field.default, step=1, label=label)
     if kind is float:
         return gr.Number(value=field.default, label=label)
     return gr.Textbox(value="" if field.default is None else str(field.default), label=label)
@@ -166,7 +168,8 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     elif assistant != PROPHET:
         assistant = check_model_name(assistant, "assistant", presets)
     max_new = check_max_new_tokens(max_new_tokens, LIMITS["max_new_tokens"])
-    if not isinstance(seed, (int, float)) or isinstance(seed, bool) or seed != seed or not 0 <= seed < 2**31:
+    if not isinstance(seed, (int, float)) or isinstance(seed, bool) or seed != seed or not 0 <= seed < 2**31 \
+            or not float(seed).is_integer():
         raise ValueError("seed must be an integer in [0, 2147483647]")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt must not be empty")
@@ -317,7 +320,8 @@ def inspect_position(doc: dict | None, strategy: str | None, position: float) ->
     positions = inspectable_positions(result)
     if not positions:
         return None
-    pos = int(position or 0)
+    ok = isinstance(position, (int, float)) and not isinstance(position, bool) and math.isfinite(position)
+    pos = int(position) if ok else 0
     if pos not in positions:  # snap to the nearest verified position
         pos = min(positions, key=lambda p: abs(p - pos))
     return inspector(result, pos)
@@ -359,8 +363,8 @@ def build_demo() -> gr.Blocks:
                     allow_custom_value=True)
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template")
-                    seed = gr.Number(value=0, precision=0, label="Seed")
-                max_new = gr.Number(value=64, precision=0, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})")
+                    seed = gr.Number(value=0, step=1, label="Seed")
+                max_new = gr.Number(value=64, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})")
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
                                       value=[n for n in DEFAULT_STRATEGIES if n in reg],
                                       label="Strategies (greedy is always run as the reference)")
@@ -394,7 +398,7 @@ def build_demo() -> gr.Blocks:
             with gr.Column():
                 with gr.Row():
                     inspect_strategy = gr.Dropdown([], label="Inspect strategy")
-                    inspect_pos = gr.Number(value=1, precision=0, label="Output position")
+                    inspect_pos = gr.Number(value=1, step=1, label="Output position")
                 inspect_plot = gr.Plot(label="p_target vs q_draft")
         with gr.Row():
             download = gr.File(label="Trace (JSON download)", elem_id="trace-download")
