@@ -35,11 +35,11 @@ from torch import nn
 
 from .events import ForwardPass
 from .models import PRESETS_DIR, LoadedModel
-from .params import SamplingParams, check_number
+from .params import SamplingParams
 from .result import ModelPair, Result
 from .sampling import probs as filtered_probs
 from .sampling import sample
-from .speculative import MAX_DRAFT, Draft
+from .speculative import Draft, SpeculativeParams
 from .strategies import Strategy
 from .tracer import NULL_TRACER
 
@@ -364,23 +364,13 @@ class ProphetDrafter:
 # --------------------------------------------------------------------------- strategy
 
 @dataclass(frozen=True)
-class ProphetParams(SamplingParams):
+class ProphetParams(SpeculativeParams):
     """Prophet head drafting; temperature 0 = greedy verification (lossless).
 
-    ``confidence_threshold``: stop drafting once the head's top probability
-    falls below it (the first token is always drafted).
+    The same knobs as ``speculative`` (and validated the same way):
+    ``draft_tokens``, ``adaptive``, and ``confidence_threshold``, below which
+    the head stops drafting (the first token is always drafted).
     """
-    temperature: float = 0.0
-    draft_tokens: int = 4
-    adaptive: bool = True
-    confidence_threshold: float = 0.4
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
-        check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
 
 
 def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *, max_new_tokens: int,
