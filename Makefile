@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-prophet bench-lookahead train-prophet clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-prophet bench-lookahead bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -74,6 +74,11 @@ bench-lookahead: setup
 	    --sweep "lookahead:window=1,4;ngram=3,4;guess_set=1,4" \
 	    --json benchmarks/results/bench-cpu-lookahead.json --markdown benchmarks/results/bench-cpu-lookahead.md \
 	    --html benchmarks/results/bench-cpu-lookahead.html
+
+# The GPU tables of BENCHMARKS.md (a CUDA machine: `make bench-gpu TORCH=torch`; results under out/): the fast path against
+# generate, every strategy eager and fast in bf16, the sweeps, and an fp32 exactness run.
+bench-gpu: setup
+	PY=$(PY) OUT=out HF_HUB_OFFLINE=1 bash benchmarks/gpu.sh setup smoke bench fast sweep exact
 
 # Retrain the prophet head shipped in presets/prophet/ (data: the target's own greedy answers).
 train-prophet: setup

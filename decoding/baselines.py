@@ -25,8 +25,7 @@ def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: 
                     tracer: Any, choose: Callable[[torch.Tensor], int], source: str,
                     fast: bool = False) -> Result:
     """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token."""
-    static_len = len(prompt_ids) + max_new_tokens if fast else None
-    target = Session(pair.target, "target", tracer, static_len=static_len, compiled=fast)
+    target = Session(pair.target, "target", tracer, fast=fast, max_len=len(prompt_ids) + max_new_tokens)
     eos = set(pair.target.eos_token_ids)
     logits = target.prefill(prompt_ids)[0]                       # [V]
     out: list[int] = []
@@ -59,9 +58,9 @@ def sample(prompt_ids: Sequence[int], pair: ModelPair, params: SampleParams, *,
            rng: Optional[torch.Generator] = None) -> Result:
     if params.is_greedy:
         return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
-                               lambda logits: int(torch.argmax(logits)), "sample")
+                               lambda logits: int(torch.argmax(logits)), "sample", fast=params.fast)
     return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
-                           lambda logits: draw(sampling_probs(logits, params), rng), "sample")
+                           lambda logits: draw(sampling_probs(logits, params), rng), "sample", fast=params.fast)
 
 
 def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,

@@ -31,6 +31,7 @@ from .strategies import get_strategy
 from .tracer import NULL_TRACER
 
 ANCHORS = ("hf_greedy", "hf_prompt_lookup", "hf_assisted")
+FAST_GREEDY = "greedy[fast=true]"     # a second reference when the fast path is benchmarked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,49 @@ def _runner(method: Method, pair: ModelPair, max_new: int, seed: int,
     return run
 
 
+def weight_bytes(lm: LoadedModel) -> int:
+    """Bytes of weights a decode step reads (each parameter once; tied embeddings counted once)."""
+    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+
+
+def measure_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 10) -> Optional[float]:
+    """Device memory bandwidth in bytes/s from a timed device-to-device copy (read + write), CUDA only."""
+    if device.type != "cuda":
+        return None
+    n = megabytes * (1 << 20) // 4
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    seconds = (time.perf_counter() - t0) / repeats
+    del src, dst
+    return 2 * n * 4 / seconds
+
+
+def roofline(doc: dict, pair: ModelPair) -> None:
+    """Add the memory-bandwidth bound: tok/s x bytes read per token / device bandwidth.
+
+    A forward must read every weight once, so ``bandwidth / weight_bytes`` is the
+    tok/s ceiling of one-token-per-forward decoding; ``bandwidth_fraction`` is a
+    method's tok/s against that ceiling (above 1 only when a forward yields
+    several tokens).
+    """
+    bw = measure_bandwidth(pair.target.device)
+    wb = weight_bytes(pair.target)
+    doc.setdefault("environment", {}).update({"weight_bytes": wb, "bandwidth_bytes_per_s": bw})
+    if not bw:
+        return
+    ceiling = bw / wb
+    doc["environment"]["greedy_tok_s_ceiling"] = ceiling
+    for s in doc["summary"]:
+        s["bandwidth_fraction"] = s["tok_s"] / ceiling if s.get("tok_s") else None
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -146,6 +190,7 @@ def run_bench(pair: ModelPair, prompts: list[tuple[str, str]], methods: list[Met
                     on_step()
         greedy_tokens = outputs["greedy"][0]
         base_s = statistics.median(times["greedy"])
+        fast_s = statistics.median(times[FAST_GREEDY]) if FAST_GREEDY in times else None
         for m in methods:
             tokens, stats, tfwd, dfwd = outputs[m.name]
             wall = statistics.median(times[m.name])
@@ -153,6 +198,8 @@ def run_bench(pair: ModelPair, prompts: list[tuple[str, str]], methods: list[Met
                 "category": cat, "prompt": text[:80], "method": m.name, "tokens": len(tokens),
                 "wall_s": wall, "tok_s": len(tokens) / wall if wall else 0.0,
                 "speedup": (len(tokens) / wall) / (len(greedy_tokens) / base_s) if wall and greedy_tokens else None,
+                "speedup_vs_fast_greedy": (len(tokens) / wall) / (len(outputs[FAST_GREEDY][0]) / fast_s)
+                    if fast_s and wall and outputs[FAST_GREEDY][0] else None,
                 "alpha": stats.get("alpha"), "tokens_per_target_forward":
                     stats.get("mean_tokens_per_target_forward", stats.get("step_compression",
                               len(tokens) / tfwd if tfwd else None)),
@@ -187,6 +234,7 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
                     "median_wall_s": statistics.median(r["wall_s"] for r in rs),
                     "tok_s": statistics.median(r["tok_s"] for r in rs),
                     "speedup_geomean": geomean([r["speedup"] for r in rs]),
+                    "speedup_vs_fast_greedy": geomean([r.get("speedup_vs_fast_greedy") for r in rs]),
                     "alpha": _mean([r["alpha"] for r in rs]),
                     "tokens_per_target_forward": _mean([r["tokens_per_target_forward"] for r in rs]),
                     "cost_ratio": _mean([r["cost_ratio"] for r in rs]),
@@ -204,8 +252,11 @@ def markdown_table(summary: list[dict], category: str | None = None) -> str:
     cols = ["category", "method", "prompts", "median_wall_s", "tok_s", "speedup_geomean", "alpha",
             "tokens_per_target_forward", "cost_ratio", "equals_greedy"]
     rows = [s for s in summary if category is None or s["category"] == category]
+    for extra in ("speedup_vs_fast_greedy", "bandwidth_fraction"):
+        if any(_fmt(r.get(extra)) != "-" for r in rows):
+            cols.insert(cols.index("alpha"), extra)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
 
 

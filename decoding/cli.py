@@ -130,11 +130,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     strategies = args.strategy or []
     for name in strategies:
         get_strategy(name)
-    per = _parse_sets(args.set or [], strategies)
+    sweeps = [bench.parse_sweep(spec) for spec in args.sweep or []]
+    # --set also reaches strategies that only appear in a sweep (the sweep's values win)
+    per = _parse_sets(args.set or [], list(dict.fromkeys(strategies + [sw[0] for sw in sweeps])))
     max_new = check_max_new_tokens(args.max_new_tokens)
     methods = [bench.Method(s, s, get_strategy(s).parse(per[s]), lossless=get_strategy(s).lossless)
                for s in strategies if s != "greedy"]
-    sweeps = [bench.parse_sweep(spec) for spec in args.sweep or []]
     for strategy, keys, combos in sweeps:
         for combo in combos:
             values = dict(per.get(strategy, {}), **dict(zip(keys, combo)))
@@ -164,6 +165,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                               seed=args.seed, chat=not args.no_chat, prompt_lookup_tokens=pl_tokens,
                               on_step=lambda: bar.update(1))
     doc["environment"] = environment(pair, args.seed)
+    bench.roofline(doc, pair)
     doc["args"] = {k: v for k, v in vars(args).items() if k != "func"}
     if sweeps:
         doc["sweeps"] = bench.sweep_points(doc, sweeps)

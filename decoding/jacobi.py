@@ -25,7 +25,7 @@ import torch
 
 from .events import JacobiIteration, TokenCommitted
 from .lm import Session
-from .params import check_number
+from .params import check_bool, check_number
 from .result import ModelPair, Result
 from .strategies import Strategy
 from .tracer import NULL_TRACER
@@ -40,6 +40,7 @@ class JacobiParams:
     max_iterations: int = 16
     variant: str = "gs_jacobi"
     init: str = "repeat"
+    fast: bool = False              # static KV cache + CUDA graphs (decoding/fastpath.py)
     CHOICES = {"variant": VARIANTS, "init": INITS}
 
     def __post_init__(self) -> None:
@@ -49,6 +50,7 @@ class JacobiParams:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
+        check_bool("fast", self.fast)
 
 
 def _initial(params: JacobiParams, n: int, last: int, pad: int, vocab: int,
@@ -63,7 +65,8 @@ def _initial(params: JacobiParams, n: int, last: int, pad: int, vocab: int,
 def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, max_new_tokens: int,
            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
     lm = pair.target
-    target = Session(lm, "target", tracer)
+    target = Session(lm, "target", tracer, fast=params.fast,
+                     max_len=len(prompt_ids) + max_new_tokens + params.block_size)
     eos = set(lm.eos_token_ids)
     pad = lm.model.generation_config.pad_token_id
     pad = pad if pad is not None else (min(eos) if eos else 0)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from . import fastpath
 from .events import ForwardPass
 from .models import LoadedModel
 from .tracer import NULL_TRACER
@@ -37,12 +38,12 @@ class Session:
 
     def __init__(self, lm: LoadedModel, role: str = "target", tracer: Any = NULL_TRACER,
                  clock: Optional[Callable[[], int]] = None, static_len: Optional[int] = None,
-                 compiled: bool = False) -> None:
+                 fast: bool = False, max_len: Optional[int] = None) -> None:
         self.lm = lm
         self.model = lm.model
         self.role = role
         self.tracer = tracer
-        self.clock = clock or (lambda: self.forwards)
+        self._clock = clock
         self.cache: Any = None
         self.forwards = 0
         self.positions = 0          # query positions processed, summed over forwards
@@ -50,26 +51,28 @@ class Session:
         self.last_hidden: Optional[torch.Tensor] = None
         self._encoder_kwargs: dict = {}
         self._sync = lm.device.type == "cuda"
-        # Fast path: a preallocated (static) KV cache of ``static_len`` positions, and on
-        # CUDA the forward compiled with CUDA graphs so small models are not bound by
-        # kernel-launch overhead. Decoder-only models only.
-        self.static_len = static_len if not lm.is_encoder_decoder else None
-        self._call = self.model
-        if compiled and self.static_len and lm.device.type == "cuda":
-            self._call = _compiled_forward(self.model)
+        # Fast path (decoding/fastpath.py): a static KV cache with explicit positions and
+        # masks, replayed as CUDA graphs on a GPU. ``max_len`` (prompt + new tokens) sizes
+        # it; ``static_len`` asks for exactly that capacity. Same tokens either way.
+        self.fast = bool(fast or static_len) and fastpath.supported(lm)
+        self._want = static_len or max_len or 0
+        self.runner: Optional[fastpath.StaticRunner] = None
+
+    def clock(self) -> int:
+        """The replay step stamped on this session's events."""
+        return self._clock() if self._clock is not None else self.forwards
 
     # ------------------------------------------------------------------ state
     @property
     def length(self) -> int:
         """Positions held in the (self-attention) KV cache."""
+        if self.runner is not None:
+            return self.runner.length
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
     def crop(self, length: int) -> None:
-        if self.static_len:
-            # A static cache keeps its buffers; moving the write position back is enough,
-            # since the causal mask hides every slot past the query positions.
-            for layer in self.cache.layers:
-                layer.cumulative_length.fill_(min(length, int(layer.cumulative_length)))
+        if self.runner is not None:
+            self.runner.rewind(length)
             return
         crop_cache(self.cache, length)
 
@@ -78,9 +81,7 @@ class Session:
         return t if t.dim() == 2 else t.unsqueeze(0)
 
     def new_cache(self) -> Any:
-        from transformers import DynamicCache, EncoderDecoderCache, StaticCache
-        if self.static_len:
-            return StaticCache(config=self.model.config, max_cache_len=self.static_len)
+        from transformers import DynamicCache, EncoderDecoderCache
         if self.lm.is_encoder_decoder:
             return EncoderDecoderCache(DynamicCache(), DynamicCache())
         return DynamicCache()
@@ -91,8 +92,15 @@ class Session:
 
         ``decoder_prefix()`` gives the ids that now sit in the decoder cache.
         """
-        self.cache = self.new_cache()
         prompt = self.tensor([list(prompt_ids)] * batch)                 # [B, P]
+        if self.fast and batch == 1:
+            need = max(self._want, len(prompt_ids) + 1)
+            self.runner = fastpath.checkout(self.lm, self, need)
+        if self.runner is not None:
+            self.runner.reset()
+            self.cache = self.runner.cache
+        else:
+            self.cache = self.new_cache()
         if self.lm.is_encoder_decoder:
             start = self.lm.decoder_start_token_id
             encoder = self.model.get_encoder()
@@ -140,11 +148,20 @@ class Session:
         if self._sync and traced:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        # the compiled graph serves one-token decode steps; prefill and multi-token
-        # forwards (whose shapes vary) run eagerly
-        call = self._call if ids.shape[-1] == 1 else self.model
+        fast = self.runner is not None and ids.shape[0] == 1 and (
+            attention_mask is None or isinstance(attention_mask, torch.Tensor))
         with torch.inference_mode():
-            out = call(**kwargs)
+            if fast:
+                self._room(ids.shape[-1])
+                logits, states = self.runner.forward(ids, position_ids=position_ids, mask=attention_mask,
+                                                     last_only=last_only, hidden=hidden,
+                                                     capture=kind != "prefill")
+            else:
+                out = self.model(**kwargs)
+                logits = out.logits[:, -1:] if last_only else out.logits
+                logits = logits.float()
+                if hidden:
+                    states = (out.decoder_hidden_states if self.lm.is_encoder_decoder else out.hidden_states)[-1]
         if self._sync and traced:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0
@@ -152,23 +169,16 @@ class Session:
         self.positions += ids.numel()
         self.ms += ms
         if hidden:
-            states = out.decoder_hidden_states if self.lm.is_encoder_decoder else out.hidden_states
-            self.last_hidden = states[-1]
+            self.last_hidden = states
         if traced:
             self.tracer.emit(ForwardPass(step=self.clock(), model=self.role,
                                          positions=int(ids.numel()), ms=round(ms, 3), kind=kind))
-        logits = out.logits
-        if last_only:
-            logits = logits[:, -1:]
-        return logits.float()
+        return logits
 
-
-_COMPILED: dict[int, Any] = {}
-
-
-def _compiled_forward(model: Any) -> Any:
-    """``torch.compile`` of a model's forward (CUDA graphs), built once per model."""
-    key = id(model)
-    if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
-    return _COMPILED[key]
+    def _room(self, t: int) -> None:
+        """Grow the static cache when a forward would overflow it (keeps the cached prefix)."""
+        runner = self.runner
+        if runner.length + t > runner.capacity:
+            bigger = runner.grow_to(fastpath.capacity_for(runner.length + t + fastpath.BUCKET))
+            fastpath.replace(self.lm, runner, bigger, self)
+            self.runner, self.cache = bigger, bigger.cache

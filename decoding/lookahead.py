@@ -57,12 +57,13 @@ class LookaheadParams:
     guess_set: int = 5
     pool_from_prompt: bool = True
     pool_from_output: bool = False
+    fast: bool = False              # static KV cache + CUDA graphs (decoding/fastpath.py)
 
     def __post_init__(self) -> None:
         check_number("window", self.window, 1, 32, integer=True)
         check_number("ngram", self.ngram, 2, 8, integer=True)
         check_number("guess_set", self.guess_set, 1, 32, integer=True)
-        for name in ("pool_from_prompt", "pool_from_output"):
+        for name in ("pool_from_prompt", "pool_from_output", "fast"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -312,7 +313,8 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
               rng: Optional[torch.Generator] = None) -> Result:
     lm = pair.target
     check_mask_support(lm)
-    target = Session(lm, "target", tracer)
+    target = Session(lm, "target", tracer, fast=params.fast,
+                     max_len=len(prompt_ids) + max_new_tokens + 1 + (params.window + params.guess_set) * (params.ngram - 1))
     eos = set(lm.eos_token_ids)
     n, width = params.ngram, params.window
     pool = NgramPool(params.guess_set)

@@ -35,18 +35,26 @@ def check_number(name: str, value: Any, lo: float | None = None, hi: float | Non
         raise ValueError(f"{name} must be in {left}{lo_s}, {hi_s}], got {value!r}")
 
 
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+FAST_HELP = ("fast: a static KV cache with explicit positions and masks; on a GPU every forward "
+             "shape is captured once as a CUDA graph and replayed (decoding/fastpath.py). Same tokens.")
+
+
 @dataclass(frozen=True)
 class GreedyParams:
     """Plain greedy decoding: one target forward per token, argmax.
 
-    ``fast``: a preallocated static KV cache; on CUDA the per-token forward is also
-    compiled (``torch.compile``, CUDA graphs). Same tokens either way.
+    ``fast``: a static KV cache; on a GPU each forward is replayed as a CUDA graph
+    (decoding/fastpath.py). Same tokens either way.
     """
     fast: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fast, bool):
-            raise ValueError(f"fast must be true or false, got {self.fast!r}")
+        check_bool("fast", self.fast)
 
 
 @dataclass(frozen=True)
@@ -58,11 +66,13 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    fast: bool = False              # static KV cache + CUDA graphs (decoding/fastpath.py)
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, 0.0, 100.0)
         check_number("top_k", self.top_k, 0, None, integer=True)
         check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        check_bool("fast", self.fast)
 
     @property
     def is_greedy(self) -> bool:

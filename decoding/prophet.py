@@ -381,7 +381,8 @@ def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *
     if pair.target.is_encoder_decoder:
         raise ValueError("strategy 'prophet' supports decoder-only targets")
     head = prophet_for(pair)
-    target = Session(pair.target, "target", tracer)
+    target = Session(pair.target, "target", tracer, fast=params.fast,
+                     max_len=len(prompt_ids) + max_new_tokens + 40)
     drafter = ProphetDrafter(head, params, tracer=tracer, clock=lambda: target.forwards + 1, rng=rng)
     return speculative_loop(prompt_ids, pair, params, drafter, draft_tokens=params.draft_tokens,
                             adaptive=params.adaptive, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,

@@ -88,8 +88,8 @@ class AssistantDrafter:
     source = "assistant"
 
     def __init__(self, assistant: Any, params: SpeculativeParams, tracer: Any, clock: Any,
-                 rng: Optional[torch.Generator]) -> None:
-        self.session = Session(assistant, "draft", tracer, clock=clock)
+                 rng: Optional[torch.Generator], max_len: Optional[int] = None) -> None:
+        self.session = Session(assistant, "draft", tracer, clock=clock, fast=params.fast, max_len=max_len)
         self.params, self.rng = params, rng
         self.cached: list[int] = []   # the tokens whose keys/values sit in the draft cache
 
@@ -194,7 +194,8 @@ def _top(row: torch.Tensor, n: int = TOP) -> tuple[list[int], list[float]]:
 def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: SamplingParams, drafter: Drafter,
                      draft_tokens: int, adaptive: bool, *, max_new_tokens: int, tracer: Any = NULL_TRACER,
                      target: Optional[Session] = None, rng: Optional[torch.Generator] = None) -> Result:
-    target = target or Session(pair.target, "target", tracer)
+    target = target or Session(pair.target, "target", tracer, fast=params.fast,
+                               max_len=len(prompt_ids) + max_new_tokens + MAX_DRAFT + 1)
     eos = set(pair.target.eos_token_ids)
     greedy = params.is_greedy
     length = DraftLength(draft_tokens, adaptive)
@@ -323,7 +324,8 @@ def check_vocabularies(target: Any, assistant: Any) -> None:
 
 def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeParams, *, max_new_tokens: int,
                 tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
-    target = Session(pair.target, "target", tracer)
+    target = Session(pair.target, "target", tracer, fast=params.fast,
+                     max_len=len(prompt_ids) + max_new_tokens + MAX_DRAFT + 1)
     clock = lambda: target.forwards + 1   # noqa: E731 - draft forwards belong to the next target step
     if pair.assistant is None and pair.extras.get("prophet") is not None:
         from .prophet import ProphetDrafter   # the assistant is the target's trained prophet head
@@ -332,7 +334,8 @@ def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeP
         raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")
     else:
         check_vocabularies(pair.target, pair.assistant)
-        drafter = AssistantDrafter(pair.assistant, params, tracer, clock, rng)
+        drafter = AssistantDrafter(pair.assistant, params, tracer, clock, rng,
+                                   max_len=len(prompt_ids) + max_new_tokens + MAX_DRAFT + 1)
     return speculative_loop(prompt_ids, pair, params, drafter, params.draft_tokens, params.adaptive,
                             max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng)
 

@@ -28,7 +28,7 @@ def test_reference_greedy_and_json(pair):
     assert all(r.speedup and r.speedup > 0 for r in results)
     assert results[1].matches_greedy is None  # not lossless: no verdict
     doc = json.loads(json.dumps([r.to_dict() for r in results]))
-    assert doc[1]["params"] == {"temperature": 0.7, "top_k": 0, "top_p": 1.0}
+    assert doc[1]["params"] == {"temperature": 0.7, "top_k": 0, "top_p": 1.0, "fast": False}
     assert doc[0]["tokens_per_s"] > 0 and doc[0]["events"][0]["type"] == "ForwardPass"
     rows = summarize(results)
     assert rows[0]["strategy"] == "greedy (reference)" and rows[0]["= greedy"] == "yes"

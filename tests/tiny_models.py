@@ -26,14 +26,14 @@ ARCHS = ("llama", "gpt2", "gptneox")
 
 
 def tiny_causal(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
-                vocab: int = VOCAB, eos: bool = True, scale: float = 1.0):
+                vocab: int = VOCAB, eos: bool = True, scale: float = 1.0, device: str = "cpu"):
     """A random causal LM. ``scale`` sharpens the output distribution (larger = peakier)."""
     from transformers import AutoModelForCausalLM
     config = _configs(vocab)[arch]
     if not eos:
         config.eos_token_id = None
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    model = AutoModelForCausalLM.from_config(config).to(dtype).to(device)
     if scale != 1.0:
         with torch.no_grad():
             model.get_output_embeddings().weight.mul_(scale)

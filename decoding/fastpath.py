@@ -1,0 +1,233 @@
+"""The fast path: a preallocated KV cache, explicit positions and masks, CUDA graphs.
+
+A small model on a GPU spends most of a decode step launching kernels, not
+computing: a 30-layer model issues hundreds of launches per forward, each a few
+microseconds of Python and driver time. The fast path removes that overhead
+without changing a single token:
+
+* the KV cache is a transformers ``StaticCache`` of fixed capacity, so every
+  forward of ``T`` query positions has the same tensor shapes whatever the
+  prefix length;
+* positions and the 4D float attention mask are computed from the cache's own
+  write counter (plain causal forwards) or copied into fixed buffers (tree and
+  window layouts), so they are data, not shapes;
+* on CUDA each distinct forward shape is captured once as a CUDA graph and
+  replayed afterwards: one launch per forward instead of hundreds.
+
+On the CPU the same code runs without capture, which is how the tests check
+that the fast path gives exactly the tokens of the plain one. Prefill (long,
+variable length) always runs uncaptured. Decoder-only models only; a model
+whose layers mix sliding-window and full attention keeps the plain path.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+
+BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
+MAX_GRAPH_T = 128     # forwards longer than this (prefill) run uncaptured
+MAX_RUNNERS = 4       # per model: runners idle beyond this are dropped
+
+
+def supported(lm: Any) -> bool:
+    """Whether ``lm`` can use the fast path (decoder-only, full attention in every layer)."""
+    if lm.is_encoder_decoder:
+        return False
+    types = getattr(lm.model.config, "layer_types", None) or []
+    return all(t == "full_attention" for t in types)
+
+
+def capacity_for(positions: int) -> int:
+    return -(-max(positions, 1) // BUCKET) * BUCKET
+
+
+class StaticRunner:
+    """One static KV cache of ``capacity`` positions and the graphs captured over it."""
+
+    def __init__(self, lm: Any, capacity: int) -> None:
+        from transformers import StaticCache
+        self.lm, self.model, self.capacity = lm, lm.model, capacity
+        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        self.length = 0
+        self.graphs_on = lm.device.type == "cuda"
+        self._graphs: dict[tuple, tuple[Any, Any]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self._slots = torch.arange(capacity, device=lm.device)
+        self._buffers: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.captures = 0     # graphs captured (tests and the benchmark report it)
+        self.replays = 0
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        self.rewind(0)
+
+    def rewind(self, length: int) -> None:
+        """Drop every position from ``length`` on (the slots stay; the mask hides them)."""
+        length = min(length, self.length)
+        if length != self.length or length == 0:
+            with torch.inference_mode():
+                for layer in self.cache.layers:
+                    if isinstance(layer.cumulative_length, torch.Tensor):
+                        layer.cumulative_length.fill_(length)
+                    else:
+                        layer.cumulative_length = length
+        self.length = length
+
+    def _initialized(self) -> bool:
+        return all(getattr(layer, "is_initialized", False) for layer in self.cache.layers)
+
+    # ------------------------------------------------------------------ forwards
+    def forward(self, ids: torch.Tensor, *, position_ids: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+                last_only: bool, hidden: bool, capture: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``ids [1, T]`` after the cached prefix -> (float logits ``[1, T|1, V]``, last hidden or None).
+
+        ``mask`` is the caller's ``[1, 1, T, length + T]`` float mask (0 attend, -inf
+        blocked) with its ``position_ids``; without them the forward is plain causal
+        and position ``i`` of the block sits at slot ``length + i``.
+        """
+        t = ids.shape[-1]
+        if self.length + t > self.capacity:
+            raise RuntimeError(f"static cache of {self.capacity} positions is full")
+        custom = mask is not None
+        key = ("custom" if custom else "causal", t, last_only, hidden)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = self._new_buffers(t, custom)
+        buf["ids"].copy_(ids)
+        if custom:
+            if position_ids is None:
+                position_ids = torch.arange(self.length, self.length + t, device=ids.device).unsqueeze(0)
+            buf["pos"].copy_(position_ids)
+            buf["mask"].fill_(float("-inf"))
+            buf["mask"][..., : self.length + t].copy_(mask)
+        fn = lambda: self._step(buf, custom, last_only, hidden)   # noqa: E731
+        out = self._run(key, fn, t) if capture else fn()
+        self.length += t
+        logits, states = out
+        return logits.clone(), (None if states is None else states.clone())
+
+    def _new_buffers(self, t: int, custom: bool) -> dict[str, torch.Tensor]:
+        dev = self.lm.device
+        buf = {"ids": torch.zeros(1, t, dtype=torch.long, device=dev),
+               "steps": torch.arange(t, device=dev)}
+        if custom:
+            buf["pos"] = torch.zeros(1, t, dtype=torch.long, device=dev)
+            buf["mask"] = torch.zeros(1, 1, t, self.capacity, dtype=self.lm.dtype, device=dev)
+        return buf
+
+    def _step(self, buf: dict, custom: bool, last_only: bool, hidden: bool) -> tuple:
+        """The captured body: build positions and mask from device state, run the model."""
+        if custom:
+            pos, mask = buf["pos"], buf["mask"]
+        else:
+            start = self._write_position()
+            pos = (start + buf["steps"]).unsqueeze(0)                          # [1, T]
+            allowed = self._slots.unsqueeze(0) <= pos[0].unsqueeze(1)          # [T, capacity]
+            mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=allowed.device)
+            mask = mask.masked_fill(~allowed, float("-inf"))[None, None]
+        kwargs: dict = {"input_ids": buf["ids"], "position_ids": pos, "attention_mask": mask,
+                        "past_key_values": self.cache, "use_cache": True}
+        if last_only and self.lm.supports_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(**kwargs)
+        logits = out.logits[:, -1:] if last_only else out.logits
+        return logits.float(), (out.hidden_states[-1] if hidden else None)
+
+    def _write_position(self) -> torch.Tensor:
+        """The cache's write counter as a device tensor (data, so a graph reads its current value)."""
+        counter = self.cache.layers[0].cumulative_length
+        if isinstance(counter, torch.Tensor) and counter.device == self._slots.device:
+            return counter.clone()
+        return torch.tensor(int(counter), device=self._slots.device)
+
+    def _run(self, key: tuple, fn: Callable[[], tuple], t: int) -> tuple:
+        if not self.graphs_on or t > MAX_GRAPH_T or not self._initialized():
+            return fn()
+        entry = self._graphs.get(key)
+        if entry is not None:
+            entry[0].replay()
+            self.replays += 1
+            return entry[1]
+        # First time for this shape: run it for real on a side stream (this is also the
+        # warm-up capture needs), then record the same body into a graph. Recording
+        # executes nothing, so the cache state is exactly what the real run left.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            result = fn()
+        torch.cuda.current_stream().wait_stream(side)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = fn()
+        except Exception:    # a model whose forward cannot be captured keeps the uncaptured path
+            self.graphs_on = False
+            return result
+        self._graphs[key] = (graph, outputs)
+        self.captures += 1
+        return result
+
+    def grow_to(self, capacity: int) -> "StaticRunner":
+        """A bigger runner holding this one's cached positions."""
+        bigger = StaticRunner(self.lm, capacity)
+        n = self.length
+        for old, new in zip(self.cache.layers, bigger.cache.layers):
+            if getattr(old, "is_initialized", False):
+                new.lazy_initialization(old.keys[:, :, :1], old.values[:, :, :1])
+                new.keys[:, :, :n].copy_(old.keys[:, :, :n])
+                new.values[:, :, :n].copy_(old.values[:, :, :n])
+        bigger.length = n + 1          # force rewind to write every counter
+        bigger.rewind(n)
+        return bigger
+
+
+# --------------------------------------------------------------------------- runner pool
+
+_LOCK = threading.Lock()
+_POOLS: "weakref.WeakKeyDictionary[Any, list[list]]" = weakref.WeakKeyDictionary()
+
+
+def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:
+    """A runner for ``owner`` (a Session) with room for ``positions``; None if all are busy.
+
+    Runners are reused across generations (their graphs stay captured) and are
+    never shared by two live sessions: ownership is a weak reference, released
+    when the session is garbage-collected.
+    """
+    capacity = capacity_for(positions)
+    with _LOCK:
+        pool = _POOLS.setdefault(lm.model, [])
+        free = [e for e in pool if e[1]() is None]
+        for entry in free:
+            if entry[0].capacity == capacity:
+                entry[1] = weakref.ref(owner)
+                entry[0].reset()
+                return entry[0]
+        busy = len(pool) - len(free)
+        if busy >= MAX_RUNNERS:
+            return None
+        while free and len(pool) >= MAX_RUNNERS:
+            pool.remove(free.pop(0))
+        runner = StaticRunner(lm, capacity)
+        pool.append([runner, weakref.ref(owner)])
+        return runner
+
+
+def replace(lm: Any, old: StaticRunner, new: StaticRunner, owner: Any) -> None:
+    with _LOCK:
+        pool = _POOLS.setdefault(lm.model, [])
+        pool[:] = [e for e in pool if e[0] is not old]
+        pool.append([new, weakref.ref(owner)])
+
+
+def pool_stats(lm: Any) -> dict:
+    with _LOCK:
+        pool = _POOLS.get(lm.model, [])
+        return {"runners": len(pool), "captures": sum(e[0].captures for e in pool),
+                "replays": sum(e[0].replays for e in pool)}
