@@ -64,6 +64,11 @@ def _field_kind(cls: type, name: str) -> Any:
     return args[0] if typing.get_origin(hint) is typing.Union and args else hint
 
 
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def param_fields() -> list[tuple[str, str]]:
     """(strategy, field) for every strategy parameter, in UI order."""
     return [(s.name, f.name) for s in registry().values() for f in dataclasses.fields(s.params_cls)]
@@ -75,6 +80,10 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
     label = field.name
     if choices:
         return gr.Dropdown(choices=list(choices), value=field.default, label=label, allow_custom_value=True)
+    if kind is bool and field.name == "fast":
+        # on a GPU the fast path is what makes a small model fast: on by default there
+        return gr.Checkbox(value=bool(field.default or _cuda()), label=label,
+                           info="static KV cache; CUDA-graph replay on a GPU")
     if kind is bool:
         return gr.Checkbox(value=field.default, label=label)
     if kind is int:

@@ -209,6 +209,9 @@ def _first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+_WARMED: set = set()   # (target, assistant, strategy, fast) already warmed up in this process
+
+
 def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tuple[str, Any]], *,
                    max_new_tokens: int, seed: int = 0, warmup: bool = True, trace: bool = True,
                    reference: bool = True,
@@ -233,8 +236,13 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         greedy = get_strategy("greedy")
         plan.insert(0, (greedy, greedy.parse({}), True))
 
-    if warmup:  # 1. allocate caches and kernels once, untimed
+    if warmup:  # 1. allocate caches and kernels (and capture CUDA graphs) once per process, untimed
         for strategy, params, _ in plan:
+            key = (id(pair.target.model), id(pair.assistant.model) if pair.assistant else None,
+                   strategy.name, bool(getattr(params, "fast", False)))
+            if key in _WARMED:
+                continue
+            _WARMED.add(key)
             try:
                 run_one(strategy, params, prompt_ids, pair, max_new_tokens=min(4, max_new_tokens),
                         seed=seed, trace=False)
