@@ -61,9 +61,7 @@ def _table(rows: list[dict]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .models import load_model
     from .params import check_max_new_tokens
-    from .prophet import make_pair
     from .runner import encode_prompt, environment, run_comparison, summarize
     from .strategies import get_strategy
 
@@ -80,11 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         text = args.prompt
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
-    target = load_model(args.target, device=args.device, dtype=args.dtype, progress=status)
-    pair = make_pair(target, args.assistant, lambda name: load_model(name, device=args.device, dtype=args.dtype,
-                                                                     progress=status))
-    assistant = pair.assistant
-    prompt_ids = encode_prompt(target.tokenizer, text, chat=args.chat)
+    pair = _load_pair(args, status)
+    prompt_ids = encode_prompt(pair.target.tokenizer, text, chat=args.chat)
 
     bars: dict[int, Any] = {}
 
@@ -121,9 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from . import bench
-    from .models import load_model
     from .params import check_max_new_tokens
-    from .prophet import make_pair
     from .runner import environment
     from .strategies import get_strategy
 
@@ -144,9 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                         lossless=get_strategy(strategy).lossless))
     prompts = bench.load_prompt_set(args.prompts, args.category, args.per_category)
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
-    target = load_model(args.target, device=args.device, dtype=args.dtype, progress=status)
-    pair = make_pair(target, args.assistant, lambda name: load_model(name, device=args.device, dtype=args.dtype,
-                                                                     progress=status))
+    pair = _load_pair(args, status)
     assistant = pair.assistant
     anchors = args.anchor if args.anchor is not None else (
         ["hf_greedy"] + (["hf_prompt_lookup"] if "prompt_lookup" in strategies else [])
@@ -203,6 +194,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_pair(args: argparse.Namespace, status: Any):
+    """The target and its assistant (or prophet head), with the device, dtype and kernel flags."""
+    from .models import load_model
+    from .prophet import make_pair
+
+    def load(name: str):
+        return load_model(name, device=args.device, dtype=args.dtype, progress=status, pack=not args.no_pack)
+    return make_pair(load(args.target), args.assistant, load)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m decoding",
                                      description="Run and compare decoding strategies.")
@@ -224,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", metavar="OUT", help="write results, events and environment as JSON")
     run.add_argument("--device", default=None, help="cpu, cuda or auto (default)")
     run.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default)")
+    run.add_argument("--no-pack", action="store_true",
+                     help="CPU: keep PyTorch's default linear kernels instead of weights prepacked for oneDNN")
     run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     run.add_argument("--no-reference", action="store_true",
                      help="do not add a greedy reference run when greedy is not selected")
@@ -247,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     bn.add_argument("--device", default=None)
     bn.add_argument("--dtype", default=None)
+    bn.add_argument("--no-pack", action="store_true",
+                     help="CPU: keep PyTorch's default linear kernels instead of weights prepacked for oneDNN")
     bn.add_argument("--json", default=None)
     bn.add_argument("--markdown", default=None)
     bn.add_argument("--html", default=None)

@@ -28,6 +28,8 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
+from . import kernels
+
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -181,10 +183,15 @@ class LoadedModel:
             start = getattr(self.model.config, "decoder_start_token_id", None)
         return start
 
+    @property
+    def kernels(self) -> str:
+        """How the linear layers run: ``onednn-packed`` (decoding/kernels.py) or ``default``."""
+        return "onednn-packed" if kernels.is_packed(self.model) else "default"
+
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "architecture": type(self.model).__name__,
                 "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
-                "parameters": sum(p.numel() for p in self.model.parameters())}
+                "kernels": self.kernels, "parameters": sum(p.numel() for p in self.model.parameters())}
 
 
 def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs: Any) -> LoadedModel:
@@ -307,7 +314,7 @@ def _offline() -> bool:
 
 
 def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
-                   progress: Callable[[str], None]) -> LoadedModel:
+                   progress: Callable[[str], None], pack: bool) -> LoadedModel:
     source, preset, kind = resolve_source(spec)
     name = preset.name if preset else spec
     if kind == "bundled":
@@ -329,6 +336,8 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
                 f"offline (HF_HUB_OFFLINE=1).{hint} Offline, use a bundled preset or a local directory.") from None
         raise ModelLoadError(f"could not load model {spec!r} from {source!r}: {exc}") from None
     model.to(device)
+    if pack:
+        kernels.pack_linears(model)     # CPU only; a no-op elsewhere (decoding/kernels.py)
     loaded = wrap_model(model, tokenizer, name=name, source=source,
                         chat=bool(preset.chat) if preset else bool(getattr(tokenizer, "chat_template", None)),
                         network=bool(preset.network) if preset else kind == "hub")
@@ -336,14 +345,18 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
 
 
 def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype | None = None,
-               progress: Callable[[str], None] | None = None) -> LoadedModel:
-    """Load (or fetch from the in-process cache) a model by preset name, directory or Hub id."""
+               progress: Callable[[str], None] | None = None, pack: bool = True) -> LoadedModel:
+    """Load (or fetch from the in-process cache) a model by preset name, directory or Hub id.
+
+    ``pack`` (default on) runs a CPU model's linear layers on weights prepacked for
+    oneDNN (decoding/kernels.py); ``pack=False`` keeps PyTorch's default kernels.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelLoadError("model must be a preset name, a local directory or a Hub id; got nothing")
     spec = spec.strip()
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    key = (spec, str(dev), str(dt))
+    key = (spec, str(dev), str(dt), bool(pack))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -354,7 +367,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
             if key in _cache:
                 _cache.move_to_end(key)
                 return _cache[key]
-        loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None))
+        loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None), bool(pack))
         with _cache_lock:
             _evict_for(model_bytes(loaded))
             _cache[key] = loaded

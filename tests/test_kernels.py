@@ -1,0 +1,117 @@
+"""Prepacked oneDNN linear layers (decoding/kernels.py): same model, same tokens, faster CPU forwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from decoding import kernels
+from decoding.baselines import greedy
+from decoding.jacobi import JacobiParams, jacobi
+from decoding.lookahead import LookaheadParams, lookahead
+from decoding.params import GreedyParams
+from decoding.prophet import ProphetParams, prophet
+from decoding.result import ModelPair
+from decoding.sampling import make_generator
+from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
+from test_prophet import random_prophet
+from tiny_models import prompt, tiny_causal
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="this PyTorch build has no oneDNN linear ops")
+
+
+def _logits(lm, ids):
+    with torch.no_grad():
+        return lm.model(torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gptneox"])
+def test_packing_keeps_parameters_ties_and_logits(arch):
+    lm = tiny_causal(arch, seed=3)
+    plain_linears = sum(type(m) is nn.Linear for m in lm.model.modules())
+    keys = set(lm.model.state_dict())
+    before = _logits(lm, prompt(12, 5))
+
+    assert kernels.pack_linears(lm.model) == plain_linears > 0
+    assert kernels.is_packed(lm.model)
+    assert not any(type(m) is nn.Linear for m in lm.model.modules())
+    assert set(lm.model.state_dict()) == keys, "packing must not rename or add state_dict entries"
+    out, inp = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
+    if lm.model.config.tie_word_embeddings:
+        assert out.weight is inp.weight, "tied embeddings must stay tied"
+    after = _logits(lm, prompt(12, 5))
+    assert torch.allclose(after, before, rtol=1e-4, atol=1e-4)
+
+    assert kernels.unpack_linears(lm.model) == plain_linears
+    assert not kernels.is_packed(lm.model)
+    assert torch.allclose(_logits(lm, prompt(12, 5)), before, rtol=0, atol=0)
+
+
+def test_one_row_and_many_rows_agree_with_f_linear():
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 320)
+    packed = kernels.PackedLinear(layer)
+    with torch.no_grad():
+        for shape in [(1, 96), (5, 96), (2, 7, 96), (1, 1, 96)]:
+            x = torch.randn(*shape)
+            want = nn.functional.linear(x, layer.weight, layer.bias)
+            got = packed(x)
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_and_foreign_inputs_fall_back_to_f_linear():
+    layer = nn.Linear(16, 8)
+    packed = kernels.PackedLinear(layer)
+    x = torch.randn(3, 16, requires_grad=True)
+    y = packed(x)                       # training through a frozen head needs autograd
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    with torch.no_grad():               # a dtype the weights were not packed for: F.linear decides
+        assert not packed.usable(torch.randn(2, 16, dtype=torch.float64))
+        assert packed.usable(torch.randn(2, 16))
+
+
+def test_models_that_cannot_be_packed_are_left_alone():
+    lm = tiny_causal("llama", dtype=torch.float64)
+    assert kernels.pack_linears(lm.model) == 0
+    assert not kernels.is_packed(lm.model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gptneox"])
+def test_every_lossless_strategy_matches_greedy_on_a_packed_model(arch):
+    # float32 (what packing serves) with peaked logits, so that no near-tie decides a token
+    lm = tiny_causal(arch, seed=0, scale=8.0)
+    assert kernels.pack_linears(lm.model) > 0
+    seed = prompt(6, 2)
+    repetitive = seed + greedy(seed, ModelPair(lm), GreedyParams(), max_new_tokens=20).token_ids + seed
+    for ids in (prompt(7, 1), repetitive):
+        ref = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=32).token_ids
+        runs = {
+            "speculative (self)": lambda: speculative(ids, ModelPair(lm, lm), SpeculativeParams(draft_tokens=4),
+                                                      max_new_tokens=32),
+            "prompt_lookup": lambda: prompt_lookup(ids, ModelPair(lm), PromptLookupParams(ngram_size=2),
+                                                   max_new_tokens=32),
+            "lookahead": lambda: lookahead(ids, ModelPair(lm), LookaheadParams(window=4, ngram=3, guess_set=3),
+                                           max_new_tokens=32),
+            "jacobi": lambda: jacobi(ids, ModelPair(lm), JacobiParams(block_size=6), max_new_tokens=32,
+                                     rng=make_generator(0)),
+            "prophet": lambda: prophet(ids, ModelPair(lm, extras={"prophet": random_prophet(lm, 1)}),
+                                       ProphetParams(draft_tokens=3), max_new_tokens=32),
+        }
+        for name, run in runs.items():
+            assert run().token_ids == ref, (arch, name)
+
+
+def test_bundled_model_loads_packed_by_default_and_unpacked_on_request():
+    from decoding.models import load_model
+    packed = load_model("smollm2-135m-instruct")
+    plain = load_model("smollm2-135m-instruct", pack=False)
+    assert packed is not plain
+    assert packed.kernels == "onednn-packed" and packed.describe()["kernels"] == "onednn-packed"
+    assert plain.kernels == "default"
+    ids = packed.tokenizer("The quick brown fox", return_tensors=None)["input_ids"]
+    a, b = _logits(packed, ids), _logits(plain, ids)
+    assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
