@@ -109,10 +109,10 @@ def test_concurrent_loads_share_one_model(monkeypatch):
     calls = []
     real = models._load_uncached
 
-    def slow(spec, device, dtype, progress):
+    def slow(spec, *rest):
         calls.append(spec)
         time.sleep(0.3)
-        return real(spec, device, dtype, progress)
+        return real(spec, *rest)
     models.clear_model_cache()
     monkeypatch.setattr(models, "_load_uncached", slow)
     got = []
