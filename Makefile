@@ -64,14 +64,14 @@ bench-prompt-lookup: setup
 # The prophet head on all held-out chat prompts (none was used to train it), with a draft_tokens sweep.
 bench-prophet: setup
 	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat --repeats 2 --max-new-tokens 64 \
-	    --sweep "prophet:draft_tokens=2,4,6" --json benchmarks/results/bench-cpu-prophet.json \
+	    --sweep "prophet:draft_tokens=2,4,6;confidence_threshold=0.1,0.4" --json benchmarks/results/bench-cpu-prophet.json \
 	    --markdown benchmarks/results/bench-cpu-prophet.md --html benchmarks/results/bench-cpu-prophet.html
 
 # Jacobi and lookahead on code and chat prompts, with a (W, N, G) sweep (heatmap: W x N, best over G).
 bench-lookahead: setup
 	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy lookahead --strategy jacobi --category code \
 	    --category chat --per-category 2 --repeats 2 --max-new-tokens 64 \
-	    --sweep "lookahead:window=1,4;ngram=3,4;guess_set=1,4" \
+	    --sweep "lookahead:window=1,2,3,5;ngram=3,4;guess_set=2,4" \
 	    --json benchmarks/results/bench-cpu-lookahead.json --markdown benchmarks/results/bench-cpu-lookahead.md \
 	    --html benchmarks/results/bench-cpu-lookahead.html
 
