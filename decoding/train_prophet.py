@@ -84,7 +84,43 @@ PASSAGES = [
     "The library will close for two weeks in August for repairs. During that time, books can be returned "
     "at the community centre, and the online catalogue will stay open.",
 ]
+# everyday requests: advice, recommendations, comparisons, short messages (the chat style users type)
+SKILLS = ["cooking", "drawing", "writing", "running", "saving money", "studying", "focusing at work",
+          "public speaking", "playing the piano", "taking photos", "keeping plants alive", "waking up early",
+          "staying calm", "making friends in a new city", "learning to swim", "organizing my desk"]
+OCCASIONS = ["a weekend camping trip", "a beach holiday", "a job interview", "a birthday party", "a long flight",
+             "a winter city break", "a picnic", "a first day at a new job", "a rainy Sunday", "a family dinner",
+             "a road trip", "a wedding", "a ski trip", "a museum visit"]
+PAIRS = [("a virus", "a bacterium"), ("a lake", "a pond"), ("tea", "coffee"), ("a town", "a city"),
+         ("speed", "velocity"), ("a comet", "an asteroid"), ("baking soda", "baking powder"),
+         ("a crocodile", "an alligator"), ("a list", "a tuple"), ("RAM", "storage"), ("a loan", "a gift"),
+         ("a hurricane", "a tornado"), ("a fruit", "a vegetable"), ("renting", "buying a home")]
+BUSINESSES = ["a coffee shop by the sea", "a bike repair shop", "a bookshop for children", "a vegan food truck",
+              "a dog-walking service", "a pottery studio", "a tea room", "a small gym", "a flower stall",
+              "an ice cream parlour", "a podcast about history", "a board game cafe"]
+ANIMAL_FACTS = ["dogs wag their tails", "birds sing in the morning", "fish swim in schools", "bees dance",
+                "owls hunt at night", "cows lie down before rain", "dolphins sleep", "squirrels bury nuts",
+                "frogs croak", "horses sleep standing up", "geese fly in a V shape", "zebras have stripes"]
+SOCIAL = ["say no to extra work", "ask my neighbour to turn down the music", "thank a colleague for help",
+          "apologize for being late", "remind a friend about money they owe me", "ask for a day off",
+          "congratulate a friend on a new job", "end a long phone call", "invite coworkers to lunch",
+          "tell a guest the party is over", "ask a teacher for more time on homework"]
+MEALS = ["a quick breakfast", "a cheap lunch", "a vegetarian dinner", "a healthy snack", "a dessert without sugar",
+         "a meal for a cold evening", "something with rice and eggs", "a lunch I can take to work"]
+LIMITS = ["", " Keep it short.", " Answer in one sentence.", " Use three bullet points.", " Be brief.",
+          " Answer in two sentences.", " Explain it simply."]
+
 TEMPLATES = {
+    "advice": ["How can I get better at {h}?{lim}", "What are some good habits for {h}?{lim}",
+               "Give me two tips for {h}.{lim}", "I struggle with {h}. What can I do?{lim}",
+               "What is a simple way to start {h}?{lim}"],
+    "recommend": ["What should I bring to {o}?{lim}", "Recommend {m} I can make at home.{lim}",
+                  "Suggest a name for {bz}.{lim}", "Give me ideas for {o}.{lim}",
+                  "What would be a good gift for someone going on {o}?{lim}", "Suggest {m}.{lim}"],
+    "compare": ["What is the difference between {x} and {y}?{lim}", "Is {x} the same as {y}?{lim}",
+                "Compare {x} and {y}.{lim}", "Why do {af}?{lim}", "Do you know why {af}?{lim}"],
+    "message": ["Give me a polite way to {so}.{lim}", "How do I {so} without being rude?{lim}",
+                "Write a short message to {so}.", "Help me {so}.{lim}"],
     "explain": ["Explain {t} in simple terms.", "What is {t}?", "How does {t} work?",
                 "Can you tell me about {t}?", "Why is {t} important?", "Give me a short overview of {t}.",
                 "Explain {t} to a ten-year-old.", "What are the main facts about {t}?"],
@@ -122,7 +158,10 @@ def build_prompts(n: int, seed: int = 0, exclude: frozenset = frozenset()) -> li
         tpl = rng.choice(TEMPLATES[kind])
         text = tpl.format(t=rng.choice(TOPICS), l=rng.choice(LANGS), c=rng.choice(CODE_TASKS),
                           a=rng.randint(2, 99), b=rng.randint(2, 99), c2=rng.randint(100, 999),
-                          tl=rng.choice(TARGET_LANGS), s=rng.choice(SENTENCES), p=rng.choice(PASSAGES))
+                          tl=rng.choice(TARGET_LANGS), s=rng.choice(SENTENCES), p=rng.choice(PASSAGES),
+                          h=rng.choice(SKILLS), o=rng.choice(OCCASIONS), bz=rng.choice(BUSINESSES),
+                          af=rng.choice(ANIMAL_FACTS), so=rng.choice(SOCIAL), m=rng.choice(MEALS),
+                          lim=rng.choice(LIMITS), **dict(zip("xy", rng.choice(PAIRS))))
         if text not in seen and text not in exclude:
             seen.add(text)
             out.append(text)
