@@ -51,7 +51,7 @@ bench-forward: setup
 # on two prompts of each category (raw numbers: benchmarks/results/bench-cpu.json).
 bench-strategies: setup
 	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --assistant prophet --strategy prompt_lookup --strategy speculative \
-	    --strategy lookahead --anchor hf_greedy --anchor hf_prompt_lookup --per-category 2 --repeats 3 \
+	    --strategy lookahead --anchor hf_greedy --anchor hf_prompt_lookup --per-category 2 --repeats 2 \
 	    --max-new-tokens 64 --json benchmarks/results/bench-cpu.json \
 	    --markdown benchmarks/results/bench-cpu.md --html benchmarks/results/bench-cpu.html
 
