@@ -4,7 +4,7 @@ Why this exists: on CPU, PyTorch sends a float32 ``nn.Linear`` to MKL's sgemm.
 For one row (a greedy step) that is a matrix-vector product, but for 2-16 rows
 (a verify forward over drafted tokens, a lookahead window) MKL repacks the
 whole weight matrix on every call, so a 4-position forward costs about twice a
-1-position one (BENCHMARKS.md, "What a forward costs"). oneDNN can pack each
+1-position one (BENCHMARKS.md, "The cost of a wide forward"). oneDNN can pack each
 weight once, at load time, into the blocked layout its kernels read; after
 that a forward over 1-16 positions costs about the same as over one, and even
 the one-row case gets faster (the bundled model's LM head: 12 ms -> 6 ms on
@@ -29,7 +29,7 @@ of the packed dtype. ``pack_linears`` also checks one layer's output against
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -110,7 +110,7 @@ def _agrees(layer: nn.Linear) -> bool:
         return False
 
 
-def pack_linears(model: nn.Module, dtype: Optional[torch.dtype] = None) -> int:
+def pack_linears(model: nn.Module) -> int:
     """Swap the model's ``nn.Linear`` layers for ``PackedLinear``; returns how many were swapped.
 
     Does nothing (returns 0) for a model that is not on the CPU, not float32/bfloat16,
@@ -123,7 +123,7 @@ def pack_linears(model: nn.Module, dtype: Optional[torch.dtype] = None) -> int:
         param = next(model.parameters())
     except StopIteration:
         return 0
-    dtype = dtype or param.dtype
+    dtype = param.dtype
     if param.device.type != "cpu" or dtype not in PACKABLE_DTYPES:
         return 0
     found = [entry for entry in _linears(model, nn.Linear) if entry[2].weight.dtype == dtype]
@@ -143,4 +143,10 @@ def unpack_linears(model: nn.Module) -> int:
 
 
 def is_packed(model: Any) -> bool:
-    return any(isinstance(m, PackedLinear) for m in getattr(model, "modules", lambda: [])())
+    return packed_bytes(model) > 0
+
+
+def packed_bytes(model: Any) -> int:
+    """Memory held by the packed copies (outside ``parameters()``/``buffers()``)."""
+    return sum(m.packed.numel() * m.packed.element_size()
+               for m in getattr(model, "modules", lambda: [])() if isinstance(m, PackedLinear))

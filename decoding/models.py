@@ -231,7 +231,7 @@ def model_bytes(loaded: LoadedModel) -> int:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-    return total
+    return total + kernels.packed_bytes(loaded.model)     # packed copies sit outside parameters()
 
 
 def _evict_for(incoming: int) -> list[str]:

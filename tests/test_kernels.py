@@ -33,8 +33,11 @@ def test_packing_keeps_parameters_ties_and_logits(arch):
     keys = set(lm.model.state_dict())
     before = _logits(lm, prompt(12, 5))
 
+    from decoding.models import model_bytes
+    before_bytes = model_bytes(lm)
     assert kernels.pack_linears(lm.model) == plain_linears > 0
     assert kernels.is_packed(lm.model)
+    assert model_bytes(lm) == before_bytes + kernels.packed_bytes(lm.model) > before_bytes
     assert not any(type(m) is nn.Linear for m in lm.model.modules())
     assert set(lm.model.state_dict()) == keys, "packing must not rename or add state_dict entries"
     out, inp = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
