@@ -82,9 +82,9 @@ bench-gpu: setup
 
 # Retrain the prophet head shipped in presets/prophet/ (data: the target's own greedy answers).
 train-prophet: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding.train_prophet --target smollm2-135m-instruct --prompts 6000 \
-	    --gen-batch 32 --max-new 96 --gen-minutes 20 --vocab 8192 --depth 5 --batch 64 --steps 2400 \
-	    --train-minutes 14 --export presets/prophet/smollm2-135m-instruct.safetensors
+	HF_HUB_OFFLINE=1 $(PY) -m decoding.train_prophet --target smollm2-135m-instruct --prompts 4096 \
+	    --gen-batch 32 --max-new 96 --gen-minutes 60 --vocab 8192 --depth 5 --context --batch 2 --steps 4000 \
+	    --train-minutes 18 --export presets/prophet/smollm2-135m-instruct.safetensors
 
 clean-cache:
 	rm -rf $${XDG_CACHE_HOME:-$$HOME/.cache}/decoding-playground

@@ -206,10 +206,10 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
 
     # 1. prefill: the first token comes from the target alone
     logits = target.prefill(prompt_ids, hidden=needs_hidden)[0]
-    if needs_hidden:
-        drafter.observe(target.last_hidden[0, -1])
     first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
                                                                       generator=rng))
+    if needs_hidden:   # the last prompt position predicted the first token
+        drafter.observe(target.last_hidden[0, -1:], [first])
     out = [first]
     if tracer.enabled:
         tracer.emit(TokenCommitted(step=1, position=0, token=first, source="greedy" if greedy else "sample",
@@ -254,8 +254,8 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
         # 5. roll back: keep the cache of the newest-but-one committed token
         target.crop(base + 1 + n)
         drafter.feedback(len(tokens), n)
-        if needs_hidden:   # row n predicted the newest committed token (correction or bonus)
-            drafter.observe(target.last_hidden[0, n])
+        if needs_hidden:   # rows 0..n predicted the newly committed tokens (accepted + correction/bonus)
+            drafter.observe(target.last_hidden[0, :n + 1], new)
         length.update(len(tokens), n)
         drafted_total += len(tokens)
         accepted_total += n

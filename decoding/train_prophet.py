@@ -8,13 +8,18 @@ Stages (each resumable; the data lives under the user cache dir, never in git):
    ``generate`` with left padding) together with the target's last-layer hidden
    state at every position, captured during that same generation. Saved in
    shards ``<data-dir>/shard-XXXX.pt``; a rerun continues after the last shard.
-3. ``train``    cross-entropy on the target's greedy tokens, unrolled over
-   ``--depth`` draft positions with teacher tokens (a draft token only matters
-   when every earlier one was accepted, i.e. equal to the teacher token), plus
-   KL to the target's distribution over the draft vocabulary and a small
-   regression of the prophet's features onto the target's. Checkpoints to
-   ``--out-dir`` (``--resume`` continues); held-out top-1 agreement per depth
-   and an estimate of alpha are printed as training goes.
+3. ``train``    every position of whole answers is an anchor, trained in one
+   parallel forward per batch: step 0 feeds the committed pairs (with
+   ``--context`` each attends to all earlier pairs of its answer), then the
+   head is unrolled ``--depth`` draft steps with teacher tokens (a draft token
+   only matters when every earlier one was accepted, i.e. equal to the teacher
+   token); attention masks give each anchor and step exactly what the drafter
+   sees at inference. Loss: cross-entropy on the target's greedy tokens, KL to
+   the target's distribution over the draft vocabulary and a regression of the
+   prophet's features onto the target's, under bfloat16 autocast (``--no-bf16``
+   for float32). Checkpoints to ``--out-dir`` (``--resume`` continues);
+   held-out top-1 agreement per step and an estimate of alpha are printed as
+   training goes.
 
 Example (the command used for the shipped weights is in presets/prophet/README.md)::
 
@@ -232,99 +237,111 @@ def draft_vocabulary(records: list[dict], size: int, always: tuple[int, ...]) ->
     return torch.tensor(sorted(keep), dtype=torch.long)
 
 
-class Windows:
-    """Training examples: (hidden[i], tokens[i..i+depth]) -> predict tokens[i+1..i+depth]."""
+class Answers:
+    """Training examples: whole answers, padded into batches; every position is an anchor.
+
+    Anchor ``i`` of an answer feeds the pair (``hidden[i]``, ``tokens[i]``); draft
+    step ``j`` at that anchor predicts ``tokens[i + j + 1]``, whose preceding
+    state ``hidden[i + j + 1]`` is the target's feature for it.
+    """
 
     def __init__(self, records: list[dict], depth: int) -> None:
         self.depth = depth
-        pad_tok, hs = [], []
-        for r in records:
-            L = len(r["tokens"])
-            t = torch.cat([r["tokens"], torch.full((depth,), -1, dtype=torch.long)])
-            h = torch.cat([r["hidden"], torch.zeros(depth, r["hidden"].shape[1], dtype=r["hidden"].dtype)])
-            pad_tok.append(t)
-            hs.append(h)
-            del L
-        self.tokens = torch.cat(pad_tok)                       # [N+pad]
-        self.hidden = torch.cat(hs)                            # [N+pad, H]
-        starts, offset = [], 0
-        for r in records:
-            L = len(r["tokens"])
-            starts.extend(range(offset, offset + L - 1))       # anchors with at least one label
-            offset += L + depth
-        self.anchors = torch.tensor(starts, dtype=torch.long)
+        self.records = [r for r in records if len(r["tokens"]) >= 2]
+        self.anchors = sum(len(r["tokens"]) - 1 for r in self.records)
 
     def __len__(self) -> int:
-        return len(self.anchors)
+        return len(self.records)
 
-    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(h0 [B,H], tokens [B, depth+1] with -1 padding, target features [B, depth, H])."""
-        a = self.anchors[idx]
-        span = a[:, None] + torch.arange(self.depth + 1)       # [B, D+1]
-        return (self.hidden[a].float(), self.tokens[span], self.hidden[span[:, 1:]].float())
+    def batch(self, idx: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden [B, S, H] float32, tokens [B, S] long with -1 after each answer)."""
+        rs = [self.records[int(i)] for i in idx]
+        S = max(len(r["tokens"]) for r in rs)
+        H = rs[0]["hidden"].shape[1]
+        hidden = torch.zeros(len(rs), S, H)
+        tokens = torch.full((len(rs), S), -1, dtype=torch.long)
+        for b, r in enumerate(rs):
+            L = len(r["tokens"])
+            hidden[b, :L] = r["hidden"].float()
+            tokens[b, :L] = r["tokens"]
+        return hidden, tokens
 
 
-def unrolled_loss(prophet: Prophet, h0: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
+def _labels(tokens: torch.Tensor, depth: int) -> torch.Tensor:
+    """``[B, D, S]``: the token step ``j`` at anchor ``i`` should draft, ``tokens[i + j + 1]`` (-1 = none)."""
+    B, S = tokens.shape
+    padded = torch.cat([tokens, tokens.new_full((B, depth + 1), -1)], dim=1)
+    return torch.stack([padded[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)
+
+
+def unrolled_loss(prophet: Prophet, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
                   kl_weight: float, feat_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Loss over depths; also (correct [D], counted [D]) top-1 agreement per depth.
+    """Loss over every anchor and draft step; also (correct [D], counted [D]) top-1 agreement per step.
 
-    ``tokens [B, D+1]``: committed token then the teacher continuation (-1 = none).
-    ``feats [B, D, H]``: the target's hidden state at each teacher position, whose
-    argmax is the label; the prophet's features are regressed onto it.
+    Cross-entropy on the target's greedy tokens (a step only matters when every
+    earlier one was accepted, i.e. equal to the teacher token, so the teacher
+    tokens are the inputs), KL to the target's distribution over the draft
+    vocabulary, and a regression of the head's features onto the target's.
     """
-    D = tokens.shape[1] - 1
-    inputs = tokens[:, :D].clamp_min(0)
-    out, f = prophet.forward_train(h0, inputs)                 # [B, D, Vd], [B, D, H]
-    labels = prophet.to_draft_ids(tokens[:, 1:])                # [B, D], -1 = outside draft vocab / pad
-    valid = tokens[:, 1:] >= 0
-    # a depth only counts while every earlier teacher token exists
-    loss = F.cross_entropy(out.flatten(0, 1), labels.flatten(), ignore_index=-1)
+    B, S = tokens.shape
+    out, f = prophet.forward_train(hidden, tokens.clamp_min(0), depth)     # [B, D, S, Vd], [B, D, S, H]
+    full = _labels(tokens, depth)                                           # [B, D, S]
+    valid = full >= 0
+    labels = prophet.to_draft_ids(full)
+    loss = F.cross_entropy(out.flatten(0, 2), labels.flatten(), ignore_index=-1)
+    n_valid = valid.sum().clamp_min(1)
+    if kl_weight or feat_weight:
+        # the target's feature for the label of step j at anchor i is hidden[i + j + 1]
+        padded = torch.cat([hidden, hidden.new_zeros(B, depth + 1, hidden.shape[-1])], dim=1)
+        feats = torch.stack([padded[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)   # [B, D, S, H]
     if kl_weight:
-        with torch.no_grad():
-            teacher = prophet.draft_logits(feats).log_softmax(-1)   # [B, D, Vd]
+        with torch.no_grad():   # one teacher row per position, shared by the steps that predict it
+            teacher_rows = prophet.draft_logits(padded).log_softmax(-1)                    # [B, S+D+1, Vd]
+            teacher = torch.stack([teacher_rows[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)
         kl = F.kl_div(out.log_softmax(-1), teacher, log_target=True, reduction="none").sum(-1)
-        loss = loss + kl_weight * (kl * valid).sum() / valid.sum().clamp_min(1)
+        loss = loss + kl_weight * (kl * valid).sum() / n_valid
     if feat_weight:
         reg = F.smooth_l1_loss(f, feats, reduction="none").mean(-1)
-        loss = loss + feat_weight * (reg * valid).sum() / valid.sum().clamp_min(1)
+        loss = loss + feat_weight * (reg * valid).sum() / n_valid
     with torch.no_grad():
         hit = (out.argmax(-1) == labels) & (labels >= 0)
-        correct = hit.sum(0).float()
-        counted = valid.sum(0).float()
+        correct = hit.sum((0, 2)).float()
+        counted = valid.sum((0, 2)).float()
     return loss, correct, counted
 
 
 @torch.no_grad()
-def evaluate(prophet: Prophet, data: Windows, batch: int = 256) -> dict:
-    """Held-out top-1 agreement per depth, conditional acceptance and an alpha estimate.
+def evaluate(prophet: Prophet, data: Answers, batch: int = 16) -> dict:
+    """Held-out top-1 agreement per draft step, the acceptance chain and an alpha estimate.
 
-    ``accept[d]`` = P(depth d correct and all earlier correct); alpha for k drafts
-    = E[accepted] / k with E[accepted] = sum_d accept[d].
+    ``accept[d]`` = P(step d correct and every earlier step correct); alpha for k
+    drafts = E[accepted] / k with E[accepted] = sum_d accept[d].
     """
+    was_training = prophet.training
     prophet.eval()
     D = data.depth
     prefix_ok = torch.zeros(D)
     top1 = torch.zeros(D)
     counted = torch.zeros(D)
     for start in range(0, len(data), batch):
-        idx = torch.arange(start, min(start + batch, len(data)))
-        h0, tokens, _ = data.batch(idx)
-        out, _ = prophet.forward_train(h0, tokens[:, :D].clamp_min(0))
-        labels = prophet.to_draft_ids(tokens[:, 1:])
-        valid = tokens[:, 1:] >= 0
-        hit = (out.argmax(-1) == labels) & (labels >= 0)
+        hidden, tokens = (t.to(prophet.device) for t in data.batch(range(start, min(start + batch, len(data)))))
+        out, _ = prophet.forward_train(hidden, tokens.clamp_min(0), D)
+        full = _labels(tokens, D)
+        labels = prophet.to_draft_ids(full)
+        valid = full >= 0
+        hit = (out.argmax(-1) == labels) & (labels >= 0)                  # [B, D, S]
         chain = torch.cumprod(hit.float(), dim=1)
-        top1 += hit.sum(0).float()
-        prefix_ok += (chain * valid).sum(0)
-        counted += valid.sum(0).float()
-    prophet.train()
+        top1 += hit.sum((0, 2)).float().cpu()
+        prefix_ok += (chain * valid).sum((0, 2)).cpu()
+        counted += valid.sum((0, 2)).float().cpu()
+    prophet.train(was_training)
     top1 = (top1 / counted.clamp_min(1)).tolist()
     accept = (prefix_ok / counted.clamp_min(1)).tolist()
     alpha = {k: round(sum(accept[:k]) / k, 4) for k in range(1, D + 1)}
     return {"top1": [round(x, 4) for x in top1], "accept_chain": [round(x, 4) for x in accept], "alpha": alpha}
 
 
-def train(prophet: Prophet, train_set: Windows, held: Windows, args: argparse.Namespace,
+def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Namespace,
           out_dir: Path, start_step: int = 0, optim_state: Optional[dict] = None) -> dict:
     from tqdm import tqdm
     params = [p for p in prophet.parameters() if p.requires_grad]
@@ -342,8 +359,9 @@ def train(prophet: Prophet, train_set: Windows, held: Windows, args: argparse.Na
         for group in opt.param_groups:
             group["lr"] = args.lr * sched(step)
         idx = torch.randint(len(train_set), (args.batch,), generator=gen)
-        h0, tokens, feats = (t.to(prophet.device) for t in train_set.batch(idx))
-        loss, correct, counted = unrolled_loss(prophet, h0, tokens, feats, args.kl, args.feat)
+        hidden, tokens = (t.to(prophet.device) for t in train_set.batch(idx))
+        with torch.autocast(prophet.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss, correct, counted = unrolled_loss(prophet, hidden, tokens, train_set.depth, args.kl, args.feat)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -384,12 +402,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=4096, help="draft vocabulary size (most frequent tokens)")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--depth", type=int, default=5, help="draft positions unrolled in training")
+    p.add_argument("--context", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the head attend to every committed answer position's state (EAGLE-style); "
+                        "--no-context keeps only the newest")
     p.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=True,
                    help="initialize the prophet layers from the target's last decoder layers")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--train-minutes", type=float, default=60.0)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="answers per step (every position of each is an anchor)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                   help="bfloat16 autocast for the training steps (weights and evaluation stay float32)")
     p.add_argument("--kl", type=float, default=0.5, help="weight of KL to the target's draft-vocab distribution")
     p.add_argument("--feat", type=float, default=1.0, help="weight of the feature regression")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction of responses held out")
@@ -430,7 +453,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         config = ProphetConfig(**ckpt["config"])
         vocab = ckpt["vocab"]
     else:
-        config = ProphetConfig.for_target(lm, layers=args.layers)
+        config = ProphetConfig.for_target(lm, layers=args.layers, context=args.context)
         vocab = draft_vocabulary(train_records, args.vocab, lm.eos_token_ids)
     prophet = Prophet(config, lm, vocab)
     if ckpt:
@@ -442,7 +465,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     print(f"prophet: {prophet.num_trainable()} trainable parameters, draft vocab {len(vocab)} "
           f"(held-out token coverage {coverage:.3f})")
     t0 = time.time()
-    log = train(prophet, Windows(train_records, args.depth), Windows(held, args.depth), args, args.out_dir,
+    log = train(prophet, Answers(train_records, args.depth), Answers(held, args.depth), args, args.out_dir,
                 start_step=ckpt["step"] if ckpt else 0, optim_state=ckpt["optim"] if ckpt else None)
     summary = {"target": args.target, "train_responses": len(train_records), "train_tokens": n_tokens,
                "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),

@@ -35,12 +35,12 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def random_prophet(lm, seed=0, vocab_size=None, scale=1.0):
+def random_prophet(lm, seed=0, vocab_size=None, scale=1.0, context=True):
     """An untrained prophet with random weights over a random draft vocabulary."""
     torch.manual_seed(seed)
     n = vocab_size or lm.vocab_size
     vocab = torch.randperm(lm.vocab_size)[:n].sort().values
-    head = Prophet(ProphetConfig.for_target(lm), lm, vocab)
+    head = Prophet(ProphetConfig.for_target(lm, context=context), lm, vocab)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.5 * scale)
@@ -54,8 +54,8 @@ def _greedy(pair, ids, n):
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_random_prophet_greedy_is_exact_on_tiny_models(arch):
     target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
-    for seed, vocab_size in ((0, None), (1, 40)):
-        pair = ModelPair(target, extras={"prophet": random_prophet(target, seed, vocab_size)})
+    for seed, vocab_size, context in ((0, None, True), (1, 40, True), (2, None, False)):
+        pair = ModelPair(target, extras={"prophet": random_prophet(target, seed, vocab_size, context=context)})
         for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
             want = _greedy(pair, p, 30)
             for k, adaptive, threshold in ((1, False, 0.0), (3, False, 0.0), (6, True, 0.0), (6, True, 0.4)):
@@ -81,10 +81,10 @@ def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
                                         return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
             hid = torch.cat([out.hidden_states[0][-1][:, -1:]] + [h[-1] for h in out.hidden_states[1:]], 1)
             records.append({"tokens": out.sequences[0, 4:], "hidden": hid[0].half()})
-    args = tp.parse_args(["--steps", "150", "--batch", "32", "--eval-every", "150", "--lr", "3e-3"])
+    args = tp.parse_args(["--steps", "150", "--batch", "4", "--eval-every", "150", "--lr", "3e-3"])
     vocab = tp.draft_vocabulary(records, 64, (2,))
     head = Prophet(ProphetConfig.for_target(target), target, vocab)
-    data = tp.Windows(records, 3)
+    data = tp.Answers(records, 3)
     before = tp.evaluate(head, data)
     tp.train(head, data, data, args, out_dir=tmp_path)
     after = tp.evaluate(head, data)
@@ -149,10 +149,48 @@ def test_save_and_load_round_trip(tmp_path):
     again = load_prophet(path, target)
     assert json.loads((tmp_path / "config.json").read_text())["hidden"] == 64
     assert torch.equal(again.vocab, head.vocab)
-    h, tok = torch.randn(2, 64), torch.tensor([[3, 4], [5, 6]])
-    a, _ = head.forward_train(h, tok)
-    b, _ = again.forward_train(h, tok)
+    assert again.config.context and again.config == head.config
+    h, tok = torch.randn(2, 5, 64), torch.tensor([[3, 4, 7, 8, 9], [5, 6, 1, 2, 3]])
+    a, _ = head.forward_train(h, tok, 3)
+    b, _ = again.forward_train(h, tok, 3)
     assert torch.allclose(a, b, atol=0.05)      # fp16 storage
+
+
+@pytest.mark.parametrize("context", [True, False])
+def test_training_forward_sees_exactly_what_the_drafter_sees(context):
+    """Every anchor and draft step of the parallel training forward equals the incremental drafter path:
+    committed pairs fed in chunks (as verify forwards deliver them), then draft steps over a scratch cache."""
+    target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
+    head = random_prophet(target, seed=4, context=context).to(F64)
+    torch.manual_seed(1)
+    h, tok = torch.randn(1, 12, 64, dtype=F64), torch.randint(0, target.vocab_size, (1, 12))
+    with torch.no_grad():
+        _, feats = head.forward_train(h, tok, 4)                     # [1, D, S, H]
+        state = head.new_state()
+        start = 0
+        for end in (1, 5, 8, 9):                                    # chunks of 1, 4, 3 and 1 committed pairs
+            g = head.extend(state, h[0, start:end], tok[0, start:end])
+            anchor = end - 1
+            assert torch.allclose(feats[0, 0, anchor], g[0], atol=1e-9)
+            scratch = [([], []) for _ in head.layers]
+            for j in range(1, 4):
+                g = head.draft_step(state, scratch, g, tok[0, anchor + j: anchor + j + 1], j)
+                assert torch.allclose(feats[0, j, anchor], g[0], atol=1e-9), (anchor, j)
+            start = end
+        assert state.n == 9
+
+
+def test_context_changes_the_draft_and_old_weights_still_load(tmp_path):
+    """The context head reads earlier committed pairs; a config without the field (older weights) has none."""
+    target = tiny_causal("llama", seed=0, scale=8.0)
+    head = random_prophet(target, seed=5)
+    h, tok = torch.randn(1, 6, 64), torch.randint(0, target.vocab_size, (1, 6))
+    with torch.no_grad():
+        full = head.extend(head.new_state(), h[0], tok[0])
+        alone = head.extend(head.new_state(), h[0, -1:], tok[0, -1:])
+    assert not torch.allclose(full, alone, atol=1e-3)
+    old = ProphetConfig(**{k: v for k, v in head.config.to_dict().items() if k != "context"})
+    assert old.context is False
 
 
 # --------------------------------------------------------------------------- the bundled model
@@ -212,3 +250,15 @@ def test_training_prompts_never_include_the_benchmark_prompts():
     bench = {p if isinstance(p, str) else str(p) for prompts in sets.values() for p in prompts}
     assert len(bench) >= 40
     assert bench.isdisjoint(build_prompts(2000))
+
+
+def test_rotary_angles_are_computed_in_float32_under_bfloat16():
+    """Training runs under bfloat16 autocast: a bfloat16 angle at position ~100 would be off by up to
+    0.25 rad, so the rotation the head learns would not be the one the float32 drafter applies."""
+    from decoding.prophet import _rotate
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 3, 64)
+    pos = torch.tensor([97, 101, 203])
+    want = _rotate(x.double(), pos, 10000.0)
+    got = _rotate(x.bfloat16(), pos, 10000.0).double()
+    assert (got - want).abs().max() < 0.05
