@@ -212,7 +212,8 @@ class Prophet(nn.Module):
         if swapped:
             head = nn.Linear(self.config.hidden, len(self.vocab), bias=False, device="meta")
             head.weight = nn.Parameter(self.head.to(self.dtype), requires_grad=False)
-            self._packed_head = kernels.PackedLinear(head)
+            # a plain attribute, as PackedLinear.packed: a submodule would add its weight to state_dict()
+            object.__setattr__(self, "_packed_head", kernels.PackedLinear(head))
         return swapped
 
     def _fuse(self, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
