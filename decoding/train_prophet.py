@@ -248,7 +248,6 @@ class Answers:
     def __init__(self, records: list[dict], depth: int) -> None:
         self.depth = depth
         self.records = [r for r in records if len(r["tokens"]) >= 2]
-        self.anchors = sum(len(r["tokens"]) - 1 for r in self.records)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -267,11 +266,17 @@ class Answers:
         return hidden, tokens
 
 
+def _ahead(x: torch.Tensor, depth: int, fill: float) -> torch.Tensor:
+    """``x [B, S, ...]`` -> ``[B, D, S, ...]``: what step ``j`` at anchor ``i`` predicts, ``x[:, i + j + 1]``
+    (``fill`` past the end)."""
+    B, S = x.shape[:2]
+    padded = torch.cat([x, x.new_full((B, depth + 1, *x.shape[2:]), fill)], dim=1)
+    return torch.stack([padded[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)
+
+
 def _labels(tokens: torch.Tensor, depth: int) -> torch.Tensor:
     """``[B, D, S]``: the token step ``j`` at anchor ``i`` should draft, ``tokens[i + j + 1]`` (-1 = none)."""
-    B, S = tokens.shape
-    padded = torch.cat([tokens, tokens.new_full((B, depth + 1), -1)], dim=1)
-    return torch.stack([padded[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)
+    return _ahead(tokens, depth, -1)
 
 
 def unrolled_loss(prophet: Prophet, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
@@ -283,25 +288,19 @@ def unrolled_loss(prophet: Prophet, hidden: torch.Tensor, tokens: torch.Tensor, 
     tokens are the inputs), KL to the target's distribution over the draft
     vocabulary, and a regression of the head's features onto the target's.
     """
-    B, S = tokens.shape
     out, f = prophet.forward_train(hidden, tokens.clamp_min(0), depth)     # [B, D, S, Vd], [B, D, S, H]
     full = _labels(tokens, depth)                                           # [B, D, S]
     valid = full >= 0
     labels = prophet.to_draft_ids(full)
     loss = F.cross_entropy(out.flatten(0, 2), labels.flatten(), ignore_index=-1)
     n_valid = valid.sum().clamp_min(1)
-    if kl_weight or feat_weight:
-        # the target's feature for the label of step j at anchor i is hidden[i + j + 1]
-        padded = torch.cat([hidden, hidden.new_zeros(B, depth + 1, hidden.shape[-1])], dim=1)
-        feats = torch.stack([padded[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)   # [B, D, S, H]
     if kl_weight:
         with torch.no_grad():   # one teacher row per position, shared by the steps that predict it
-            teacher_rows = prophet.draft_logits(padded).log_softmax(-1)                    # [B, S+D+1, Vd]
-            teacher = torch.stack([teacher_rows[:, j + 1: j + 1 + S] for j in range(depth)], dim=1)
+            teacher = _ahead(prophet.draft_logits(hidden).log_softmax(-1), depth, 0.0)    # [B, D, S, Vd]
         kl = F.kl_div(out.log_softmax(-1), teacher, log_target=True, reduction="none").sum(-1)
         loss = loss + kl_weight * (kl * valid).sum() / n_valid
-    if feat_weight:
-        reg = F.smooth_l1_loss(f, feats, reduction="none").mean(-1)
+    if feat_weight:   # the target's feature for the label of step j at anchor i is hidden[i + j + 1]
+        reg = F.smooth_l1_loss(f, _ahead(hidden, depth, 0.0), reduction="none").mean(-1)
         loss = loss + feat_weight * (reg * valid).sum() / n_valid
     with torch.no_grad():
         hit = (out.argmax(-1) == labels) & (labels >= 0)
