@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-prophet bench-lookahead bench-gpu train-prophet clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-prophet bench-prophet-sweep bench-lookahead bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -61,11 +61,19 @@ bench-prompt-lookup: setup
 	    --category code:2,4,7 --category summarization:0,1,2 --repeats 3 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-prompt-lookup.json --markdown benchmarks/results/bench-cpu-prompt-lookup.md
 
-# The prophet head on all held-out chat prompts (none was used to train it), with a draft_tokens sweep.
+# The prophet head on the held-out chat and math prompts (none was used to train it): its tree (the default)
+# against its chain in one run.
 bench-prophet: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat --repeats 2 --max-new-tokens 64 \
-	    --sweep "prophet:draft_tokens=2,4,6;confidence_threshold=0.1,0.4" --json benchmarks/results/bench-cpu-prophet.json \
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat --category math --repeats 2 \
+	    --max-new-tokens 64 --sweep "prophet:tree=false" --json benchmarks/results/bench-cpu-prophet.json \
 	    --markdown benchmarks/results/bench-cpu-prophet.md --html benchmarks/results/bench-cpu-prophet.html
+
+# The sweep behind the CPU tree defaults (drafting/dynamic.py TREE_DEFAULTS): node budget x top-k.
+bench-prophet-sweep: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat:0,2,4,6 --category math:0,2,4,6 \
+	    --repeats 1 --max-new-tokens 64 --sweep "prophet:tree_nodes=8,12,16,24,32;tree_topk=2,4,8" \
+	    --json benchmarks/results/bench-cpu-prophet-sweep.json --markdown benchmarks/results/bench-cpu-prophet-sweep.md \
+	    --html benchmarks/results/bench-cpu-prophet-sweep.html
 
 # Jacobi and lookahead on code and chat prompts, with a (W, N, G) sweep (heatmap: W x N, best over G).
 bench-lookahead: setup

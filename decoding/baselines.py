@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .events import BeamStep, TokenCommitted
+from .commit import Output
+from .events import BeamStep
 from .lm import Session
 from .params import BeamParams, GreedyParams, SampleParams
 from .result import ModelPair, Result
@@ -26,22 +27,15 @@ def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: 
                     fast: bool = False) -> Result:
     """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token."""
     target = Session(pair.target, "target", tracer, fast=fast, max_len=len(prompt_ids) + max_new_tokens)
-    eos = set(pair.target.eos_token_ids)
+    out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
     logits = target.prefill(prompt_ids)[0]                       # [V]
-    out: list[int] = []
     while True:
-        # 1. pick the next token from the last position's logits
+        # 1. pick the next token from the last position's logits and commit it
         token = choose(logits)
-        out.append(token)
-        if tracer.enabled:
-            prob = float(logits.softmax(-1)[token])
-            tracer.emit(TokenCommitted(step=target.forwards, position=len(out) - 1,
-                                       token=token, source=source, prob=prob))
+        out.commit([token], target.forwards, source, [float(logits.softmax(-1)[token])] if tracer.enabled else None)
         # 2. stop on EOS or length
-        if token in eos:
-            return Result(out, target.forwards, stop_reason="eos")
-        if len(out) >= max_new_tokens:
-            return Result(out, target.forwards)
+        if out.done:
+            return Result(out.tokens, target.forwards, stop_reason=out.stop_reason)
         # 3. feed it back through the cache
         logits = target.forward(target.tensor([[token]]), last_only=True)[0, -1]
 
@@ -137,11 +131,8 @@ def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,
         target.cache.reorder_cache(parents)
         logits = target.forward(running[:, t:t + 1], last_only=True)[:, -1]   # [k, V]
 
-    n = int(done_lens[0])
-    tokens = done_seqs[0, :n].tolist()
-    if tracer.enabled:
-        for i, token in enumerate(tokens):
-            tracer.emit(TokenCommitted(step=target.forwards, position=i, token=token, source="beam"))
-    stop = "eos" if tokens and eos.numel() and tokens[-1] in set(eos.tolist()) else "max_new_tokens"
-    return Result(tokens, target.forwards, stats={"beam_score": round(float(done_scores[0]), 6)},
-                  stop_reason=stop)
+    # 6. the best finished hypothesis is the output
+    out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
+    out.commit(done_seqs[0, :int(done_lens[0])].tolist(), target.forwards, "beam")
+    return Result(out.tokens, target.forwards, stats={"beam_score": round(float(done_scores[0]), 6)},
+                  stop_reason=out.stop_reason)

@@ -26,6 +26,7 @@ SOURCES = (
     "bonus",       # the target's extra token after a fully accepted draft
     "jacobi",      # fixed by a Jacobi iteration
     "ngram",       # from an accepted lookahead n-gram
+    "suffix",      # a suffix-decoding draft the target verified
 )
 
 
@@ -57,6 +58,30 @@ class DraftProposed:
     tokens: tuple[int, ...]
     q: tuple[float, ...] = ()   # q_draft(token) for each drafted token; empty if deterministic
     source: str = "assistant"   # "assistant" | "prompt_lookup" | "prophet" | "ngram_pool"
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A token tree a drafter proposed, verified in one target forward through a tree attention mask.
+
+    Nodes are listed parents first. ``parents[i]`` is the parent node of node ``i``,
+    ``-1`` for the root (the newest committed token, fed first in the verify
+    forward). A node at depth ``d`` (1 for the root's children) proposes the token
+    at output position ``position + d - 1``. ``q`` holds q_draft of each node's
+    token (1.0 for a deterministic drafter). ``accepted`` lists the nodes of the
+    accepted path from the root down; ``next_token`` is the target's correction
+    or bonus after it. ``mask_size`` is the number of query positions of the
+    verify forward (root + nodes).
+    """
+    step: int
+    position: int
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    q: tuple[float, ...] = ()
+    accepted: tuple[int, ...] = ()
+    next_token: int = -1
+    mask_size: int = 0
+    source: str = "assistant"
 
 
 @dataclass(frozen=True)
@@ -144,7 +169,7 @@ class BeamStep:
 
 EVENT_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ForwardPass, TokenCommitted, DraftProposed, TokenVerified, CorrectionToken,
+    for cls in (ForwardPass, TokenCommitted, DraftProposed, DraftTree, TokenVerified, CorrectionToken,
                 Distribution, StepTiming, JacobiIteration, LookaheadStep, BeamStep)
 }
 

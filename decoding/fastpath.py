@@ -77,6 +77,16 @@ class StaticRunner:
                         layer.cumulative_length = length
         self.length = length
 
+    def keep(self, base: int, rows: list[int]) -> None:
+        """Move cached positions ``base + r`` (``r`` in ``rows``, ascending) to ``base, base + 1, ...``; drop the rest."""
+        src = torch.tensor([base + r for r in rows], device=self.lm.device)
+        with torch.inference_mode():
+            for layer in self.cache.layers:
+                if getattr(layer, "is_initialized", False):
+                    layer.keys[:, :, base:base + len(rows)] = layer.keys.index_select(2, src)
+                    layer.values[:, :, base:base + len(rows)] = layer.values.index_select(2, src)
+        self.rewind(base + len(rows))
+
     def _initialized(self) -> bool:
         return all(getattr(layer, "is_initialized", False) for layer in self.cache.layers)
 

@@ -76,6 +76,21 @@ class Session:
             return
         crop_cache(self.cache, length)
 
+    def keep(self, base: int, rows: Sequence[int]) -> None:
+        """Keep cached positions ``base + r`` for ``r`` in ``rows`` (ascending) at ``base, base + 1, ...``.
+
+        After a tree verify forward fed at ``base``, ``rows`` are the root and the
+        accepted path; everything after them (other branches) is dropped.
+        """
+        rows = list(rows)
+        if rows == list(range(len(rows))):       # a prefix of what was fed: a plain crop
+            self.crop(base + len(rows))
+        elif self.runner is not None:
+            self.runner.keep(base, rows)
+        else:
+            from .tree import compact_cache
+            compact_cache(self.cache, base, rows)
+
     def tensor(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
         t = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
         return t if t.dim() == 2 else t.unsqueeze(0)

@@ -17,9 +17,11 @@ the most frequent tokens (an index tensor in the weights file), because the
 Verification always uses the target's full vocabulary, so greedy output is
 exactly greedy, whatever the prophet's weights.
 
-Strategy ``prophet`` runs the shared propose -> verify -> accept loop of
-``decoding/speculative.py``; the hidden states come from the verify forward the
-loop already runs (``needs_hidden``), never from an extra target forward.
+Drafting (``decoding/drafting/prophet.py``, a chain or an EAGLE-2-style
+dynamic tree) runs inside the shared propose -> verify -> accept loop of
+``decoding/speculative.py`` (strategy ``prophet``); the hidden states come from
+the verify forward the loop already runs (``needs_hidden``), never from an
+extra target forward.
 Training (``decoding/train_prophet.py``) runs every anchor of whole answers in
 one parallel forward whose attention masks give each anchor and draft step
 exactly what the drafter sees (a test checks they agree).
@@ -28,9 +30,7 @@ exactly what the drafter sees (a test checks they agree).
 from __future__ import annotations
 
 import json
-import math
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -39,15 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .events import ForwardPass
 from .models import PRESETS_DIR, LoadedModel
-from .params import SamplingParams
-from .result import ModelPair, Result
-from .sampling import probs as filtered_probs
-from .sampling import sample
-from .speculative import Draft, SpeculativeParams
-from .strategies import Strategy
-from .tracer import NULL_TRACER
+from .result import ModelPair
 
 PROPHET_DIR = PRESETS_DIR / "prophet"
 
@@ -247,23 +240,44 @@ class Prophet(nn.Module):
         state.n += m
         return self.norm(x)[:, -1]
 
-    def draft_step(self, state: ProphetState, scratch: list, g: torch.Tensor, token: torch.Tensor,
-                   j: int) -> torch.Tensor:
-        """Draft step ``j >= 1``: own feature ``g [1, H]`` + drafted token ``[1]`` -> feature ``[1, H]``.
+    def new_scratch(self) -> list:
+        """One draft's scratch cache: per layer the keys/values ``[1, kv, S, d]`` of its draft positions."""
+        return [None] * len(self.layers)
 
-        ``scratch`` (one ``[keys, values]`` list per layer, empty at step 1) holds
-        this draft's earlier steps; it is thrown away after the draft.
+    def draft_nodes(self, state: ProphetState, scratch: list, g: torch.Tensor, tokens: torch.Tensor,
+                    pos: torch.Tensor, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``K`` draft positions at once: parents' features ``g [K, H]`` + their tokens ``[K]`` -> features ``[K, H]``.
+
+        Each position sits at absolute position ``pos [K]`` and attends to every
+        committed pair, to the draft positions already in ``scratch`` that
+        ``visible [K, S]`` marks (its ancestors; all of them when ``visible`` is
+        None) and to itself. Its keys/values are appended to ``scratch``, which is
+        thrown away after the draft. A chain is ``K = 1`` with ``visible`` None.
         """
-        pos = torch.tensor([state.n - 1 + j], device=self.device)
-        x = self._fuse(g, token)[:, None]                                           # [1, 1, H]
+        K = g.shape[0]
+        x = self._fuse(g, tokens)[None]                                             # [1, K, H]
+        n = state.keys[0].shape[2]
+        old = 0 if scratch[0] is None else scratch[0][0].shape[2]
+        mask = None
+        if K > 1 or (visible is not None and not bool(visible.all())):
+            mask = torch.zeros(K, n + old + K, dtype=torch.bool, device=self.device)
+            mask[:, :n] = True
+            if old:
+                mask[:, n:n + old] = True if visible is None else visible
+            mask[:, n + old:] = torch.eye(K, dtype=torch.bool, device=self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.project(x, pos)
-            scratch[i][0].append(k)
-            scratch[i][1].append(v)
-            keys = torch.cat([state.keys[i], *scratch[i][0]], dim=2)
-            values = torch.cat([state.values[i], *scratch[i][1]], dim=2)
-            x = layer.attend(x, q, keys, values, None)
-        return self.norm(x)[:, 0]
+            if scratch[i] is not None:
+                k, v = torch.cat([scratch[i][0], k], dim=2), torch.cat([scratch[i][1], v], dim=2)
+            scratch[i] = (k, v)
+            x = layer.attend(x, q, torch.cat([state.keys[i], k], dim=2),
+                             torch.cat([state.values[i], v], dim=2), mask)
+        return self.norm(x)[0]
+
+    def draft_step(self, state: ProphetState, scratch: list, g: torch.Tensor, token: torch.Tensor,
+                   j: int) -> torch.Tensor:
+        """Chain draft step ``j >= 1``: own feature ``g [1, H]`` + drafted token ``[1]`` -> feature ``[1, H]``."""
+        return self.draft_nodes(state, scratch, g, token, torch.tensor([state.n - 1 + j], device=self.device))
 
     # ------------------------------------------------------------------ training
     def forward_train(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int
@@ -373,16 +387,12 @@ _LOADED: dict[tuple, Prophet] = {}
 _LOCK = threading.Lock()
 
 
-def prophet_for(pair: ModelPair) -> Prophet:
-    """``pair.extras["prophet"]`` if given, else the shipped weights for the target's name (cached)."""
-    given = pair.extras.get("prophet")
-    if given is not None:
-        return given
-    target = pair.target
+def prophet_for(target: LoadedModel) -> Prophet:
+    """The shipped prophet weights for ``target`` (by its preset name), loaded once per model and device."""
     path = PROPHET_DIR / f"{target.name}.safetensors"
     if not path.is_file():
-        raise ValueError(f"no prophet weights for target {target.name!r} (looked for {path}); train them with "
-                         f"python -m decoding.train_prophet --target {target.name} --export {path}")
+        raise ValueError(f"no prophet head is shipped for target {target.name!r}; train one with "
+                         f"python -m decoding.train_prophet --target {target.name}")
     key = (str(path), id(target.model), str(target.device))
     with _LOCK:
         if key not in _LOADED:
@@ -402,130 +412,5 @@ def make_pair(target: LoadedModel, assistant: Optional[str], load: Any) -> Model
     if assistant is None:
         return ModelPair(target)
     if assistant == PROPHET:
-        return ModelPair(target, None, extras={"prophet": prophet_for(ModelPair(target))})
+        return ModelPair(target, None, prophet=prophet_for(target))
     return ModelPair(target, load(assistant))
-
-
-# --------------------------------------------------------------------------- the drafter
-
-class ProphetDrafter:
-    """Drafts k tokens from the target's hidden states; q_draft is zero outside the draft vocabulary."""
-
-    source = "prophet"
-    needs_hidden = True
-
-    def __init__(self, prophet: Prophet, params: SamplingParams, *, tracer: Any = NULL_TRACER,
-                 clock: Any = None, rng: Optional[torch.Generator] = None) -> None:
-        self.prophet, self.params, self.rng, self.tracer = prophet, params, rng, tracer
-        self.clock = clock or (lambda: 0)
-        self.greedy = params.is_greedy
-        self.keep_q = not self.greedy or tracer.enabled
-        self.threshold = float(getattr(params, "confidence_threshold", 0.0) or 0.0)
-        self.forwards = 0
-        self.ms = 0.0
-        self.state = prophet.new_state()
-        self._pending: list[tuple[torch.Tensor, list[int]]] = []
-        self._last: Optional[torch.Tensor] = None
-
-    def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
-        """Newly committed tokens and the target's last-layer states ``[m, H]`` that predicted them."""
-        m = min(hidden.shape[0], len(tokens))
-        if m:
-            self._pending.append((hidden[:m], list(tokens[:m])))
-
-    def _full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        full = torch.full((self.prophet.full_to_draft.shape[0],), float("-inf"), device=draft_logits.device)
-        full[self.prophet.vocab] = draft_logits.float()
-        return full                                                                # [V]
-
-    @torch.inference_mode()
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        if k <= 0 or not (self._pending or self.state.n):
-            return Draft([])
-        p = self.prophet
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        q_token: list[float] = []
-        scratch = [([], []) for _ in p.layers]
-        g = None
-        for j in range(k):
-            t0 = time.perf_counter()
-            # 1. one prophet position -> draft-vocabulary logits: step 0 takes in the newly committed pairs
-            if j == 0:
-                g = self._catch_up()
-            else:
-                g = p.draft_step(self.state, scratch, g, torch.tensor([tokens[-1]], device=p.device), j)
-            logits = p.draft_logits(g)[0]                                            # [Vd]
-            # 2. a token: argmax, or a sample from the filtered q_draft over the full vocabulary
-            if self.greedy:
-                tok = int(p.vocab[int(logits.argmax())])
-                q = self._full_logits(logits).softmax(-1) if self.keep_q else None
-            else:
-                q = filtered_probs(self._full_logits(logits), self.params)          # [V]
-                tok = sample(q, self.rng)
-            ms = (time.perf_counter() - t0) * 1e3
-            self.forwards += 1
-            self.ms += ms
-            if self.tracer.enabled:
-                self.tracer.emit(ForwardPass(step=self.clock(), model="draft", positions=1, ms=round(ms, 3),
-                                             kind="draft"))
-            # 3. an unsure head stops early: every drafted token costs a verified position
-            if tokens and self.threshold and float(logits.softmax(-1).max()) < self.threshold:
-                break
-            tokens.append(tok)
-            if q is not None:
-                rows.append(q)
-                q_token.append(float(q[tok]))
-        return Draft(tokens, torch.stack(rows) if rows else None, q_token)
-
-    def _catch_up(self) -> torch.Tensor:
-        """Feed the pairs committed since the last draft into the prophet's cache; the newest pair's feature."""
-        p = self.prophet
-        if self._pending:
-            hidden = torch.cat([h for h, _ in self._pending]).to(p.dtype)
-            ids = torch.tensor([t for _, toks in self._pending for t in toks], device=p.device)
-            self._pending.clear()
-            self._last = p.extend(self.state, hidden, ids)
-        return self._last
-
-    def feedback(self, drafted: int, accepted: int) -> None:
-        pass   # the accepted tokens arrive through observe(), with their hidden states
-
-
-# --------------------------------------------------------------------------- strategy
-
-@dataclass(frozen=True)
-class ProphetParams(SpeculativeParams):
-    """Prophet head drafting; temperature 0 = greedy verification (lossless).
-
-    The same knobs as ``speculative`` (and validated the same way):
-    ``draft_tokens``, ``adaptive``, and ``confidence_threshold``, below which
-    the head stops drafting (the first token is always drafted). Its default is
-    lower than ``speculative``'s: a prophet token costs about 5 % of a target
-    forward, and on held-out chat prompts 0.1 beat 0.4 at draft lengths 2 and 4
-    in two benchmark runs (BENCHMARKS.md).
-    """
-    confidence_threshold: float = 0.1
-
-
-def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *, max_new_tokens: int,
-            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
-    """Speculative decoding with the target's prophet head drafting."""
-    from .lm import Session
-    from .speculative import speculative_loop
-    if pair.target.is_encoder_decoder:
-        raise ValueError("strategy 'prophet' supports decoder-only targets")
-    head = prophet_for(pair)
-    target = Session(pair.target, "target", tracer, fast=params.fast,
-                     max_len=len(prompt_ids) + max_new_tokens + 40)
-    drafter = ProphetDrafter(head, params, tracer=tracer, clock=lambda: target.forwards + 1, rng=rng)
-    return speculative_loop(prompt_ids, pair, params, drafter, draft_tokens=params.draft_tokens,
-                            adaptive=params.adaptive, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                            target=target)
-
-
-STRATEGIES = [
-    Strategy("prophet", ProphetParams, prophet, lossless=True, needs_assistant=False, label="Prophet head",
-             description="A 1-layer head trained on the target's own hidden states drafts k tokens; "
-                         "the target verifies them in one forward."),
-]

@@ -1,19 +1,22 @@
-"""What a strategy returns, and the pair of models it runs on."""
+"""What a strategy returns, and the models it runs on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .models import LoadedModel
+
+if TYPE_CHECKING:   # the head module imports torch.nn; nothing here needs it at import time
+    from .prophet import Prophet
 
 
 @dataclass
 class ModelPair:
-    """The target model and an optional assistant (draft) model."""
+    """The target model, an optional assistant (draft) model and the target's optional prophet head."""
     target: LoadedModel
     assistant: Optional[LoadedModel] = None
-    extras: dict = field(default_factory=dict)  # e.g. a prophet head
+    prophet: Optional["Prophet"] = None
 
 
 @dataclass

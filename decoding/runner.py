@@ -190,7 +190,7 @@ def run_one(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: Mo
             max_new_tokens: int, seed: int = 0, trace: bool = True,
             tracer: Optional[Tracer] = None) -> tuple[Result, float, list]:
     """Run one strategy once; returns (result, wall seconds, events)."""
-    if strategy.needs_assistant and pair.assistant is None and not pair.extras:
+    if strategy.needs_assistant and pair.assistant is None and pair.prophet is None:
         raise ValueError(f"strategy {strategy.name!r} needs an assistant model")
     tr = tracer if tracer is not None else (Tracer() if trace else NULL_TRACER)
     rng = make_generator(seed, pair.target.device)

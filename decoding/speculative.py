@@ -1,33 +1,36 @@
 """Speculative decoding: one propose -> verify -> accept loop, many drafters.
 
-A drafter proposes up to k tokens (with its probabilities q_draft when it has
-them); the target verifies them all in one forward pass; the accepted prefix
-plus one correction or bonus token is committed, and both KV caches are rolled
-back by cropping. The loop never asks which drafter it has.
+A drafter (``decoding/drafting/``) proposes a chain or a tree of tokens; the
+target verifies all of it in one forward pass (a tree through a tree attention
+mask, ``decoding/tree.py``); the accepted path plus one correction or bonus token
+is committed (``decoding/verify.py``), and the target's KV cache keeps only the
+accepted path. The loop never asks which drafter it has: the ``Drafter``
+contract declares what it needs (the target's hidden states, feedback).
 
 Invariant: the target's cache holds every committed token except the newest,
-which is fed first in the next verify forward together with the draft.
+which is fed first (as the tree's root) in the next verify forward.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 import torch
 
-from .events import (CorrectionToken, DraftProposed, Distribution, StepTiming, TokenCommitted,
-                     TokenVerified)
+from .commit import Output
+from .drafting import MAX_DRAFT, MAX_TREE_NODES, Drafter, DraftLength, Proposal, make_drafter
+from .events import (CorrectionToken, DraftProposed, DraftTree, Distribution, StepTiming, TokenVerified)
 from .lm import Session
-from .params import SamplingParams, check_number
+from .params import SamplingParams, check_bool, check_number
 from .result import ModelPair, Result
 from .sampling import probs as filtered_probs
 from .strategies import Strategy
 from .tracer import NULL_TRACER
-from .verify import verify_greedy, verify_sampling
+from .tree import tree_forward
+from .verify import Verdict, verify_tree_greedy, verify_tree_sampling
 
-MAX_DRAFT = 32
 TOP = 10  # tokens shown per position in the inspector
 
 
@@ -35,18 +38,49 @@ TOP = 10  # tokens shown per position in the inspector
 
 @dataclass(frozen=True)
 class SpeculativeParams(SamplingParams):
-    """Assistant-model drafting. temperature 0 = greedy verification (lossless)."""
+    """Assistant-model drafting. temperature 0 = greedy verification (lossless).
+
+    ``draft_tokens``: draft length (a chain) or depth (a tree); ``adaptive``:
+    grow it after a fully accepted draft, shrink it after a rejection;
+    ``confidence_threshold``: a chain stops when the drafter's top probability is
+    below it, a tree stops growing when its best path's probability is.
+    ``tree``: draft an EAGLE-2 dynamic tree, expanding the ``tree_topk`` most
+    probable nodes per depth (``tree_topk`` children each) and keeping the
+    ``tree_nodes`` most probable nodes; 0 picks the device's default
+    (``drafting.dynamic.TREE_DEFAULTS``: a CPU verifies few nodes per forward
+    cheaply, a GPU many).
+    """
     temperature: float = 0.0
     draft_tokens: int = 4
-    adaptive: bool = True           # grow after a fully accepted draft, shrink after a rejection
-    confidence_threshold: float = 0.4   # stop drafting when the drafter's top probability is below this
+    adaptive: bool = True
+    confidence_threshold: float = 0.4
+    tree: bool = False
+    tree_topk: int = 0
+    tree_nodes: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
+        check_bool("adaptive", self.adaptive)
         check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
+        check_bool("tree", self.tree)
+        check_number("tree_topk", self.tree_topk, 0, 16, integer=True)
+        check_number("tree_nodes", self.tree_nodes, 0, MAX_TREE_NODES, integer=True)
+
+
+@dataclass(frozen=True)
+class ProphetParams(SpeculativeParams):
+    """Prophet-head drafting; temperature 0 = greedy verification (lossless).
+
+    The same knobs as ``speculative``, with defaults chosen for the head: a tree
+    by default (``tree=false`` drafts a chain, for comparison), and a lower
+    confidence threshold, because a head position costs a few percent of a target
+    forward (BENCHMARKS.md has the sweeps behind these defaults).
+    """
+    draft_tokens: int = 6
+    adaptive: bool = False
+    confidence_threshold: float = 0.1
+    tree: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,128 +96,81 @@ class PromptLookupParams(SamplingParams):
         check_number("ngram_size", self.ngram_size, 1, 8, integer=True)
 
 
-# --------------------------------------------------------------------------- drafters
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    q: Optional[torch.Tensor] = None   # [len(tokens), V] draft distributions, None if deterministic
-    q_token: list[float] = field(default_factory=list)  # q_draft of each drafted token (trace)
-
-
-class Drafter(Protocol):
-    source: str
-
-    def propose(self, context: list[int], k: int) -> Draft: ...
-
-    def feedback(self, drafted: int, accepted: int) -> None: ...
-
-    @property
-    def forwards(self) -> int: ...
-
-
-class AssistantDrafter:
-    """A smaller causal LM with the target's vocabulary, with its own KV cache."""
-
-    source = "assistant"
-
-    def __init__(self, assistant: Any, params: SpeculativeParams, tracer: Any, clock: Any,
-                 rng: Optional[torch.Generator], max_len: Optional[int] = None) -> None:
-        self.session = Session(assistant, "draft", tracer, clock=clock, fast=params.fast, max_len=max_len)
-        self.params, self.rng = params, rng
-        self.cached: list[int] = []   # the tokens whose keys/values sit in the draft cache
-
-    @property
-    def forwards(self) -> int:
-        return self.session.forwards
-
-    def _logits_for(self, context: list[int]) -> torch.Tensor:
-        """Bring the draft cache up to ``context``; next-token logits ``[V]``."""
-        if not self.cached:
-            self.cached = list(context)
-            return self.session.prefill(context)[0]
-        common = 0
-        limit = min(len(self.cached), len(context) - 1)   # feed at least one token
-        while common < limit and self.cached[common] == context[common]:
-            common += 1
-        self.session.crop(common)
-        new = context[common:]
-        self.cached = list(context)
-        return self.session.forward(self.session.tensor([new]), last_only=True, kind="draft")[0, -1]
-
-    def propose(self, context: list[int], k: int) -> Draft:
-        greedy = self.params.is_greedy
-        tokens: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        q_token: list[float] = []
-        logits = self._logits_for(context)
-        for _ in range(k):
-            # 1. the draft distribution (filtered like the target's) and a token from it
-            if greedy:
-                raw = logits.softmax(-1)
-                token = int(raw.argmax())
-                q_token.append(float(raw[token]))
-                if self.params.confidence_threshold and float(raw[token]) < self.params.confidence_threshold and tokens:
-                    break
-            else:
-                q = filtered_probs(logits, self.params)
-                token = int(torch.multinomial(q, 1, generator=self.rng))
-                q_rows.append(q)
-                q_token.append(float(q[token]))
-                if self.params.confidence_threshold and float(logits.softmax(-1).max()) < \
-                        self.params.confidence_threshold and tokens:
-                    q_rows.pop()
-                    q_token.pop()
-                    break
-            tokens.append(token)
-            if len(tokens) == k:
-                break
-            # 2. extend the draft cache by the drafted token
-            self.cached.append(token)
-            logits = self.session.forward(self.session.tensor([[token]]), last_only=True, kind="draft")[0, -1]
-        return Draft(tokens, torch.stack(q_rows) if q_rows else None, q_token)
-
-    def feedback(self, drafted: int, accepted: int) -> None:
-        pass  # the next propose crops the cache to the common prefix
-
-
-class PromptLookupDrafter:
-    """N-gram lookup in the prompt and the text generated so far (no model, no q)."""
-
-    source = "prompt_lookup"
-    forwards = 0
-
-    def __init__(self, params: PromptLookupParams) -> None:
-        self.params = params
-
-    def propose(self, context: list[int], k: int) -> Draft:
-        L = len(context)
-        for n in range(min(self.params.ngram_size, L - 1), 0, -1):
-            tail = context[L - n:]
-            # latest earlier occurrence whose continuation is non-empty
-            for start in range(L - n - 1, -1, -1):
-                if context[start:start + n] == tail:
-                    follow = context[start + n:start + n + k]
-                    if follow:
-                        return Draft(follow, None, [1.0] * len(follow))
-        return Draft([])
-
-    def feedback(self, drafted: int, accepted: int) -> None:
-        pass
-
-
 # --------------------------------------------------------------------------- the loop
 
-class DraftLength:
-    """Fixed, or transformers-style heuristic: +2 after a fully accepted draft, -1 after a rejection."""
+@dataclass
+class _Tally:
+    steps: int = 0
+    depth: int = 0          # summed draft depths (= drafted tokens for chains)
+    nodes: int = 0          # summed draft nodes
+    accepted: int = 0
 
-    def __init__(self, start: int, adaptive: bool) -> None:
-        self.k, self.adaptive = start, adaptive
+    def __post_init__(self) -> None:
+        self.lengths: list[int] = []
 
-    def update(self, drafted: int, accepted: int) -> None:
-        if not self.adaptive or drafted == 0:
-            return
-        self.k = min(MAX_DRAFT, self.k + 2) if accepted == drafted else max(1, self.k - 1)
+
+def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: SamplingParams, drafter: Drafter,
+                     length: DraftLength, *, max_new_tokens: int, tracer: Any = NULL_TRACER,
+                     target: Optional[Session] = None, rng: Optional[torch.Generator] = None) -> Result:
+    target = target or Session(pair.target, "target", tracer, fast=params.fast,
+                               max_len=len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1)
+    out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
+    greedy, hidden = params.is_greedy, drafter.needs_hidden
+    prompt = list(prompt_ids)
+    drafter.begin(prompt)
+
+    # 1. prefill: the first token comes from the target alone
+    logits = target.prefill(prompt, hidden=hidden)[0]
+    first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
+                                                                      generator=rng))
+    if hidden:   # the last prompt position predicted the first token
+        drafter.observe(target.last_hidden[0, -1:], [first])
+    out.commit([first], 1, "greedy" if greedy else "sample",
+               [float(logits.softmax(-1)[first])] if tracer.enabled else None)
+    tally = _Tally()
+    while not out.done:
+        t0 = time.perf_counter()
+        step = target.forwards + 1
+        # 2. propose, leaving room for the correction/bonus
+        room = out.room - 1
+        proposal = drafter.draft(prompt + out.tokens, min(length.k, room)).limited(room) if room > 0 \
+            else Proposal.empty()
+        tree = proposal.tree
+        t1 = time.perf_counter()
+        # 3. verify everything in one target forward: [newest committed token] + nodes
+        base = target.length
+        logits = tree_forward(target, [out.last], tree, hidden=hidden)                  # [1 + n, V]
+        t2 = time.perf_counter()
+        if greedy:
+            p, verdict = None, verify_tree_greedy(logits, tree)
+        else:
+            p = filtered_probs(logits, params)                                          # [1 + n, V]
+            verdict = verify_tree_sampling(p, tree, proposal.q, rng, proposal.replacement)
+        new = [tree.tokens[i] for i in verdict.path] + [verdict.next_token]
+        leaf = not tree.children(verdict.path[-1] if verdict.path else -1)
+        sources = [drafter.accepted_source] * verdict.n_accepted + ["bonus" if leaf else "correction"]
+        if tracer.enabled:
+            _trace_step(tracer, step, len(out), drafter, proposal, logits, p, verdict, greedy, leaf)
+        committed = out.commit(new, step, sources)
+        # 4. keep the root and the accepted path in the cache; tell the drafter what was committed
+        rows = [0] + [1 + i for i in verdict.path]
+        target.keep(base, rows)
+        if hidden:   # the kept rows predicted the newly committed tokens
+            drafter.observe(target.last_hidden[0, rows], new)
+        drafter.feedback(proposal, committed)
+        length.update(tree.depth, verdict.n_accepted)
+        tally.steps += 1
+        tally.depth += tree.depth
+        tally.nodes += len(tree)
+        tally.accepted += verdict.n_accepted
+        tally.lengths.append(verdict.n_accepted)
+        if tracer.enabled:
+            t3 = time.perf_counter()
+            tracer.emit(StepTiming(step=step, draft_ms=round((t1 - t0) * 1e3, 3),
+                                   verify_ms=round((t2 - t1) * 1e3, 3), overhead_ms=round((t3 - t2) * 1e3, 3),
+                                   drafted=tree.depth, accepted=verdict.n_accepted))
+    return Result(out.tokens, target.forwards, drafter.forwards, stats=_stats(target, drafter, tally, len(out)),
+                  stop_reason=out.stop_reason)
 
 
 def _top(row: torch.Tensor, n: int = TOP) -> tuple[list[int], list[float]]:
@@ -191,165 +178,102 @@ def _top(row: torch.Tensor, n: int = TOP) -> tuple[list[int], list[float]]:
     return idx.tolist(), [round(float(v), 5) for v in vals]
 
 
-def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: SamplingParams, drafter: Drafter,
-                     draft_tokens: int, adaptive: bool, *, max_new_tokens: int, tracer: Any = NULL_TRACER,
-                     target: Optional[Session] = None, rng: Optional[torch.Generator] = None) -> Result:
-    target = target or Session(pair.target, "target", tracer, fast=params.fast,
-                               max_len=len(prompt_ids) + max_new_tokens + MAX_DRAFT + 1)
-    eos = set(pair.target.eos_token_ids)
-    greedy = params.is_greedy
-    length = DraftLength(draft_tokens, adaptive)
-
-    # a drafter that reads the target's hidden states (a prophet head) gets them
-    # from the forwards the loop runs anyway, never from an extra target forward
-    needs_hidden = bool(getattr(drafter, "needs_hidden", False))
-
-    # 1. prefill: the first token comes from the target alone
-    logits = target.prefill(prompt_ids, hidden=needs_hidden)[0]
-    first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
-                                                                      generator=rng))
-    if needs_hidden:   # the last prompt position predicted the first token
-        drafter.observe(target.last_hidden[0, -1:], [first])
-    out = [first]
-    if tracer.enabled:
-        tracer.emit(TokenCommitted(step=1, position=0, token=first, source="greedy" if greedy else "sample",
-                                   prob=float(logits.softmax(-1)[first])))
-    drafted_total = accepted_total = steps = 0
-    hist: list[int] = []
-    stop = "eos" if first in eos else "max_new_tokens"
-    while out[-1] not in eos and len(out) < max_new_tokens:
-        t0 = time.perf_counter()
-        step = target.forwards + 1
-        room = max_new_tokens - len(out) - 1                 # leave room for the correction/bonus
-        # 2. propose
-        draft = drafter.propose(list(prompt_ids) + out, min(length.k, room)) if room > 0 else Draft([])
-        t1 = time.perf_counter()
-        tokens = draft.tokens
-        if tracer.enabled and tokens:
-            tracer.emit(DraftProposed(step=step, position=len(out), tokens=tuple(tokens),
-                                      q=tuple(round(q, 5) for q in draft.q_token), source=drafter.source))
-        # 3. verify all drafted tokens in one target forward: [newest committed] + draft
-        base = target.length
-        logits = target.forward(target.tensor([[out[-1]] + tokens]), hidden=needs_hidden,
-                                kind="verify")[0]                                           # [1+d, V]
-        t2 = time.perf_counter()
-        if greedy:
-            verdict = verify_greedy(logits, tokens)
-            p = None
-        else:
-            p = filtered_probs(logits, params)                                            # [1+d, V]
-            verdict = verify_sampling(p, draft.q, tokens, rng)
-        n = verdict.n_accepted
-        # 4. commit accepted + correction/bonus, stopping at EOS and max_new_tokens
-        new = tokens[:n] + [verdict.next_token]
-        kinds = ["accepted"] * n + ["bonus" if n == len(tokens) else "correction"]
-        if tracer.enabled:
-            _trace_step(tracer, step, len(out), tokens, draft, logits, p, verdict, greedy)
-        for tok, kind in zip(new, kinds):
-            out.append(tok)
-            if tracer.enabled:
-                tracer.emit(TokenCommitted(step=step, position=len(out) - 1, token=tok, source=kind))
-            if tok in eos or len(out) >= max_new_tokens:
-                break
-        # 5. roll back: keep the cache of the newest-but-one committed token
-        target.crop(base + 1 + n)
-        drafter.feedback(len(tokens), n)
-        if needs_hidden:   # rows 0..n predicted the newly committed tokens (accepted + correction/bonus)
-            drafter.observe(target.last_hidden[0, :n + 1], new)
-        length.update(len(tokens), n)
-        drafted_total += len(tokens)
-        accepted_total += n
-        steps += 1
-        hist.append(n)
-        if tracer.enabled:
-            t3 = time.perf_counter()
-            tracer.emit(StepTiming(step=step, draft_ms=round((t1 - t0) * 1e3, 3),
-                                   verify_ms=round((t2 - t1) * 1e3, 3), overhead_ms=round((t3 - t2) * 1e3, 3),
-                                   drafted=len(tokens), accepted=n))
-        stop = "eos" if out[-1] in eos else "max_new_tokens"
-    return Result(out, target.forwards, drafter.forwards,
-                  stats=_stats(target, drafter, drafted_total, accepted_total, steps, len(out), hist), stop_reason=stop)
-
-
-def _trace_step(tracer: Any, step: int, pos0: int, tokens: list[int], draft: Draft, logits: torch.Tensor,
-                p: Optional[torch.Tensor], verdict: Any, greedy: bool) -> None:
-    p_rows = logits.softmax(-1) if p is None else p
-    checked = min(verdict.n_accepted + 1, len(tokens))
-    for i in range(checked):
-        x = tokens[i]
-        q_x = draft.q_token[i] if i < len(draft.q_token) else 1.0
-        tracer.emit(TokenVerified(step=step, position=pos0 + i, token=x, accepted=i < verdict.n_accepted,
-                                  p_target=round(float(p_rows[i, x]), 6), q_draft=round(q_x, 6),
-                                  u=None if greedy or i >= len(verdict.us) else round(verdict.us[i], 6)))
-    for i in range(verdict.n_accepted + 1):
-        top_tokens, p_top = _top(p_rows[i])
-        q_top = tuple(round(float(draft.q[i, t]), 5) for t in top_tokens) \
-            if draft.q is not None and i < len(draft.q) else ()
+def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: Proposal, logits: torch.Tensor,
+                p: Optional[torch.Tensor], verdict: Verdict, greedy: bool, leaf: bool) -> None:
+    """DraftProposed (a chain) or DraftTree, then the checked nodes, the path's distributions and the correction."""
+    tree = proposal.tree
+    p_rows = logits.softmax(-1) if p is None else p                                      # [1 + n, V]
+    q_tok = [round(q, 5) for q in proposal.q_token] if proposal.q_token else [1.0] * len(tree)
+    if tree.is_chain:
+        if len(tree):
+            tracer.emit(DraftProposed(step=step, position=pos0, tokens=tuple(tree.tokens), q=tuple(q_tok),
+                                      source=drafter.source))
+    else:
+        tracer.emit(DraftTree(step=step, position=pos0, tokens=tuple(tree.tokens), parents=tuple(tree.parents),
+                              q=tuple(q_tok), accepted=tuple(verdict.path), next_token=verdict.next_token,
+                              mask_size=1 + len(tree), source=drafter.source))
+    for j, (node, ok) in enumerate(verdict.tried):
+        row = 0 if tree.parents[node] < 0 else 1 + tree.parents[node]
+        x = tree.tokens[node]
+        tracer.emit(TokenVerified(step=step, position=pos0 + tree.depths[node] - 1, token=x, accepted=ok,
+                                  p_target=round(float(p_rows[row, x]), 6), q_draft=round(q_tok[node], 6),
+                                  u=None if greedy or j >= len(verdict.us) else round(verdict.us[j], 6)))
+    rows = [0] + [1 + i for i in verdict.path]
+    for i, row in enumerate(rows):
+        top_tokens, p_top = _top(p_rows[row])
+        kids = tree.children(-1 if row == 0 else row - 1)
+        q_top = tuple(round(float(proposal.q[kids[0], t]), 5) for t in top_tokens) \
+            if proposal.q is not None and kids else ()
         residual = ()
-        if i == verdict.n_accepted and verdict.residual is not None:
+        if i == len(rows) - 1 and verdict.residual is not None:
             residual = tuple(round(float(verdict.residual[t]), 5) for t in top_tokens)
         tracer.emit(Distribution(step=step, position=pos0 + i, tokens=tuple(top_tokens), p_target=tuple(p_top),
                                  q_draft=q_top, residual=residual))
-    kind = "bonus" if verdict.n_accepted == len(tokens) else "correction"
     tracer.emit(CorrectionToken(step=step, position=pos0 + verdict.n_accepted, token=verdict.next_token,
-                                kind=kind, p_target=round(float(p_rows[verdict.n_accepted, verdict.next_token]), 6)))
+                                kind="bonus" if leaf else "correction",
+                                p_target=round(float(p_rows[rows[-1], verdict.next_token]), 6)))
 
 
-def _stats(target: Session, drafter: Drafter, drafted: int, accepted: int, steps: int, n_out: int,
-           hist: list[int]) -> dict:
-    alpha = accepted / drafted if drafted else 0.0
-    gamma = drafted / steps if steps else 0.0
+def _stats(target: Session, drafter: Drafter, t: _Tally, n_out: int) -> dict:
+    """Acceptance per drafted depth (alpha), tokens per target forward, and the Leviathan prediction.
+
+    ``cost_ratio`` c is the drafting time per drafted depth (one draft token of a
+    chain, one tree level) over the mean target forward time, for every drafter
+    (model-free ones included). Leviathan et al.: expected tokens per step
+    E = (1 - a^(g+1)) / (1 - a), predicted speedup E / (g c + 1).
+    """
+    alpha = t.accepted / t.depth if t.depth else 0.0
+    gamma = t.depth / t.steps if t.steps else 0.0
     t_ms = target.ms / target.forwards if target.forwards else 0.0
-    d_count, d_total = drafter.forwards, getattr(getattr(drafter, "session", drafter), "ms", 0.0)
-    d_ms = d_total / d_count if d_count else 0.0
-    c = d_ms / t_ms if t_ms else 0.0
-    # Leviathan et al.: expected tokens per step E = (1 - a^(g+1)) / (1 - a); speedup E / (g c + 1)
+    c = (drafter.ms / t.depth) / t_ms if t.depth and t_ms else 0.0
     expected = (gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return {"alpha": round(alpha, 4), "drafted": drafted, "accepted": accepted, "steps": steps,
-            "gamma": round(gamma, 3), "mean_tokens_per_target_forward": round(n_out / target.forwards, 4),
+    return {"alpha": round(alpha, 4), "drafted": t.depth, "drafted_nodes": t.nodes, "accepted": t.accepted,
+            "steps": t.steps, "gamma": round(gamma, 3), "mean_nodes_per_step": round(t.nodes / max(t.steps, 1), 3),
+            "mean_accepted_length": round(t.accepted / max(t.steps, 1), 4),
+            "mean_tokens_per_target_forward": round(n_out / target.forwards, 4),
+            "draft_ms_per_step": round(drafter.ms / max(t.steps, 1), 3),
             "cost_ratio": round(c, 4), "expected_tokens_per_step": round(expected, 4),
-            "predicted_speedup": round(expected / (gamma * c + 1), 4), "accepted_lengths": hist}
+            "predicted_speedup": round(expected / (gamma * c + 1), 4), "accepted_lengths": t.lengths}
 
 
 # --------------------------------------------------------------------------- strategies
 
-def check_vocabularies(target: Any, assistant: Any) -> None:
-    if target.vocab_size != assistant.vocab_size:
-        raise ValueError(f"target and assistant vocabularies differ ({target.vocab_size} vs "
-                         f"{assistant.vocab_size} tokens); speculative decoding needs a shared tokenizer")
-    tt, ta = target.tokenizer, assistant.tokenizer
-    if tt is not None and ta is not None and tt is not ta and tt.get_vocab() != ta.get_vocab():
-        raise ValueError("target and assistant tokenizers differ; speculative decoding needs a shared tokenizer")
+def _run(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: Any, *, max_new_tokens: int,
+         tracer: Any, rng: Optional[torch.Generator], adaptive: bool) -> Result:
+    max_len = len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1
+    target = Session(pair.target, "target", tracer, fast=params.fast, max_len=max_len)
+    drafter = make_drafter(kind, pair, params, tracer=tracer, clock=lambda: target.forwards + 1, rng=rng,
+                           max_len=max_len)
+    return speculative_loop(prompt_ids, pair, params, drafter, DraftLength(params.draft_tokens, adaptive),
+                            max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng)
 
 
 def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeParams, *, max_new_tokens: int,
                 tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
-    target = Session(pair.target, "target", tracer, fast=params.fast,
-                     max_len=len(prompt_ids) + max_new_tokens + MAX_DRAFT + 1)
-    clock = lambda: target.forwards + 1   # noqa: E731 - draft forwards belong to the next target step
-    if pair.assistant is None and pair.extras.get("prophet") is not None:
-        from .prophet import ProphetDrafter   # the assistant is the target's trained prophet head
-        drafter: Drafter = ProphetDrafter(pair.extras["prophet"], params, tracer=tracer, clock=clock, rng=rng)
-    elif pair.assistant is None:
-        raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")
-    else:
-        check_vocabularies(pair.target, pair.assistant)
-        drafter = AssistantDrafter(pair.assistant, params, tracer, clock, rng,
-                                   max_len=len(prompt_ids) + max_new_tokens + MAX_DRAFT + 1)
-    return speculative_loop(prompt_ids, pair, params, drafter, params.draft_tokens, params.adaptive,
-                            max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng)
+    return _run("speculative", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                adaptive=params.adaptive)
+
+
+def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *, max_new_tokens: int,
+            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
+    """Speculative decoding with the target's prophet head drafting (a tree by default)."""
+    return _run("prophet", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                adaptive=params.adaptive)
 
 
 def prompt_lookup(prompt_ids: Sequence[int], pair: ModelPair, params: PromptLookupParams, *,
                   max_new_tokens: int, tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
-    return speculative_loop(prompt_ids, pair, params, PromptLookupDrafter(params), params.draft_tokens, False,
-                            max_new_tokens=max_new_tokens, tracer=tracer, rng=rng)
+    return _run("prompt_lookup", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                adaptive=False)
 
 
 STRATEGIES = [
     Strategy("speculative", SpeculativeParams, speculative, lossless=True, needs_assistant=True,
              label="Speculative",
-             description="An assistant model drafts k tokens; the target verifies them in one forward."),
+             description="An assistant model drafts k tokens (or a tree); the target verifies them in one forward."),
     Strategy("prompt_lookup", PromptLookupParams, prompt_lookup, lossless=True, label="Prompt lookup",
              description="Drafts by copying n-gram continuations from the prompt and the output so far."),
+    Strategy("prophet", ProphetParams, prophet, lossless=True, needs_assistant=False, label="Prophet head",
+             description="A 1-layer head trained on the target's own hidden states drafts a token tree; "
+                         "the target verifies it in one forward."),
 ]

@@ -3,41 +3,81 @@
 Naming, because the papers and codebases swap p and q: ``p_target`` is the
 target model's distribution, ``q_draft`` the drafter's.
 
-* Greedy verification (temperature 0 or no draft probabilities needed): accept
-  drafted tokens while they equal the target's argmax; the first mismatch is
-  replaced by the target's argmax (a correction), and a fully accepted draft
-  earns the target's next argmax (a bonus). The output equals plain greedy.
-* Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept token x
-  with probability min(1, p_target(x) / q_draft(x)); on rejection sample from the
-  normalized residual max(0, p_target - q_draft). A drafter without
-  probabilities (prompt lookup) is deterministic: q_draft is one-hot on its token.
-  The committed tokens are then distributed exactly as sampling from the target.
+Rows: the verify forward feeds the root (the newest committed token) and then
+the draft's nodes, so target row 0 predicts what follows the root and row
+``1 + i`` what follows node ``i``. A chain is the tree whose parents are ``i-1``.
+
+* Greedy verification: walk down from the root, each time taking the child
+  whose token equals the target's argmax at the current row; where no child
+  does, the target's argmax there is the correction (or, at a leaf, the bonus).
+  The committed tokens are exactly greedy's.
+* Speculative sampling (Leviathan et al. 2023; Chen et al. 2023), generalized
+  to several candidates per position by recursive rejection sampling (SpecInfer,
+  Miao et al. 2024; SpecTr, Sun et al. 2023; RRS, Jeon et al. 2024). At a node
+  with current target ``p``, the children are tried in order: child ``x`` with
+  proposal ``q`` is accepted with probability ``min(1, p(x) / q(x))``; on
+  rejection ``p`` becomes the normalized residual ``max(0, p - q)`` and the next
+  child is tried. If no child is accepted, the correction is drawn from the last
+  residual; below an accepted leaf, the bonus is drawn from the target.
+  Each child's proposal is the distribution it was drawn from:
+  - ``q_draft[c]`` with the earlier siblings' tokens removed and renormalized,
+    for siblings drawn one after another without replacement (``replacement=False``);
+  - ``q_draft[c]`` itself, for siblings drawn independently (``replacement=True``);
+  - one-hot on its token when the drafter is deterministic (``q_draft`` None).
+  Each step is a single-draft speculative sampling step whose proposal is fixed
+  before its token is drawn, so the output is distributed exactly as the target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
+
+from .tree import TokenTree
 
 
 @dataclass
 class Verdict:
-    n_accepted: int                 # drafted tokens accepted (a prefix of the draft)
-    next_token: int                 # correction (n < k) or bonus (n == k)
-    us: list[float] = field(default_factory=list)   # uniform draws, one per checked token (sampling)
-    residual: Optional[torch.Tensor] = None          # [V] distribution the correction was drawn from
+    """The accepted path (node indices from depth 1 down) and the token the target adds after it."""
+    path: list[int]
+    next_token: int
+    us: list[float] = field(default_factory=list)          # uniform draws, in the order children were tried
+    residual: Optional[torch.Tensor] = None                 # [V] distribution a correction was drawn from
+    tried: list[tuple[int, bool]] = field(default_factory=list)   # (node, accepted) in the order checked
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.path)
 
 
-def verify_greedy(target_logits: torch.Tensor, tokens: list[int]) -> Verdict:
-    """``target_logits [k+1, V]``: row i predicts the token after draft position i-1."""
-    best = target_logits.argmax(dim=-1).tolist()                       # [k+1]
-    n = 0
-    while n < len(tokens) and tokens[n] == best[n]:
-        n += 1
-    return Verdict(n, int(best[n]))
+# --------------------------------------------------------------------------- greedy
 
+def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> Verdict:
+    """``target_logits [1 + n, V]`` (row 0: after the root, row 1 + i: after node i)."""
+    best = target_logits.argmax(dim=-1).tolist()                              # [1 + n]
+    path: list[int] = []
+    tried: list[tuple[int, bool]] = []
+    node, row = -1, 0
+    while True:
+        kids = tree.children(node)
+        child = tree.child_with(node, best[row])
+        if child is None:
+            if kids:
+                tried.append((kids[0], False))   # the drafter's first choice, for the trace
+            return Verdict(path, int(best[row]), tried=tried)
+        tried.append((child, True))
+        path.append(child)
+        node, row = child, 1 + child
+
+
+def verify_greedy(target_logits: torch.Tensor, tokens: Sequence[int]) -> Verdict:
+    """A chain draft: ``target_logits [k + 1, V]``, row i predicts the token after draft position i-1."""
+    return verify_tree_greedy(target_logits, TokenTree.chain(tokens))
+
+
+# --------------------------------------------------------------------------- sampling
 
 def residual_distribution(p_row: torch.Tensor, q_row: Optional[torch.Tensor], token: int) -> torch.Tensor:
     """Normalized max(0, p_target - q_draft); q None means one-hot on ``token``."""
@@ -52,19 +92,54 @@ def residual_distribution(p_row: torch.Tensor, q_row: Optional[torch.Tensor], to
     return res / total
 
 
-def verify_sampling(p_target: torch.Tensor, q_draft: Optional[torch.Tensor], tokens: list[int],
-                    rng: Optional[torch.Generator]) -> Verdict:
-    """``p_target [k+1, V]`` and ``q_draft [k, V]`` (or None) are filtered, normalized distributions."""
+def _without(q_row: torch.Tensor, tokens: list[int]) -> Optional[torch.Tensor]:
+    """``q_row`` with ``tokens`` removed and renormalized (None if nothing is left)."""
+    if not tokens:
+        return q_row
+    q = q_row.clone()
+    q[tokens] = 0.0
+    total = q.sum()
+    return q / total if total > 0 else None
+
+
+def verify_tree_sampling(p_target: torch.Tensor, tree: TokenTree, q_draft: Optional[torch.Tensor],
+                         rng: Optional[torch.Generator], replacement: bool = False) -> Verdict:
+    """``p_target [1 + n, V]`` and ``q_draft [n, V]`` (or None) are filtered, normalized distributions."""
+    path: list[int] = []
     us: list[float] = []
-    for i, x in enumerate(tokens):
-        p = float(p_target[i, x])
-        q = float(q_draft[i, x]) if q_draft is not None else 1.0
-        u = float(torch.rand((), generator=rng, device=p_target.device))
-        us.append(u)
-        if q > 0 and u < min(1.0, p / q):
-            continue
-        residual = residual_distribution(p_target[i], None if q_draft is None else q_draft[i], x)
-        token = int(torch.multinomial(residual, 1, generator=rng))
-        return Verdict(i, token, us, residual)
-    bonus = int(torch.multinomial(p_target[len(tokens)], 1, generator=rng))
-    return Verdict(len(tokens), bonus, us)
+    tried: list[tuple[int, bool]] = []
+    node, row = -1, 0
+    while True:
+        p = p_target[row]
+        kids = tree.children(node)
+        chosen = None
+        drawn: list[int] = []                         # earlier siblings' tokens
+        for c in kids:
+            x = tree.tokens[c]
+            if q_draft is None:
+                q = None                              # deterministic: one-hot on x
+                q_x = 1.0
+            else:
+                q = q_draft[c] if replacement else _without(q_draft[c], drawn)
+                q_x = 0.0 if q is None else float(q[x])
+            u = float(torch.rand((), generator=rng, device=p_target.device))
+            us.append(u)
+            if q_x > 0 and u < min(1.0, float(p[x]) / q_x):
+                chosen = c
+                tried.append((c, True))
+                break
+            tried.append((c, False))
+            if q is not None or q_draft is None:
+                p = residual_distribution(p, q, x)
+            drawn.append(x)
+        if chosen is None:
+            token = int(torch.multinomial(p, 1, generator=rng))
+            return Verdict(path, token, us, p if kids else None, tried)
+        path.append(chosen)
+        node, row = chosen, 1 + chosen
+
+
+def verify_sampling(p_target: torch.Tensor, q_draft: Optional[torch.Tensor], tokens: Sequence[int],
+                    rng: Optional[torch.Generator]) -> Verdict:
+    """A chain draft: ``p_target [k+1, V]``, ``q_draft [k, V]`` (or None: deterministic)."""
+    return verify_tree_sampling(p_target, TokenTree.chain(tokens), q_draft, rng)

@@ -20,7 +20,7 @@ from decoding.jacobi import JacobiParams, jacobi
 from decoding.lm import Session
 from decoding.lookahead import LookaheadParams, lookahead
 from decoding.params import GreedyParams, SampleParams
-from decoding.prophet import ProphetParams, prophet
+from decoding.speculative import ProphetParams, prophet
 from decoding.result import ModelPair
 from decoding.sampling import make_generator
 from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
@@ -52,7 +52,7 @@ def test_every_strategy_gives_the_same_tokens_on_the_fast_path(arch):
                                                                                 fast=True), max_new_tokens=36),
             "jacobi": lambda: jacobi(ids, ModelPair(lm), JacobiParams(block_size=5, fast=True),
                                      max_new_tokens=36, rng=make_generator(0)),
-            "prophet": lambda: prophet(ids, ModelPair(lm, extras={"prophet": random_prophet(lm, 1)}),
+            "prophet": lambda: prophet(ids, ModelPair(lm, prophet=random_prophet(lm, 1)),
                                        ProphetParams(draft_tokens=3, fast=True), max_new_tokens=36),
         }
         for name, run in runs.items():

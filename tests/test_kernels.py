@@ -11,7 +11,7 @@ from decoding.baselines import greedy
 from decoding.jacobi import JacobiParams, jacobi
 from decoding.lookahead import LookaheadParams, lookahead
 from decoding.params import GreedyParams
-from decoding.prophet import ProphetParams, prophet
+from decoding.speculative import ProphetParams, prophet
 from decoding.result import ModelPair
 from decoding.sampling import make_generator
 from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
@@ -100,7 +100,7 @@ def test_every_lossless_strategy_matches_greedy_on_a_packed_model(arch):
                                            max_new_tokens=32),
             "jacobi": lambda: jacobi(ids, ModelPair(lm), JacobiParams(block_size=6), max_new_tokens=32,
                                      rng=make_generator(0)),
-            "prophet": lambda: prophet(ids, ModelPair(lm, extras={"prophet": random_prophet(lm, 1)}),
+            "prophet": lambda: prophet(ids, ModelPair(lm, prophet=random_prophet(lm, 1)),
                                        ProphetParams(draft_tokens=3), max_new_tokens=32),
         }
         for name, run in runs.items():

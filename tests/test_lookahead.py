@@ -11,12 +11,12 @@ import torch
 from decoding.baselines import greedy
 from decoding.events import LookaheadStep, TokenCommitted, event_to_dict
 from decoding.lm import Session
-from decoding.lookahead import (CandidateTree, LookaheadParams, NgramPool, attention_mask, check_mask_support,
-                                lookahead, step_layout)
+from decoding.lookahead import LookaheadParams, NgramPool, lookahead, step_layout
 from decoding.params import GreedyParams
 from decoding.result import ModelPair
 from decoding.sampling import make_generator
 from decoding.tracer import Tracer
+from decoding.tree import TokenTree, attention_mask, check_mask_support
 from tiny_models import prompt, tiny_causal, tiny_marian
 
 F64 = torch.float64
@@ -77,18 +77,16 @@ def test_pool_is_lru_per_key_and_bounded_by_guess_set():
 
 
 def test_candidate_tree_merges_prefixes_and_keeps_first_candidate_contiguous():
-    tree = CandidateTree.build([(5, 6, 7), (5, 6, 8), (9, 1)])
-    assert tree.tokens[:3] == [5, 6, 7]
+    from decoding.verify import verify_tree_greedy
+    tree = TokenTree.from_paths([(5, 6, 7), (5, 6, 8), (9, 1)])
+    assert tree.tokens[:3] == (5, 6, 7)
     assert len(tree.tokens) == 6                   # 5-6 shared
-    # greedy after the key is 5, after node 5 is 6, after 6 is 8, then anything
-    best = {0: 5}
-    greedy_after = [0] * 10
-    greedy_after[0] = 5
-    greedy_after[1 + 0] = 6
-    greedy_after[1 + 1] = 8
-    path = tree.walk(greedy_after, key_row=0, offset=1)
-    assert [tree.tokens[k] for k in path] == [5, 6, 8]
-    del best
+    # greedy after the key is 5, after node 5 is 6, after 6 is 8, then 4
+    logits = torch.zeros(1 + len(tree), 10)
+    for row, tok in ((0, 5), (1 + 0, 6), (1 + 1, 8), (1 + tree.tokens.index(8), 4)):
+        logits[row, tok] = 1.0
+    verdict = verify_tree_greedy(logits, tree)
+    assert [tree.tokens[k] for k in verdict.path] == [5, 6, 8] and verdict.next_token == 4
 
 
 def _visible_chain(pending: int, parents: tuple[int, ...], levels: int, width: int, row: int) -> list[int]:
@@ -114,7 +112,7 @@ def test_fused_mask_matches_separate_forwards(arch):
     lm = tiny_causal(arch, seed=3, dtype=F64)
     context = prompt(9, 5)
     pending = [11, 12]
-    tree = CandidateTree.build([(20, 21, 22), (20, 23), (24,)])
+    tree = TokenTree.from_paths([(20, 21, 22), (20, 23), (24,)])
     levels, width = 2, 3
     window = [30, 31, 32, 33, 34, 35]
     allowed, rel, first = step_layout(len(pending), tree.parents, levels, width)
@@ -122,7 +120,7 @@ def test_fused_mask_matches_separate_forwards(arch):
     fused.prefill(context)
     cached = fused.length
     positions = rel + (cached + len(pending) - 1)
-    flat = pending + tree.tokens + window
+    flat = pending + list(tree.tokens) + window
     got = fused.forward(fused.tensor([flat]), position_ids=positions[None],
                         attention_mask=attention_mask(lm, allowed, positions, cached))[0]
     for row in range(len(flat)):
@@ -161,7 +159,7 @@ def test_models_without_4d_mask_support_get_a_clear_message():
     lm = tiny_marian(seed=0)
     with pytest.raises(ValueError, match="custom 4D attention mask"):
         check_mask_support(lm)
-    with pytest.raises(ValueError, match="lookahead decoding needs"):
+    with pytest.raises(ValueError, match="lookahead need a model"):
         lookahead(prompt(5, 1) + [2], ModelPair(lm), LookaheadParams(), max_new_tokens=5)
 
 

@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from decoding import prophet as prophet_mod
 from decoding.baselines import greedy
+from decoding.drafting.prophet import ProphetDrafter
 from decoding.models import load_model
 from decoding.params import GreedyParams
-from decoding.prophet import (PROPHET_DIR, Prophet, ProphetConfig, ProphetDrafter, ProphetParams, load_prophet,
-                              prophet, prophet_for, save_prophet)
+from decoding.prophet import PROPHET_DIR, Prophet, ProphetConfig, load_prophet, prophet_for, save_prophet
 from decoding.result import ModelPair
 from decoding.runner import encode_prompt
 from decoding.sampling import make_generator
+from decoding.speculative import ProphetParams, prophet
 from decoding.strategies import get_strategy
 from decoding.tracer import Tracer
 from test_speculative import _chi_square as chi_square
@@ -51,22 +51,44 @@ def _greedy(pair, ids, n):
     return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_random_prophet_greedy_is_exact_on_tiny_models(arch):
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
+def test_random_prophet_chains_are_exact_on_tiny_models(arch):
     target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
     for seed, vocab_size, context in ((0, None, True), (1, 40, True), (2, None, False)):
-        pair = ModelPair(target, extras={"prophet": random_prophet(target, seed, vocab_size, context=context)})
+        pair = ModelPair(target, prophet=random_prophet(target, seed, vocab_size, context=context))
         for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
             want = _greedy(pair, p, 30)
             for k, adaptive, threshold in ((1, False, 0.0), (3, False, 0.0), (6, True, 0.0), (6, True, 0.4)):
-                res = prophet(p, pair, ProphetParams(draft_tokens=k, adaptive=adaptive,
+                res = prophet(p, pair, ProphetParams(tree=False, draft_tokens=k, adaptive=adaptive,
                                                      confidence_threshold=threshold), max_new_tokens=30)
                 assert res.token_ids == want, (arch, seed, k, threshold)
-                assert res.stats["drafted"] > 0
+                assert res.stats["drafted"] > 0 and res.stats["drafted_nodes"] == res.stats["drafted"]
                 if threshold:   # an unsure head computes a token, then stops without proposing it
                     assert res.draft_forwards >= res.stats["drafted"]
                 else:
                     assert res.draft_forwards == res.stats["drafted"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
+def test_random_prophet_trees_are_exact_on_tiny_models(arch):
+    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
+    for seed, vocab_size in ((0, None), (1, 40)):
+        pair = ModelPair(target, prophet=random_prophet(target, seed, vocab_size))
+        for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
+            want = _greedy(pair, p, 30)
+            for depth, topk, nodes, threshold in ((1, 1, 1, 0.0), (3, 2, 5, 0.0), (6, 4, 16, 0.0), (6, 3, 24, 0.2)):
+                tracer = Tracer()
+                res = prophet(p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
+                                                     confidence_threshold=threshold),
+                              max_new_tokens=30, tracer=tracer)
+                assert res.token_ids == want, (arch, seed, depth, topk, nodes, threshold)
+                steps = res.stats["steps"]
+                assert res.stats["mean_nodes_per_step"] <= nodes
+                assert res.draft_forwards <= steps * depth     # one head call per depth, every node of it batched
+                trees = [e for e in tracer.events if type(e).__name__ == "DraftTree"]
+                if topk > 1 and nodes > depth:
+                    assert trees and max(len(e.tokens) for e in trees) > max(len(set(e.parents)) for e in trees)
+                    assert all(e.mask_size == 1 + len(e.tokens) for e in trees)
 
 
 def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
@@ -99,7 +121,7 @@ def test_sampling_with_a_random_prophet_matches_the_target_distribution():
     vocab, ids, n_out, n = 6, [1, 3, 4], 3, 3000
     target = tiny_causal("llama", seed=0, vocab=vocab, eos=False, scale=2.0)
     head = random_prophet(target, seed=3, vocab_size=4, scale=4.0)
-    pair = ModelPair(target, extras={"prophet": head})
+    pair = ModelPair(target, prophet=head)
     params = ProphetParams(temperature=0.8, top_k=5, top_p=0.95, draft_tokens=2)
     exact = _exact_model_distribution(target, ids, n_out, params)
     gen = make_generator(5)
@@ -120,15 +142,16 @@ def test_drafter_needs_the_hidden_state_and_traces_without_changing_tokens():
     head = random_prophet(target)
     drafter = ProphetDrafter(head, ProphetParams())
     assert drafter.needs_hidden and drafter.propose([1, 2, 3], 4).tokens == []   # no hidden state yet
-    pair = ModelPair(target, extras={"prophet": head})
+    pair = ModelPair(target, prophet=head)
     p = prompt(6, seed=2)
-    plain = prophet(p, pair, ProphetParams(draft_tokens=3), max_new_tokens=20)
-    tracer = Tracer()
-    traced = prophet(p, pair, ProphetParams(draft_tokens=3), max_new_tokens=20, tracer=tracer)
-    assert traced.token_ids == plain.token_ids
-    kinds = {type(e).__name__ for e in tracer.events}
-    assert {"DraftProposed", "TokenVerified", "ForwardPass"} <= kinds
-    assert any(getattr(e, "source", "") == "prophet" for e in tracer.events)
+    for tree, kind in ((False, "DraftProposed"), (True, "DraftTree")):
+        plain = prophet(p, pair, ProphetParams(draft_tokens=3, tree=tree), max_new_tokens=20)
+        tracer = Tracer()
+        traced = prophet(p, pair, ProphetParams(draft_tokens=3, tree=tree), max_new_tokens=20, tracer=tracer)
+        assert traced.token_ids == plain.token_ids
+        kinds = {type(e).__name__ for e in tracer.events}
+        assert {kind, "TokenVerified", "ForwardPass", "Distribution", "CorrectionToken"} <= kinds
+        assert any(getattr(e, "source", "") == "prophet" for e in tracer.events)
 
 
 def test_registry_params_and_missing_weights_error():
@@ -137,8 +160,8 @@ def test_registry_params_and_missing_weights_error():
     with pytest.raises(ValueError, match="draft_tokens"):
         ProphetParams(draft_tokens=0)
     target = tiny_causal("llama", seed=0)
-    with pytest.raises(ValueError, match="no prophet weights for target 'tiny-llama'"):
-        prophet_for(ModelPair(target))
+    with pytest.raises(ValueError, match="no prophet head is shipped for target .tiny-llama."):
+        prophet_for(target)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -176,7 +199,7 @@ def test_training_forward_sees_exactly_what_the_drafter_sees(context):
             g = head.extend(state, h[0, start:end], tok[0, start:end])
             anchor = end - 1
             assert torch.allclose(feats[0, 0, anchor], g[0], atol=1e-9)
-            scratch = [([], []) for _ in head.layers]
+            scratch = head.new_scratch()
             for j in range(1, 4):
                 g = head.draft_step(state, scratch, g, tok[0, anchor + j: anchor + j + 1], j)
                 assert torch.allclose(feats[0, j, anchor], g[0], atol=1e-9), (anchor, j)
@@ -207,7 +230,7 @@ def bundled():
 def test_shipped_weights_are_small_and_load(bundled):
     assert SHIPPED.is_file(), "presets/prophet/smollm2-135m-instruct.safetensors is missing"
     assert SHIPPED.stat().st_size <= 20 * 2**20
-    head = prophet_for(ModelPair(bundled))
+    head = prophet_for(bundled)
     assert head.config.hidden == 576 and 0 < len(head.vocab) <= 8192
     assert {"embed", "head"}.isdisjoint(dict(head.named_parameters()))   # frozen pieces are borrowed
 
@@ -218,7 +241,7 @@ def test_bundled_model_prophet_equals_greedy_with_shipped_and_random_weights(bun
     shipped = prophet(ids, ModelPair(bundled), ProphetParams(draft_tokens=4), max_new_tokens=24)
     assert shipped.token_ids == want
     assert shipped.stats["accepted"] > 0         # the trained head does predict the target
-    pair = ModelPair(bundled, extras={"prophet": random_prophet(bundled, vocab_size=2000)})
+    pair = ModelPair(bundled, prophet=random_prophet(bundled, vocab_size=2000))
     assert prophet(ids, pair, ProphetParams(draft_tokens=3), max_new_tokens=24).token_ids == want
 
 
@@ -266,3 +289,45 @@ def test_rotary_angles_are_computed_in_float32_under_bfloat16():
     want = _rotate(x.double(), pos, 10000.0)
     got = _rotate(x.bfloat16(), pos, 10000.0).double()
     assert (got - want).abs().max() < 0.05
+
+
+# --------------------------------------------------------------------------- the shipped head's speed features
+
+FIXED = "What is 17 multiplied by 23? Show your steps."
+
+
+def _fixed_run(bundled, **kw):
+    ids = encode_prompt(bundled.tokenizer, FIXED, chat=True)
+    res = prophet(ids, ModelPair(bundled, prophet=prophet_for(bundled)), ProphetParams(**kw), max_new_tokens=40)
+    assert res.token_ids == _greedy(ModelPair(bundled), ids, 40)
+    return res
+
+
+def test_shipped_head_reads_the_hidden_states_and_its_vocabulary_map(bundled, monkeypatch):
+    """Measured on this prompt: 2.0 tokens per target forward; a head fed zeros instead of the target's states,
+    or with its draft-vocabulary map off by one, falls to about 1.1-1.3."""
+    good = _fixed_run(bundled).stats["mean_tokens_per_target_forward"]
+    assert good >= 1.7
+    original = ProphetDrafter.observe
+    monkeypatch.setattr(ProphetDrafter, "observe", lambda self, h, t: original(self, torch.zeros_like(h), t))
+    blind = _fixed_run(bundled).stats["mean_tokens_per_target_forward"]
+    monkeypatch.setattr(ProphetDrafter, "observe", original)
+    head = prophet_for(bundled)
+    monkeypatch.setattr(head, "vocab", head.vocab + 1)
+    shifted = _fixed_run(bundled).stats["mean_tokens_per_target_forward"]
+    assert blind <= good - 0.5 and shifted <= good - 0.5, (good, blind, shifted)
+
+
+def test_the_tree_accepts_more_per_forward_than_the_chain(bundled):
+    tree, chain = _fixed_run(bundled), _fixed_run(bundled, tree=False)
+    assert tree.stats["mean_tokens_per_target_forward"] >= chain.stats["mean_tokens_per_target_forward"] + 0.2
+    assert tree.target_forwards < chain.target_forwards
+    assert tree.stats["mean_nodes_per_step"] > tree.stats["gamma"]        # it really branched
+
+
+def test_raising_the_confidence_threshold_drafts_fewer_tokens(bundled):
+    low = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.0)
+    high = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.6)
+    assert high.stats["drafted"] <= low.stats["drafted"] // 2
+    low_t, high_t = _fixed_run(bundled, confidence_threshold=0.0), _fixed_run(bundled, confidence_threshold=0.6)
+    assert high_t.stats["gamma"] < low_t.stats["gamma"]                 # shallower trees

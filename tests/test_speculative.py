@@ -16,8 +16,8 @@ from decoding.params import GreedyParams
 from decoding.result import ModelPair
 from decoding.runner import encode_prompt
 from decoding.sampling import make_generator
-from decoding.speculative import (PromptLookupParams, SpeculativeParams, check_vocabularies, prompt_lookup,
-                                  speculative)
+from decoding.drafting.assistant import check_vocabularies
+from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
 from decoding.tracer import Tracer
 from decoding.verify import verify_greedy, verify_sampling
 from tiny_models import prompt, tiny_causal
@@ -27,6 +27,25 @@ F64 = torch.float64
 
 def _greedy(pair, ids, n):
     return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
+@pytest.mark.parametrize("assistant", ["random", "self"])
+def test_speculative_trees_are_exact(arch, assistant):
+    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
+    helper = target if assistant == "self" else tiny_causal(arch, seed=7, scale=8.0, dtype=F64)
+    for seed in (1, 2):
+        ids = prompt(8, seed)
+        ref = _greedy(ModelPair(target), ids, 40)
+        for depth, topk, nodes in ((2, 2, 3), (4, 3, 10), (6, 4, 20)):
+            res = speculative(ids, ModelPair(target, helper),
+                              SpeculativeParams(tree=True, draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
+                                                adaptive=False, confidence_threshold=0.0), max_new_tokens=40)
+            assert res.token_ids == ref, (arch, assistant, seed, depth, topk, nodes)
+            assert res.stats["mean_nodes_per_step"] > res.stats["gamma"]      # the drafts branched
+            if assistant == "self":    # the target drafting for itself: its argmax path is always in the tree
+                # (alpha may stay below 1: the budget can cut that path above a deeper, likelier branch)
+                assert res.stats["alpha"] > 0.8 and res.target_forwards <= len(ref) // 2
 
 
 @pytest.mark.parametrize("arch", ["llama", "gptneox"])
@@ -192,7 +211,9 @@ def _exact_model_distribution(model, ids, n_out, params):
 
 
 @pytest.mark.parametrize("params", [SpeculativeParams(temperature=1.0, draft_tokens=2),
-                                    SpeculativeParams(temperature=0.7, top_k=4, top_p=0.95, draft_tokens=2)])
+                                    SpeculativeParams(temperature=0.7, top_k=4, top_p=0.95, draft_tokens=2),
+                                    SpeculativeParams(temperature=1.0, draft_tokens=2, tree=True, tree_topk=3,
+                                                      tree_nodes=6, confidence_threshold=0.0)])
 def test_speculative_sampling_matches_target_distribution_on_a_toy_model(params, monkeypatch):
     """Empirical distribution of 3-token outputs vs the exact target distribution (enumerated)."""
     target = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)

@@ -23,6 +23,7 @@ LEGEND: dict[str, tuple[str, str]] = {
     "bonus": ("bonus token", "#F0E442"),
     "jacobi": ("Jacobi-converged", "#999999"),
     "ngram": ("n-gram hit", "#000000"),
+    "suffix": ("suffix-tree draft", "#7B3294"),
 }
 
 

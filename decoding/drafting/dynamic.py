@@ -1,0 +1,150 @@
+"""EAGLE-2-style dynamic draft trees (Li et al. 2024, "EAGLE-2"): grow where the drafter is confident.
+
+Model-agnostic. A drafter supplies the root's next-token log-probabilities and an
+``expand(growth, nodes)`` callback that runs its model once on a batch of nodes
+and returns the log-probabilities of their children. Then:
+
+1. the root's ``topk`` best tokens become the depth-1 nodes; a node's *score* is
+   the sum of the draft log-probabilities along its path (log of the probability
+   that the drafter's path reaches it);
+2. at each further depth the ``topk`` best-scoring nodes of the newest depth are
+   expanded in one batched call, each getting its ``topk`` best children;
+3. growth stops at ``depth``, or early when even the best new node's path
+   probability is below ``threshold``;
+4. the whole tree is reranked by score and cut to the ``budget`` best nodes. A
+   child never scores above its parent (log-probabilities are <= 0) and ties go to
+   the earlier node, so the kept set contains every kept node's ancestors.
+
+Sampling (``sample=True``): children are drawn without replacement by the
+Gumbel-top-k trick, in draw order, and a sibling's score is capped by the
+previous sibling's, so the kept children of a node are always a prefix of its
+draws. Verification (``verify.verify_tree_sampling``) then tries them in that
+order against ``q`` with the earlier siblings removed: lossless.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ..tree import TokenTree
+from .base import Proposal
+
+
+# (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` on the project's 2-vCPU
+# machine (BENCHMARKS.md). GPU: EAGLE-2's published setting (top-k 10, 60 nodes), not measured here: no GPU
+# was lent to the session that built trees, and a wide verify forward costs about one narrow one there.
+TREE_DEFAULTS = {"cpu": (4, 16), "cuda": (10, 60)}
+
+
+def tree_shape(params: Any, device: Any) -> tuple[int, int]:
+    """``(topk, nodes)`` for ``params`` on ``device``: the parameters, or the device's defaults where they are 0."""
+    topk, nodes = TREE_DEFAULTS.get(getattr(device, "type", str(device)), TREE_DEFAULTS["cpu"])
+    return params.tree_topk or topk, params.tree_nodes or nodes
+
+
+@dataclass
+class Growth:
+    """The nodes grown so far (all of them, not only the kept ones)."""
+    tokens: list[int] = field(default_factory=list)      # token ids
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)    # cumulative log q along the path
+    own: list[float] = field(default_factory=list)       # log q of the node's own token
+    source_row: list[int] = field(default_factory=list)  # index into rows: the distribution it was drawn from
+    rows: list[torch.Tensor] = field(default_factory=list)   # log q rows [V'] (root first)
+
+    def ancestors(self, node: int) -> list[int]:
+        out = []
+        node = self.parents[node]
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out
+
+
+def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator]) -> tuple[list[int], list[float]]:
+    """``k`` indices of ``row`` (log-probs ``[V']``): the best, or draws without replacement (Gumbel-top-k)."""
+    finite = int(torch.isfinite(row).sum())
+    k = min(k, finite)
+    if k <= 0:
+        return [], []
+    if sample:
+        u = torch.rand(row.shape, generator=rng, device=row.device, dtype=torch.float32).clamp_(1e-20, 1.0)
+        keys = row.float() - torch.log(-torch.log(u))
+        idx = torch.topk(keys, k).indices                         # in draw order
+    else:
+        idx = torch.topk(row, k).indices
+    idx_list = idx.tolist()
+    return idx_list, row[idx].float().tolist()
+
+
+def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor], *, depth: int, topk: int,
+         budget: int, threshold: float = 0.0, sample: bool = False, rng: Optional[torch.Generator] = None,
+         ids: Optional[torch.Tensor] = None, vocab: Optional[int] = None) -> Proposal:
+    """A dynamic tree below ``root`` (log-probs ``[V']`` of the token after the newest committed one).
+
+    ``ids [V']`` maps row indices to token ids (None: the identity). With ``sample``,
+    the rows must be the filtered distributions the target is verified against,
+    and ``vocab`` (the full vocabulary size) sizes the proposal's ``q`` rows.
+    """
+    g = Growth(rows=[root])
+    to_id = (lambda i: i) if ids is None else (lambda i: int(ids[i]))
+
+    def add_children(parent: int, row_index: int, base: float, d: int) -> list[int]:
+        picked, logq = _pick(g.rows[row_index], topk, sample, None if not sample else rng)
+        made, cap = [], math.inf
+        for idx, lq in zip(picked, logq):
+            score = min(base + lq, cap) if sample else base + lq
+            cap = score
+            g.tokens.append(to_id(idx))
+            g.parents.append(parent)
+            g.depths.append(d)
+            g.scores.append(score)
+            g.own.append(lq)
+            g.source_row.append(row_index)
+            made.append(len(g.tokens) - 1)
+        return made
+
+    # 1. depth 1: the root's best tokens (or draws)
+    frontier = add_children(-1, 0, 0.0, 1)
+    # 2. expand the best nodes of the newest depth, one batched drafter call per depth
+    for d in range(2, depth + 1):
+        best = sorted(frontier, key=lambda i: (-g.scores[i], i))[:topk]
+        if not best or (threshold and math.exp(g.scores[best[0]]) < threshold):
+            break
+        rows = expand(g, best)                                                     # [K, V']
+        frontier = []
+        for node, row in zip(best, rows):
+            g.rows.append(row)
+            frontier += add_children(node, len(g.rows) - 1, g.scores[node], d)
+    # 3. rerank everything grown and keep the budget's best (ancestor-closed, sibling-prefix-closed)
+    keep = sorted(range(len(g.tokens)), key=lambda i: (-g.scores[i], i))[:budget]
+    tree, kept = TokenTree(tuple(g.tokens), tuple(g.parents)).subtree(keep)
+    q_token = [round(math.exp(g.own[i]), 6) for i in kept]
+    q = None
+    if sample:
+        q = torch.stack([_full_row(g.rows[g.source_row[i]].float().exp(), ids, vocab) for i in kept]) \
+            if kept else None
+    return Proposal(tree, q, q_token, replacement=False)
+
+
+def _full_row(q: torch.Tensor, ids: Optional[torch.Tensor], vocab: Optional[int]) -> torch.Tensor:
+    if ids is None:
+        return q
+    full = torch.zeros(vocab, dtype=q.dtype, device=q.device)
+    full[ids] = q
+    return full
+
+
+def visible_ancestors(g: Growth, nodes: Sequence[int], slots: dict[int, int], width: int) -> torch.Tensor:
+    """``[K, width]`` bool: which already-fed draft positions (``slots``: node -> position) each node sees."""
+    vis = torch.zeros(len(nodes), width, dtype=torch.bool)
+    for r, node in enumerate(nodes):
+        for a in g.ancestors(node):
+            if a in slots:
+                vis[r, slots[a]] = True
+    return vis

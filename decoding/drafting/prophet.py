@@ -1,0 +1,155 @@
+"""The prophet drafter: drafts from the target's own hidden states with a trained head (``decoding/prophet.py``).
+
+The verify forward the loop runs anyway returns the target's last-layer states;
+``observe`` queues them with the tokens they predicted, and the next ``propose``
+feeds them into the head's own KV cache in one call (step 0), whose output
+feature gives the first draft distribution. Then either
+
+* a chain: each further step fuses the head's previous feature with the token it
+  just drafted (one head position per step), stopping early when the head's top
+  probability is below ``confidence_threshold``; or
+* an EAGLE-2 dynamic tree (``tree=true``, ``drafting/dynamic.py``): each depth
+  runs the head once over the ``tree_topk`` most probable nodes of the newest
+  depth, every node attending to the committed pairs and its own ancestors; the
+  tree is cut to the ``tree_nodes`` most probable nodes.
+
+``q_draft`` is zero outside the head's draft vocabulary; verification always uses
+the target's full vocabulary, so greedy output is exactly greedy's whatever the
+head predicts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..events import ForwardPass
+from ..sampling import probs as filtered_probs
+from ..sampling import sample
+from ..tracer import NULL_TRACER
+from .base import Drafter, Proposal
+from .dynamic import Growth, grow, tree_shape, visible_ancestors
+
+
+class ProphetDrafter(Drafter):
+    source = "prophet"
+    needs_hidden = True
+
+    def __init__(self, prophet: Any, params: Any, *, tracer: Any = NULL_TRACER, clock: Any = None,
+                 rng: Optional[torch.Generator] = None) -> None:
+        super().__init__()
+        self.prophet, self.params, self.rng, self.tracer = prophet, params, rng, tracer
+        self.clock = clock or (lambda: 0)
+        self.greedy = params.is_greedy
+        self.keep_q = not self.greedy or tracer.enabled
+        self.threshold = float(params.confidence_threshold or 0.0)
+        self.begin(())
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.state = self.prophet.new_state()
+        self._pending: list[tuple[torch.Tensor, list[int]]] = []
+        self._last: Optional[torch.Tensor] = None
+
+    def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
+        """Newly committed tokens and the target's last-layer states ``[m, H]`` that predicted them."""
+        m = min(hidden.shape[0], len(tokens))
+        if m:
+            self._pending.append((hidden[:m], list(tokens[:m])))
+
+    # ------------------------------------------------------------------ drafting
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        if not (self._pending or self.state.n):
+            return Proposal.empty()
+        t0 = time.perf_counter()
+        g0 = self._catch_up()
+        logits0 = self.prophet.draft_logits(g0)                                   # [1, Vd]
+        self._count(1, t0)
+        if self.params.tree:
+            return self._tree(g0, logits0, k)
+        return self._chain(g0, logits0[0], k)
+
+    def _count(self, positions: int, t0: float) -> None:
+        self.forwards += 1
+        if self.tracer.enabled:
+            self.tracer.emit(ForwardPass(step=self.clock(), model="draft", positions=positions,
+                                         ms=round((time.perf_counter() - t0) * 1e3, 3), kind="draft"))
+
+    def _catch_up(self) -> torch.Tensor:
+        """Feed the pairs committed since the last draft into the head's cache; the newest pair's feature."""
+        p = self.prophet
+        if self._pending:
+            hidden = torch.cat([h for h, _ in self._pending]).to(p.dtype)
+            ids = torch.tensor([t for _, toks in self._pending for t in toks], device=p.device)
+            self._pending.clear()
+            self._last = p.extend(self.state, hidden, ids)
+        return self._last
+
+    def _full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits ``[..., Vd]`` -> full-vocabulary logits ``[..., V]`` (-inf outside)."""
+        p = self.prophet
+        full = torch.full((*draft_logits.shape[:-1], p.full_to_draft.shape[0]), float("-inf"),
+                          device=draft_logits.device)
+        full[..., p.vocab] = draft_logits.float()
+        return full
+
+    def _chain(self, g: torch.Tensor, logits: torch.Tensor, k: int) -> Proposal:
+        p = self.prophet
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        q_token: list[float] = []
+        scratch = p.new_scratch()
+        for j in range(k):
+            if j:   # 1. one head position: the previous feature fused with the token just drafted
+                t0 = time.perf_counter()
+                g = p.draft_step(self.state, scratch, g, torch.tensor([tokens[-1]], device=p.device), j)
+                logits = p.draft_logits(g)[0]                                      # [Vd]
+                self._count(1, t0)
+            # 2. a token: argmax, or a sample from the filtered q_draft over the full vocabulary
+            if self.greedy:
+                tok = int(p.vocab[int(logits.argmax())])
+                q = self._full_logits(logits).softmax(-1) if self.keep_q else None
+            else:
+                q = filtered_probs(self._full_logits(logits), self.params)          # [V]
+                tok = sample(q, self.rng)
+            # 3. an unsure head stops early: every drafted token costs a verified position
+            if tokens and self.threshold and float(logits.softmax(-1).max()) < self.threshold:
+                break
+            tokens.append(tok)
+            if q is not None:
+                rows.append(q)
+                q_token.append(float(q[tok]))
+        return Proposal.chain(tokens, torch.stack(rows) if rows else None, q_token or None)
+
+    def _rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """Children's log q ``[K, Vd]`` (greedy, draft vocabulary) or ``[K, V]`` (sampling, filtered, full)."""
+        if self.greedy:
+            return logits.float().log_softmax(-1)
+        return filtered_probs(self._full_logits(logits), self.params).log()
+
+    def _tree(self, g0: torch.Tensor, logits0: torch.Tensor, depth: int) -> Proposal:
+        p = self.prophet
+        n = self.state.n
+        feats: dict[int, torch.Tensor] = {-1: g0}          # node -> the head's output feature there
+        slots: dict[int, int] = {}                          # node -> its column in the scratch cache
+        scratch = p.new_scratch()
+
+        def expand(g: Growth, nodes: list[int]) -> torch.Tensor:
+            t0 = time.perf_counter()
+            g_par = torch.cat([feats[g.parents[e]] for e in nodes])                  # [K, H]
+            toks = torch.tensor([g.tokens[e] for e in nodes], device=p.device)
+            pos = torch.tensor([n - 1 + g.depths[e] for e in nodes], device=p.device)
+            vis = visible_ancestors(g, nodes, slots, len(slots)).to(p.device) if slots else None
+            out = p.draft_nodes(self.state, scratch, g_par, toks, pos, vis)           # [K, H]
+            for r, e in enumerate(nodes):
+                slots[e] = len(slots)
+                feats[e] = out[r:r + 1]
+            rows = self._rows(p.draft_logits(out))
+            self._count(len(nodes), t0)
+            return rows
+
+        topk, nodes = tree_shape(self.params, p.device)
+        return grow(self._rows(logits0)[0], expand, depth=depth, topk=topk, budget=nodes, threshold=self.threshold, sample=not self.greedy, rng=self.rng,
+                    ids=p.vocab if self.greedy else None, vocab=p.full_to_draft.shape[0])
