@@ -185,3 +185,42 @@ def test_bundled_model_equals_greedy():
         res = lookahead(ids, ModelPair(lm), LookaheadParams(window=w, ngram=n, guess_set=g), max_new_tokens=40)
         assert res.token_ids == ref, (w, n, g)
         assert res.target_forwards < len(ref)      # some n-grams were accepted on this code prompt
+
+
+def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypatch):
+    """temperature > 0: pooled n-grams are verified by speculative sampling with a one-hot q. The empirical
+    distribution of 3-token outputs matches the exactly enumerated target distribution; trying a second
+    candidate against the unchanged target (no residual) does not."""
+    from decoding import verify as verify_mod
+    from test_speculative import _chi_square, _exact_model_distribution, _passes
+    lm = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
+    ids = [0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5, 0, 3, 1, 4, 2, 5]     # every token is a key with several n-grams
+    params = LookaheadParams(temperature=1.0, window=2, ngram=2, guess_set=3)
+    n_out, n = 3, 3000
+    exact = _exact_model_distribution(lm, ids, n_out, params)
+
+    def draw():
+        counts: dict[tuple, int] = {}
+        gen, accepted = make_generator(7), 0
+        for _ in range(n):
+            res = lookahead(ids, ModelPair(lm), params, max_new_tokens=n_out, rng=gen)
+            accepted += sum(res.stats["accepted_lengths"])
+            counts[tuple(res.token_ids)] = counts.get(tuple(res.token_ids), 0) + 1
+        return counts, accepted
+    counts, accepted = draw()
+    assert accepted > n // 4                       # candidates were really accepted, not only resampled
+    stat, dof = _chi_square(counts, exact, n)
+    assert _passes(stat, dof), (stat, dof)
+    monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
+    bad, _ = draw()
+    stat_bad, _ = _chi_square(bad, exact, n)
+    assert not _passes(stat_bad, dof), (stat_bad, dof)
+
+
+def test_sampling_params_are_validated_and_zero_temperature_is_greedy():
+    with pytest.raises(ValueError, match="temperature must be in"):
+        LookaheadParams(temperature=-1)
+    lm = tiny_causal("gpt2", seed=0, scale=8.0, dtype=F64)
+    ids = _repetitive_prompt(lm)
+    assert lookahead(ids, ModelPair(lm), LookaheadParams(temperature=0.0), max_new_tokens=20,
+                     rng=make_generator(3)).token_ids == _greedy(lm, ids, 20)
