@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .commit import Output
+from .context import EMPTY, RunContext
 from .events import BeamStep
 from .lm import Session
 from .params import BeamParams, GreedyParams, SampleParams
@@ -24,13 +25,16 @@ NEG = -1.0e9  # transformers' "impossible" score in beam search
 
 def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
                     tracer: Any, choose: Callable[[torch.Tensor], int], source: str,
-                    fast: bool = False) -> Result:
+                    fast: bool = False, context: Optional[RunContext] = None) -> Result:
     """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token."""
     target = Session(pair.target, "target", tracer, fast=fast, max_len=len(prompt_ids) + max_new_tokens)
     out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
+    proc = (context or EMPTY).processors(pair.target, prompt_ids, max_new_tokens)
     logits = target.prefill(prompt_ids)[0]                       # [V]
     while True:
-        # 1. pick the next token from the last position's logits and commit it
+        # 1. pick the next token from the last position's (processed) logits and commit it
+        if proc is not None:
+            logits = proc(out.tokens, logits)
         token = choose(logits)
         out.commit([token], target.forwards, source, [float(logits.softmax(-1)[token])] if tracer.enabled else None)
         # 2. stop on EOS or length
@@ -42,24 +46,25 @@ def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: 
 
 def greedy(prompt_ids: Sequence[int], pair: ModelPair, params: GreedyParams, *,
            max_new_tokens: int, tracer: Any = NULL_TRACER,
-           rng: Optional[torch.Generator] = None) -> Result:
+           rng: Optional[torch.Generator] = None, context: Optional[RunContext] = None) -> Result:
     return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
-                           lambda logits: int(torch.argmax(logits)), "greedy", fast=params.fast)
+                           lambda logits: int(torch.argmax(logits)), "greedy", fast=params.fast, context=context)
 
 
 def sample(prompt_ids: Sequence[int], pair: ModelPair, params: SampleParams, *,
            max_new_tokens: int, tracer: Any = NULL_TRACER,
-           rng: Optional[torch.Generator] = None) -> Result:
+           rng: Optional[torch.Generator] = None, context: Optional[RunContext] = None) -> Result:
     if params.is_greedy:
-        return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
-                               lambda logits: int(torch.argmax(logits)), "sample", fast=params.fast)
-    return _autoregressive(prompt_ids, pair, max_new_tokens, tracer,
-                           lambda logits: draw(sampling_probs(logits, params), rng), "sample", fast=params.fast)
+        choose = lambda logits: int(torch.argmax(logits))                        # noqa: E731
+    else:
+        choose = lambda logits: draw(sampling_probs(logits, params), rng)        # noqa: E731
+    return _autoregressive(prompt_ids, pair, max_new_tokens, tracer, choose, "sample", fast=params.fast,
+                           context=context)
 
 
 def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,
          max_new_tokens: int, tracer: Any = NULL_TRACER,
-         rng: Optional[torch.Generator] = None) -> Result:
+         rng: Optional[torch.Generator] = None, context: Optional[RunContext] = None) -> Result:
     """Beam search with transformers' rules (batch of one prompt).
 
     Each step keeps the best ``keep = max(2, 1 + n_eos) * num_beams`` continuations
@@ -84,11 +89,15 @@ def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,
     done_lens = torch.zeros(k, dtype=torch.long, device=device)
     improvable = True
 
+    proc = (context or EMPTY).processors(pair.target, prompt_ids, max_new_tokens)
     logits = target.prefill(prompt_ids, batch=k)                         # [k, V]
     vocab = logits.shape[-1]
     for t in range(max_new_tokens):
-        # 1. best `keep` continuations over all beams x vocab
-        logp = torch.log_softmax(logits, dim=-1) + running_scores[:, None]   # [k, V]
+        # 1. best `keep` continuations over all beams x vocab (processors see each beam's own tokens)
+        logp = torch.log_softmax(logits, dim=-1)                                      # [k, V]
+        if proc is not None:
+            logp = proc.rows([r[:t].tolist() for r in running], logp)
+        logp = logp + running_scores[:, None]
         top_scores, top_idx = torch.topk(logp.reshape(-1), keep)            # [keep]
         src, tok = top_idx // vocab, top_idx % vocab
         cand = running[src].clone()                                         # [keep, max_new]

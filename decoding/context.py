@@ -8,15 +8,21 @@ drafts for another visitor), the CLI and the benchmark one per process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 
 @dataclass
 class RunContext:
     """``history``: earlier outputs a drafter may copy from (``drafting.suffix``), or None.
-    ``processors``: logits processors from the generation settings applied to the target's logits, or None."""
+    ``generation``: the ``processors.GenerationSettings`` applied to the target's logits, or None."""
     history: Optional[Any] = None
-    processors: Optional[Any] = None
+    generation: Optional[Any] = None
+
+    def processors(self, lm: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> Optional[Any]:
+        """The logits processors of one generation of ``lm`` on ``prompt_ids`` (None when none is active)."""
+        from .processors import build
+        prefix = [lm.decoder_start_token_id] if lm.is_encoder_decoder else list(prompt_ids)
+        return build(self.generation, lm, prefix, max_new_tokens)
 
 
 EMPTY = RunContext()

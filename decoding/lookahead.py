@@ -44,6 +44,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .commit import Output
+from .context import EMPTY, RunContext
 from .events import LookaheadStep
 from .lm import Session
 from .params import SamplingParams, check_bool, check_number
@@ -170,7 +171,7 @@ class _Tally:
 
 def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParams, *,
               max_new_tokens: int, tracer: Any = NULL_TRACER,
-              rng: Optional[torch.Generator] = None) -> Result:
+              rng: Optional[torch.Generator] = None, context: Optional[RunContext] = None) -> Result:
     lm = pair.target
     check_mask_support(lm)
     n, width, greedy = params.ngram, params.window, params.is_greedy
@@ -179,18 +180,21 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
     out = Output(lm.eos_token_ids, max_new_tokens, tracer)
     own = "greedy" if greedy else "sample"          # the source of the token the target adds each step
     pool = NgramPool(params.guess_set)
-    context = list(prompt_ids)              # prompt + committed tokens
+    seq = list(prompt_ids)                  # prompt + committed tokens
     if params.pool_from_prompt:
-        pool.add_all(context, n)
+        pool.add_all(seq, n)
 
+    proc = (context or EMPTY).processors(lm, prompt_ids, max_new_tokens)
     # 1. prefill; the first token is the target's own
-    logits = target.prefill(context)[0]
+    logits = target.prefill(seq)[0]
+    if proc is not None:
+        logits = proc([], logits)
     first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
                                                                       generator=rng))
     out.commit([first], target.forwards, own, [float(logits.softmax(-1)[first])] if tracer.enabled else None)
-    context.append(first)
+    seq.append(first)
     pending = [first]                       # committed, not yet in the cache; the last is the key
-    levels = [_initial_level(context, width, rng)]
+    levels = [_initial_level(seq, width, rng)]
     tally = _Tally()
 
     while not out.done:
@@ -207,12 +211,16 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
         logits = target.forward(target.tensor([flat]), position_ids=positions[None].to(lm.device),
                                 attention_mask=attention_mask(lm, allowed, positions, cached),
                                 kind="lookahead")[0]                            # [T, V]
-        # 4. verification branch: the key row, then one row per tree node
+        # 4. verification branch: the key row, then one row per tree node (processed with their own context)
         rows = [len(pending) - 1] + list(range(len(pending), len(pending) + len(tree)))
+        branch = logits[rows]                                                   # [1 + n, V]
+        if proc is not None:
+            paths = [[tree.tokens[k] for k in tree.path(i)] for i in range(len(tree))]
+            branch = proc.rows([out.tokens] + [out.tokens + p for p in paths], branch)
         if greedy:
-            verdict = verify_tree_greedy(logits[rows], tree)
+            verdict = verify_tree_greedy(branch, tree)
         else:
-            verdict = verify_tree_sampling(filtered_probs(logits[rows], params), tree, None, rng)
+            verdict = verify_tree_sampling(filtered_probs(branch, params), tree, None, rng)
         path = verdict.path
         new = [tree.tokens[k] for k in path] + [verdict.next_token]
         choice = next(j for j, c in enumerate(cands) if list(c[:len(path)]) == new[:len(path)]) if path else -1
@@ -222,12 +230,12 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
         position = len(out)
         probs = None
         if tracer.enabled:
-            used = [rows[0]] + [rows[1 + k] for k in path]
-            probs = [float(logits[r].softmax(-1)[t]) for r, t in zip(used, new)]
+            used = [0] + [1 + k for k in path]
+            probs = [float(branch[r].softmax(-1)[t]) for r, t in zip(used, new)]
         committed = out.commit(new, target.forwards, ["ngram"] * len(path) + [own], probs)
-        context.extend(committed)
+        seq.extend(committed)
         if params.pool_from_output:
-            pool.add_all(context[-(len(committed) + n - 1):], n)
+            pool.add_all(seq[-(len(committed) + n - 1):], n)
         # 6. the window: the last level's outputs become a new level (n-grams once it is full)
         seen = levels
         fresh = logits[first_row + (len(levels) - 1) * width: first_row + len(levels) * width].argmax(-1).tolist()

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .commit import Output
+from .context import EMPTY, RunContext
 from .drafting import MAX_DRAFT, MAX_TREE_NODES, Drafter, DraftLength, Proposal, make_drafter
 from .events import (CorrectionToken, DraftProposed, DraftTree, Distribution, StepTiming, TokenVerified)
 from .lm import Session
@@ -111,16 +112,20 @@ class _Tally:
 
 def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: SamplingParams, drafter: Drafter,
                      length: DraftLength, *, max_new_tokens: int, tracer: Any = NULL_TRACER,
-                     target: Optional[Session] = None, rng: Optional[torch.Generator] = None) -> Result:
+                     target: Optional[Session] = None, rng: Optional[torch.Generator] = None,
+                     context: Optional[RunContext] = None) -> Result:
     target = target or Session(pair.target, "target", tracer, fast=params.fast,
                                max_len=len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1)
     out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
     greedy, hidden = params.is_greedy, drafter.needs_hidden
     prompt = list(prompt_ids)
+    proc = (context or EMPTY).processors(pair.target, prompt, max_new_tokens)
     drafter.begin(prompt)
 
     # 1. prefill: the first token comes from the target alone
     logits = target.prefill(prompt, hidden=hidden)[0]
+    if proc is not None:
+        logits = proc([], logits)
     first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
                                                                       generator=rng))
     if hidden:   # the last prompt position predicted the first token
@@ -140,6 +145,9 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
         # 3. verify everything in one target forward: [newest committed token] + nodes
         base = target.length
         logits = tree_forward(target, [out.last], tree, hidden=hidden)                  # [1 + n, V]
+        if proc is not None:   # each row continues the output plus the draft path above it
+            paths = [[tree.tokens[k] for k in tree.path(i)] for i in range(len(tree))]
+            logits = proc.rows([out.tokens] + [out.tokens + p for p in paths], logits)
         t2 = time.perf_counter()
         if greedy:
             p, verdict = None, verify_tree_greedy(logits, tree)
@@ -239,32 +247,35 @@ def _stats(target: Session, drafter: Drafter, t: _Tally, n_out: int) -> dict:
 # --------------------------------------------------------------------------- strategies
 
 def _run(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: Any, *, max_new_tokens: int,
-         tracer: Any, rng: Optional[torch.Generator], adaptive: bool) -> Result:
+         tracer: Any, rng: Optional[torch.Generator], adaptive: bool, context: Optional[RunContext]) -> Result:
     max_len = len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1
     target = Session(pair.target, "target", tracer, fast=params.fast, max_len=max_len)
     drafter = make_drafter(kind, pair, params, tracer=tracer, clock=lambda: target.forwards + 1, rng=rng,
-                           max_len=max_len)
+                           max_len=max_len, context=context)
     return speculative_loop(prompt_ids, pair, params, drafter, DraftLength(params.draft_tokens, adaptive),
-                            max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng)
+                            max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng, context=context)
 
 
 def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeParams, *, max_new_tokens: int,
-                tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
+                tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
+                context: Optional[RunContext] = None) -> Result:
     return _run("speculative", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                adaptive=params.adaptive)
+                adaptive=params.adaptive, context=context)
 
 
 def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *, max_new_tokens: int,
-            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
+            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
+            context: Optional[RunContext] = None) -> Result:
     """Speculative decoding with the target's prophet head drafting (a tree by default)."""
     return _run("prophet", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                adaptive=params.adaptive)
+                adaptive=params.adaptive, context=context)
 
 
 def prompt_lookup(prompt_ids: Sequence[int], pair: ModelPair, params: PromptLookupParams, *,
-                  max_new_tokens: int, tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
+                  max_new_tokens: int, tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
+                  context: Optional[RunContext] = None) -> Result:
     return _run("prompt_lookup", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                adaptive=False)
+                adaptive=False, context=context)
 
 
 STRATEGIES = [

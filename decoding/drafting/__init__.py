@@ -19,8 +19,9 @@ __all__ = ["Drafter", "DraftLength", "Proposal", "MAX_DRAFT", "MAX_TREE_NODES", 
 
 
 def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER, clock: Any = None,
-                 rng: Optional[torch.Generator] = None, max_len: Optional[int] = None) -> Drafter:
-    """The drafter for strategy ``kind`` on ``pair``.
+                 rng: Optional[torch.Generator] = None, max_len: Optional[int] = None,
+                 context: Any = None) -> Drafter:
+    """The drafter for strategy ``kind`` on ``pair`` (``context``: the run's ``RunContext``, e.g. its history).
 
     * ``prompt_lookup``: n-gram lookup in the context;
     * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one);
