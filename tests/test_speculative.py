@@ -29,41 +29,31 @@ def _greedy(pair, ids, n):
     return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
 
 
+CHAINS = [dict(draft_tokens=k, adaptive=a) for k, a in itertools.product((1, 3, 6), (False, True))]
+TREES = [dict(tree=True, draft_tokens=d, tree_topk=k, tree_nodes=n, adaptive=False, confidence_threshold=0.0)
+         for d, k, n in ((2, 2, 3), (4, 3, 10), (6, 4, 20))]
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
 @pytest.mark.parametrize("assistant", ["random", "self"])
-def test_speculative_trees_are_exact(arch, assistant):
+def test_speculative_greedy_is_exact_for_chains_and_trees(arch, assistant):
     target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
     helper = target if assistant == "self" else tiny_causal(arch, seed=7, scale=8.0, dtype=F64)
     for seed in (1, 2):
         ids = prompt(8, seed)
         ref = _greedy(ModelPair(target), ids, 40)
-        for depth, topk, nodes in ((2, 2, 3), (4, 3, 10), (6, 4, 20)):
-            res = speculative(ids, ModelPair(target, helper),
-                              SpeculativeParams(tree=True, draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
-                                                adaptive=False, confidence_threshold=0.0), max_new_tokens=40)
-            assert res.token_ids == ref, (arch, assistant, seed, depth, topk, nodes)
-            assert res.stats["mean_nodes_per_step"] > res.stats["gamma"]      # the drafts branched
-            if assistant == "self":    # the target drafting for itself: its argmax path is always in the tree
-                # (alpha may stay below 1: the budget can cut that path above a deeper, likelier branch)
-                assert res.stats["alpha"] > 0.8 and res.target_forwards <= len(ref) // 2
-
-
-@pytest.mark.parametrize("arch", ["llama", "gptneox"])
-@pytest.mark.parametrize("assistant", ["random", "self"])
-def test_speculative_greedy_is_exact(arch, assistant):
-    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
-    helper = target if assistant == "self" else tiny_causal(arch, seed=7, scale=8.0, dtype=F64)
-    for seed in (1, 2):
-        ids = prompt(8, seed)
-        ref = _greedy(ModelPair(target), ids, 40)
-        for k, adaptive in itertools.product((1, 3, 6), (False, True)):
-            res = speculative(ids, ModelPair(target, helper), SpeculativeParams(draft_tokens=k, adaptive=adaptive),
-                              max_new_tokens=40)
-            assert res.token_ids == ref, (seed, k, adaptive)
-            if assistant == "self":
-                assert res.stats["alpha"] == 1.0 and res.target_forwards < len(ref)
-        if assistant == "random":
-            assert res.stats["alpha"] < 0.5  # a random drafter is almost never right
+        for values in CHAINS + TREES:
+            res = speculative(ids, ModelPair(target, helper), SpeculativeParams(**values), max_new_tokens=40)
+            assert res.token_ids == ref, (arch, assistant, seed, values)
+            tree = values.get("tree", False)
+            if tree:
+                assert res.stats["mean_nodes_per_step"] > res.stats["gamma"]      # the drafts branched
+            if assistant == "self":    # the target drafting for itself: its argmax path is always in the draft
+                # (a tree's alpha may stay below 1: the budget can cut that path above a deeper, likelier branch)
+                assert res.stats["alpha"] > 0.8 if tree else res.stats["alpha"] == 1.0
+                assert res.target_forwards < len(ref)
+            elif arch != "gpt2":   # (sharpened tiny GPT-2s repeat one token, so any drafter is right there)
+                assert res.stats["alpha"] < 0.5  # a random drafter is almost never right
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
