@@ -143,6 +143,9 @@ class JacobiIteration:
     guess: tuple[int, ...]
     converged: int                 # length of the prefix that is now fixed
     probs: tuple[float, ...] = ()  # target probability of each guessed token
+    # leading guess tokens this iteration decided for good (the block stopped, or the sliding
+    # window's unchanged prefix); 0 while the block iterates on; -1 in traces before version 2
+    committed: int = -1
 
 
 @dataclass(frozen=True)
