@@ -61,6 +61,7 @@ def _table(rows: list[dict]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from .context import RunContext
     from .params import check_max_new_tokens
     from .runner import encode_prompt, environment, run_comparison, summarize
     from .strategies import get_strategy
@@ -70,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         get_strategy(name)
     per = _parse_sets(args.set or [], strategies)
     max_new = check_max_new_tokens(args.max_new_tokens)
+    settings = _generation_settings(args)
     for name in strategies:  # validate every parameter before loading anything
         get_strategy(name).parse(per[name])
     if args.prompt_file:
@@ -95,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = run_comparison(prompt_ids, pair, [(s, per[s]) for s in strategies],
                              max_new_tokens=max_new, seed=args.seed, warmup=not args.no_warmup,
                              trace=bool(args.json), reference=not args.no_reference,
-                             on_progress=on_progress)
+                             on_progress=on_progress, context=RunContext(generation=settings))
     for bar in bars.values():
         bar.close()
     print(_table(summarize(results)))
@@ -104,12 +106,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"\n--- {r.strategy} ---\n{r.text}")
     if args.json:
         doc = {"environment": environment(pair, args.seed), "prompt": text, "chat": args.chat,
-               "prompt_ids": prompt_ids, "max_new_tokens": max_new,
+               "prompt_ids": prompt_ids, "max_new_tokens": max_new, "generation": dataclasses.asdict(settings),
                "results": [r.to_dict() for r in results]}
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
+
+
+GENERATION_FLAGS = {   # --flag -> GenerationSettings field (logits processors applied to every strategy)
+    "repetition_penalty": "CTRL repetition penalty (1 = off), as generate's repetition_penalty",
+    "no_repeat_ngram_size": "forbid repeating any n-gram of this size (0 = off)",
+    "min_new_tokens": "forbid EOS before this many new tokens",
+    "forced_bos_token_id": "force this first decoder token (-1 = off; MBart-style models)",
+    "forced_eos_token_id": "force this token at the length limit (-1 = off)",
+}
+
+
+def _generation_settings(args: argparse.Namespace):
+    from .params import parse_params
+    from .processors import GenerationSettings
+    values = {k: getattr(args, k) for k in GENERATION_FLAGS if getattr(args, k) is not None}
+    return parse_params(GenerationSettings, values)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -230,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     run.add_argument("--no-reference", action="store_true",
                      help="do not add a greedy reference run when greedy is not selected")
+    for name, text in GENERATION_FLAGS.items():
+        run.add_argument("--" + name.replace("_", "-"), dest=name, type=float if name == "repetition_penalty" else int,
+                         default=None, help=text)
     run.add_argument("--show-text", action="store_true", help="print each strategy's text")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)

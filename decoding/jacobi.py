@@ -61,6 +61,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .commit import Output
+from .context import EMPTY, RunContext
 from .events import JacobiIteration
 from .lm import Session
 from .params import MAX_NEW_TOKENS_CAP, check_bool, check_number
@@ -130,6 +131,7 @@ class _Run:
     vocab: int
     rng: Optional[torch.Generator]
     max_new_tokens: int
+    proc: Any = None                                   # logits processors (processors.Processors), if any
     decoded: list[int] = field(default_factory=list)   # output, then (jacobi, gs_jacobi) past EOS
     iterations: int = 0
     blocks: int = 0
@@ -144,9 +146,15 @@ class _Run:
         device = "cpu" if self.rng is None else self.rng.device
         return torch.randint(0, self.vocab, (n,), generator=self.rng, device=device).tolist()
 
-    def refine(self, inputs: list[int]) -> tuple[list[int], list[float]]:
-        """One forward over ``inputs`` after the cache: argmax and its probability per position."""
+    def refine(self, inputs: list[int], guess: list[int], offset: int = 0) -> tuple[list[int], list[float]]:
+        """One forward over ``inputs`` after the cache: argmax and its probability per position.
+
+        Output ``j`` is block position ``offset + j``: it continues the decoded tokens
+        plus ``guess[:offset + j]`` (the context its logits processors see).
+        """
         logits = self.target.forward(self.target.tensor([inputs]), kind="jacobi")[0]   # [T, V]
+        if self.proc is not None:
+            logits = self.proc.rows([self.decoded + guess[:offset + j] for j in range(len(inputs))], logits)
         tokens = logits.argmax(-1)                                                    # [T]
         probs: list[float] = []
         if self.tracer.enabled:
@@ -185,7 +193,7 @@ def _solve_block(run: _Run, n: int) -> int:
         #    least the last one, so that the confirming iteration of the paper's rule is a real forward
         keep = min(right, n - 1)
         run.target.crop(base + keep)
-        tail, tail_probs = run.refine(([last] + prev[:-1])[keep:])
+        tail, tail_probs = run.refine(([last] + prev[:-1])[keep:], prev, keep)
         new, probs = prev[:keep] + tail, prev_probs[:keep] + tail_probs
         # 2. the paper's rule, its loop bound, or our cap
         stop = new == prev or k == n or k >= run.params.max_iterations
@@ -223,7 +231,7 @@ def _sliding(run: _Run) -> None:
             guess = run.init(min(size, room), last)
         # 2. one Jacobi iteration over the window
         base, start = run.target.length, len(run.decoded)
-        new, probs = run.refine([last] + guess[:-1])
+        new, probs = run.refine([last] + guess[:-1], guess)
         k += 1
         right = verified(guess, new)
         cut = k >= run.params.max_iterations
@@ -239,7 +247,8 @@ def _sliding(run: _Run) -> None:
 
 
 def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, max_new_tokens: int,
-           tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None) -> Result:
+           tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
+           context: Optional[RunContext] = None) -> Result:
     lm = pair.target
     target = Session(lm, "target", tracer, fast=params.fast,
                      max_len=len(prompt_ids) + max_new_tokens + params.block_size + 1)
@@ -247,8 +256,10 @@ def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, 
     pad = lm.model.generation_config.pad_token_id
     pad = pad if pad is not None else (min(eos) if eos else 0)
     run = _Run(target, Output(eos, max_new_tokens, tracer), params, tracer, int(pad), lm.vocab_size, rng,
-               max_new_tokens)
+               max_new_tokens, proc=(context or EMPTY).processors(lm, prompt_ids, max_new_tokens))
     logits = target.prefill(prompt_ids)[0]                                           # [V]
+    if run.proc is not None:
+        logits = run.proc([], logits)
     first = int(logits.argmax())
     run.decoded.append(first)
     run.out.commit([first], target.forwards, "greedy",

@@ -53,6 +53,16 @@ class GenerationSettings:
     def active(self) -> bool:
         return self != GenerationSettings()
 
+    def check_for(self, lm: Any) -> None:
+        """Raise ``ValueError`` for settings ``lm`` cannot take (token ids past its vocabulary, no EOS)."""
+        vocab = lm.vocab_size
+        for name in ("forced_bos_token_id", "forced_eos_token_id"):
+            value = getattr(self, name)
+            if value >= vocab:
+                raise ValueError(f"{name} must be -1 (off) or a token id below {vocab}, got {value}")
+        if self.min_new_tokens and not lm.eos_token_ids:
+            raise ValueError("min_new_tokens needs a model with an EOS token")
+
     def generate_kwargs(self) -> dict:
         """The same settings as ``generate`` keyword arguments (tests and benchmark anchors)."""
         out: dict[str, Any] = {}
@@ -78,14 +88,8 @@ class Processors:
                                                             MinNewTokensLengthLogitsProcessor,
                                                             NoRepeatNGramLogitsProcessor,
                                                             RepetitionPenaltyLogitsProcessor)
-        vocab = lm.vocab_size
-        for name in ("forced_bos_token_id", "forced_eos_token_id"):
-            value = getattr(settings, name)
-            if value >= vocab:
-                raise ValueError(f"{name} must be -1 (off) or a token id below {vocab}, got {value}")
+        settings.check_for(lm)
         eos = list(lm.eos_token_ids)
-        if settings.min_new_tokens and not eos:
-            raise ValueError("min_new_tokens needs a model with an EOS token")
         self.settings = settings
         self.prefix = [int(t) for t in prefix]
         self.device = lm.device

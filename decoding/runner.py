@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .context import RunContext
 from .events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
 from .params import check_max_new_tokens, params_to_dict
 from .result import ModelPair, Result
@@ -188,7 +189,7 @@ def _sync(device: torch.device) -> None:
 
 def run_one(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair, *,
             max_new_tokens: int, seed: int = 0, trace: bool = True,
-            tracer: Optional[Tracer] = None) -> tuple[Result, float, list]:
+            tracer: Optional[Tracer] = None, context: Optional[RunContext] = None) -> tuple[Result, float, list]:
     """Run one strategy once; returns (result, wall seconds, events)."""
     if strategy.needs_assistant and pair.assistant is None and pair.prophet is None:
         raise ValueError(f"strategy {strategy.name!r} needs an assistant model")
@@ -197,7 +198,7 @@ def run_one(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: Mo
     _sync(pair.target.device)
     t0 = time.perf_counter()
     result = strategy.generate(list(prompt_ids), pair, params, max_new_tokens=max_new_tokens,
-                               tracer=tr, rng=rng)
+                               tracer=tr, rng=rng, context=context)
     _sync(pair.target.device)
     return result, time.perf_counter() - t0, list(tr.events)
 
@@ -217,8 +218,12 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
                    reference: bool = True,
                    on_progress: Optional[Callable[[int, str, int], None]] = None,
                    should_stop: Optional[Callable[[], bool]] = None,
-                   time_limit_s: Optional[float] = None) -> list[RunResult]:
+                   time_limit_s: Optional[float] = None,
+                   context: Optional[RunContext] = None) -> list[RunResult]:
     """Run ``runs`` = [(strategy name, params dict or params object)] on one prompt.
+
+    ``context`` (generation settings, a drafting history) applies to every run, the
+    greedy reference included, so "identical to greedy" compares like with like.
 
     Parameters are validated before anything runs (a bad one raises ValueError).
     With ``reference`` a greedy run is added first when absent, so every result
@@ -227,6 +232,8 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
     ``on_progress(index, strategy, tokens_done)`` is called as tokens commit.
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
+    if context is not None and context.generation is not None:
+        context.generation.check_for(pair.target)
     plan: list[tuple[Strategy, Any, bool]] = []
     for name, values in runs:
         strategy = get_strategy(name)
@@ -245,7 +252,7 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
             _WARMED.add(key)
             try:
                 run_one(strategy, params, prompt_ids, pair, max_new_tokens=min(4, max_new_tokens),
-                        seed=seed, trace=False)
+                        seed=seed, trace=False, context=_warmup_context(context))
             except Exception:  # the real run reports it
                 pass
 
@@ -266,7 +273,8 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         try:
             result, rr.wall_s, rr.events = run_one(strategy, params, prompt_ids, pair,
                                                    max_new_tokens=max_new_tokens, seed=seed,
-                                                   tracer=hook if hook is not None else NULL_TRACER)
+                                                   tracer=hook if hook is not None else NULL_TRACER,
+                                                   context=context)
             rr.token_ids, rr.target_forwards = list(result.token_ids), result.target_forwards
             rr.draft_forwards, rr.stats, rr.stop_reason = result.draft_forwards, dict(result.stats), result.stop_reason
         except Cancelled as exc:
@@ -290,19 +298,27 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
     _compare_to_greedy(results)
     for r in results:
         if r.matches_greedy is False:
-            _explain_divergence(r, results, prompt_ids, pair)
+            _explain_divergence(r, results, prompt_ids, pair, max_new_tokens, context)
     return results
 
 
+def _warmup_context(context: Optional[RunContext]) -> Optional[RunContext]:
+    """The run's context without its history: a warm-up must not teach a history drafter the answer."""
+    return None if context is None else RunContext(generation=context.generation)
+
+
 def _explain_divergence(r: RunResult, results: list[RunResult], prompt_ids: Sequence[int],
-                        pair: ModelPair) -> None:
-    """Fill ``divergence_margin``: the target's top-2 logit gap where the outputs first differ."""
+                        pair: ModelPair, max_new_tokens: int, context: Optional[RunContext]) -> None:
+    """Fill ``divergence_margin``: the target's top-2 logit gap (after the run's processors) where outputs differ."""
     from .lm import Session
     base = next(x for x in results if x.strategy == "greedy" and not x.error)
     pos = r.first_divergence
     try:
         session = Session(pair.target)
         logits = session.prefill(list(prompt_ids) + base.token_ids[:pos])[0]
+        proc = (context or RunContext()).processors(pair.target, prompt_ids, max_new_tokens)
+        if proc is not None:
+            logits = proc(base.token_ids[:pos], logits)
         top = torch.topk(logits, 2)
         r.divergence_margin = round(float(top.values[0] - top.values[1]), 6)
         r.divergence_tokens = [int(t) for t in top.indices]

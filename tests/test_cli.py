@@ -84,3 +84,28 @@ def test_module_entry_point_and_list():
     bad = subprocess.run([sys.executable, "-m", "decoding", "run", "--prompt", "x", "--strategy", "beam",
                           "--set", "num_beams=-3"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "num_beams" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_generation_settings_reach_every_strategy_and_the_json(tmp_path):
+    """--repetition-penalty and --no-repeat-ngram-size: greedy matches generate with the same settings, the
+    prophet tree stays identical to that greedy, and the document records the settings."""
+    out = tmp_path / "gen.json"
+    rc = cli.main(["run", "--strategy", "greedy", "--strategy", "prophet", "--chat", "--prompt", PROMPT,
+                   "--max-new-tokens", "20", "--repetition-penalty", "1.3", "--no-repeat-ngram-size", "3",
+                   "--json", str(out), "--quiet"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["generation"]["repetition_penalty"] == 1.3 and doc["generation"]["no_repeat_ngram_size"] == 3
+    lm = load_model("smollm2-135m-instruct")
+    greedy_ids, prophet_ids = (r["token_ids"] for r in doc["results"])
+    assert greedy_ids == _generate(lm, doc["prompt_ids"], max_new_tokens=20, repetition_penalty=1.3,
+                                   no_repeat_ngram_size=3)
+    assert prophet_ids == greedy_ids and doc["results"][1]["matches_greedy"] is True
+
+
+@pytest.mark.parametrize("flag,value,message", [("--repetition-penalty", "0", "repetition_penalty must be in (0, 10]"),
+                                                ("--no-repeat-ngram-size", "99", "no_repeat_ngram_size must be in"),
+                                                ("--forced-eos-token-id", "99999999", "forced_eos_token_id must be")])
+def test_bad_generation_settings_exit_2_with_the_field_named(flag, value, message, capsys):
+    rc = cli.main(["run", "--strategy", "greedy", "--prompt", "hi", "--max-new-tokens", "2", flag, value, "--quiet"])
+    assert rc == 2 and message in capsys.readouterr().err

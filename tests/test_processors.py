@@ -7,6 +7,7 @@ import torch
 
 from decoding.baselines import beam, greedy, sample
 from decoding.context import RunContext
+from decoding.jacobi import VARIANTS, JacobiParams, jacobi
 from decoding.lookahead import LookaheadParams, lookahead
 from decoding.params import BeamParams, GreedyParams, SampleParams
 from decoding.processors import GenerationSettings, Processors
@@ -101,6 +102,9 @@ def test_lossless_strategies_stay_identical_to_greedy_under_processors(arch):
             "lookahead": lambda: lookahead(ids, ModelPair(lm), LookaheadParams(window=3, ngram=3, guess_set=3),
                                            max_new_tokens=30, context=ctx),
         }
+        for variant in VARIANTS:
+            runs[f"jacobi {variant}"] = lambda v=variant: jacobi(ids, ModelPair(lm), JacobiParams(
+                block_size=5, variant=v), max_new_tokens=30, context=ctx)
         for name, run in runs.items():
             assert run().token_ids == ref, (arch, settings, name)
 
@@ -127,6 +131,19 @@ def test_rows_processed_without_their_draft_path_would_be_caught(monkeypatch):
     monkeypatch.setattr(Processors, "rows", lambda self, contexts, scores: real(self, [contexts[0]] * len(contexts),
                                                                                  scores))
     assert run().token_ids != ref
+
+
+def test_jacobi_on_an_encoder_decoder_keeps_forced_bos_and_equals_greedy():
+    lm = tiny_marian(seed=3)
+    with torch.no_grad():
+        lm.model.get_output_embeddings().weight.mul_(8.0)
+    ids = prompt(7, 4) + [2]
+    ctx = _ctx(GenerationSettings(forced_bos_token_id=17, repetition_penalty=2.0))
+    ref = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=16, context=ctx).token_ids
+    assert ref[0] == 17
+    for variant in VARIANTS:
+        assert jacobi(ids, ModelPair(lm), JacobiParams(block_size=4, variant=variant), max_new_tokens=16,
+                      context=ctx).token_ids == ref, variant
 
 
 def test_forced_bos_on_an_encoder_decoder_matches_generate():
