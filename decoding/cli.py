@@ -217,9 +217,19 @@ def _load_pair(args: argparse.Namespace, status: Any):
     from .models import load_model
     from .prophet import make_pair
 
+    if args.no_pack and args.kernels not in (None, "default"):
+        raise ValueError(f"--no-pack means --kernels default; it contradicts --kernels {args.kernels}")
+    mode = "default" if args.no_pack else args.kernels or "auto"
+
     def load(name: str):
-        return load_model(name, device=args.device, dtype=args.dtype, progress=status, pack=not args.no_pack)
+        return load_model(name, device=args.device, dtype=args.dtype, progress=status, kernels=mode)
     return make_pair(load(args.target), args.assistant, load)
+
+
+KERNELS_HELP = ("CPU linear kernels: 'auto' (default) runs each bucket of row counts on whichever of "
+                "PyTorch's default and oneDNN's prepacked kernel measured faster on this machine "
+                "(timed once, cached); 'packed' or 'default' forces one")
+NO_PACK_HELP = "CPU: keep PyTorch's default linear kernels (same as --kernels default)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", metavar="OUT", help="write results, events and environment as JSON")
     run.add_argument("--device", default=None, help="cpu, cuda or auto (default)")
     run.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default)")
-    run.add_argument("--no-pack", action="store_true",
-                     help="CPU: keep PyTorch's default linear kernels instead of weights prepacked for oneDNN")
+    run.add_argument("--kernels", choices=("auto", "packed", "default"), default=None, help=KERNELS_HELP)
+    run.add_argument("--no-pack", action="store_true", help=NO_PACK_HELP)
     run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     run.add_argument("--no-reference", action="store_true",
                      help="do not add a greedy reference run when greedy is not selected")
@@ -271,8 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     bn.add_argument("--device", default=None)
     bn.add_argument("--dtype", default=None)
-    bn.add_argument("--no-pack", action="store_true",
-                     help="CPU: keep PyTorch's default linear kernels instead of weights prepacked for oneDNN")
+    bn.add_argument("--kernels", choices=("auto", "packed", "default"), default=None, help=KERNELS_HELP)
+    bn.add_argument("--no-pack", action="store_true", help=NO_PACK_HELP)
     bn.add_argument("--json", default=None)
     bn.add_argument("--markdown", default=None)
     bn.add_argument("--html", default=None)

@@ -1,41 +1,68 @@
-"""Prepacked oneDNN linear layers for CPU inference.
+"""CPU linear kernels, chosen per weight shape and per number of rows.
 
 Why this exists: on CPU, PyTorch sends a float32 ``nn.Linear`` to MKL's sgemm.
-For one row (a greedy step) that is a matrix-vector product, but for 2-16 rows
-(a verify forward over drafted tokens, a lookahead window) MKL repacks the
-whole weight matrix on every call, so a 4-position forward costs about twice a
-1-position one (BENCHMARKS.md, "The cost of a wide forward"). oneDNN can pack each
-weight once, at load time, into the blocked layout its kernels read; after
-that a forward over 1-16 positions costs about the same as over one, and even
-the one-row case gets faster (the bundled model's LM head: 12 ms -> 6 ms on
-the project's 2-vCPU machine).
+oneDNN can instead pack each weight once, at load time, into the blocked layout
+its kernels read. Which of the two is faster depends on the machine and on the
+number of rows (positions) a call multiplies:
 
-``pack_linears(model)`` swaps every ``nn.Linear`` of a loaded model for a
-``PackedLinear`` that keeps the same ``weight``/``bias`` parameters (tied
-weights stay tied, ``state_dict`` keys do not change) and adds the packed copy
-as a plain attribute, out of ``parameters()``, ``buffers()`` and
-``state_dict()``. Both the baseline and every strategy run through the same
-packed layers, so "identical to greedy" keeps its meaning. Arithmetic stays in
-the model's dtype with float32 accumulation: the packed result differs from
-MKL's only by summation order (about 1e-4 on the bundled model's logits).
+* on the project's AMD EPYC machine, packed weights made a one-row forward
+  (a greedy step) 1.42x faster, and a forward over 2-16 rows no dearer than
+  one (MKL repacks the whole weight for every call of 2-16 rows);
+* on an Intel Xeon, MKL's one-row path is 1.33x faster than oneDNN's, and
+  oneDNN wins from 4 rows on.
 
-The two operators are PyTorch's own oneDNN ops (the ones inductor uses when it
-freezes a CPU model). They are not public API, so every call site falls back
-to ``F.linear``: when the ops are missing, when gradients are needed (training
-the prophet through the frozen LM head), or when an input is not a CPU tensor
-of the packed dtype. ``pack_linears`` also checks one layer's output against
+So no single kernel is right everywhere. A ``PackedLinear`` holds both: the
+layer's own ``weight``/``bias`` parameters (tied weights stay tied,
+``state_dict`` keys do not change) for ``F.linear``, and a packed copy as a
+plain attribute (out of ``parameters()``, ``buffers()`` and ``state_dict()``).
+At every call the number of rows (the product of the input's leading
+dimensions) picks one of the ``BUCKETS`` and the layer's ``choice`` for that
+bucket says which kernel runs. ``decoding/kernel_choice.py`` fills the choices
+by timing both kernels on the model's own layers, once per machine and model.
+
+Arithmetic stays in the model's dtype with float32 accumulation: the packed
+result differs from MKL's only by summation order (about 1e-4 on the bundled
+model's logits). The oneDNN operators are PyTorch's own (the ones inductor uses
+when it freezes a CPU model) but not public API, so every call falls back to
+``F.linear`` when the ops are missing, when gradients are needed (training the
+prophet through the frozen LM head), or when an input is not a CPU tensor of
+the packed dtype. Applying a table checks one layer's packed output against
 ``F.linear`` before it swaps anything.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+KINDS = ("default", "packed")
+# Row-count buckets (first, last; None = no limit): 1 is a greedy step, 2-9 a verify
+# forward over a few drafted tokens, 10-64 a lookahead window or Jacobi block, 65+ a prefill.
+BUCKETS: tuple[tuple[int, Any], ...] = ((1, 1), (2, 3), (4, 9), (10, 17), (18, 64), (65, None))
+_OPEN = BUCKETS[-1][0]                  # every row count from here on is the last bucket
+ALL_PACKED = ("packed",) * len(BUCKETS)
+ALL_DEFAULT = ("default",) * len(BUCKETS)
+LABELS = {"packed": "onednn-packed", "default": "default"}
+
+Choice = tuple            # one kind per bucket
+Shape = tuple             # (in_features, out_features)
+Plan = Union[str, Choice, dict, Callable[[Shape], Choice]]
+
+
+def bucket_of(rows: int) -> int:
+    for index, (first, last) in enumerate(BUCKETS):
+        if first <= rows and (last is None or rows <= last):
+            return index
+    return 0                             # 0 rows: nothing to multiply, either kernel
+
+
+def bucket_label(index: int) -> str:
+    first, last = BUCKETS[index]
+    return f"{first}+" if last is None else str(first) if first == last else f"{first}-{last}"
 
 
 def available() -> bool:
@@ -53,29 +80,51 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
-class PackedLinear(nn.Module):
-    """``nn.Linear`` whose forward uses a weight prepacked for oneDNN."""
+def _check_choice(choice: Choice) -> Choice:
+    choice = tuple(choice)
+    if len(choice) != len(BUCKETS) or any(kind not in KINDS for kind in choice):
+        raise ValueError(f"a kernel choice names one of {KINDS} for each of the {len(BUCKETS)} row buckets "
+                         f"{[bucket_label(i) for i in range(len(BUCKETS))]}; got {choice!r}")
+    return choice
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` that runs each row bucket on the kernel its ``choice`` names."""
+
+    def __init__(self, linear: nn.Linear, choice: Choice = ALL_PACKED) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight            # the same Parameter: tied weights stay tied
         self.bias = linear.bias
         object.__setattr__(self, "packed", _pack(linear.weight))   # not a buffer: opaque, CPU only
+        self.set_choice(choice)
+
+    def set_choice(self, choice: Choice) -> None:
+        self.choice = _check_choice(choice)
+        # rows -> use the packed kernel? (index 0: an empty input; the last index: every larger count)
+        self._packed_at = tuple(self.choice[bucket_of(rows)] == "packed" for rows in range(_OPEN + 1))
 
     def usable(self, x: torch.Tensor) -> bool:
         return (x.device.type == "cpu" and x.dtype == self.packed.dtype
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.usable(x):
-            return F.linear(x, self.weight, self.bias)
+        rows = x.numel() // self.in_features
+        if self._packed_at[rows if rows < _OPEN else _OPEN] and self.usable(x):
+            return self.run_packed(x)
+        return F.linear(x, self.weight, self.bias)
+
+    def run_packed(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         # [..., in] -> [rows, in] -> [rows, out] -> [..., out]
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed,
                                                self.bias, "none", [], "")
         return y.reshape(*lead, self.out_features)
+
+    def run(self, kind: str, x: torch.Tensor) -> torch.Tensor:
+        """One kernel, whatever the choice says (for timing both)."""
+        return self.run_packed(x) if kind == "packed" else F.linear(x, self.weight, self.bias)
 
     def unpacked(self) -> nn.Linear:
         plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
@@ -85,12 +134,18 @@ class PackedLinear(nn.Module):
         return plain
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
+        kinds = ", ".join(f"{bucket_label(i)}: {k}" for i, k in enumerate(self.choice))
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed; rows {kinds}"
 
 
-def _linears(model: nn.Module, kind: type) -> list[tuple[nn.Module, str, nn.Module]]:
+def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, layer) for every ``nn.Linear``/``PackedLinear``, in module order."""
     return [(parent, name, child) for parent in model.modules()
-            for name, child in parent.named_children() if type(child) is kind]
+            for name, child in parent.named_children() if type(child) in (nn.Linear, PackedLinear)]
+
+
+def shape_of(layer: nn.Module) -> Shape:
+    return (layer.in_features, layer.out_features)
 
 
 def _agrees(layer: nn.Linear) -> bool:
@@ -110,33 +165,74 @@ def _agrees(layer: nn.Linear) -> bool:
         return False
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Swap the model's ``nn.Linear`` layers for ``PackedLinear``; returns how many were swapped.
-
-    Does nothing (returns 0) for a model that is not on the CPU, not float32/bfloat16,
-    or on a PyTorch build without the oneDNN ops. The model must be frozen from here on:
-    the packed copy does not follow later in-place changes to the weights.
-    """
+def packable_dtype(model: nn.Module) -> Any:
+    """The dtype the model's linears would be packed in, or None when they cannot be."""
     if not available():
-        return 0
+        return None
     try:
         param = next(model.parameters())
     except StopIteration:
+        return None
+    if param.device.type != "cpu" or param.dtype not in PACKABLE_DTYPES:
+        return None
+    return param.dtype
+
+
+def _resolver(plan: Plan) -> Callable[[Shape], Choice]:
+    if isinstance(plan, str):
+        if plan not in KINDS:
+            raise ValueError(f"kernel plan must be one of {KINDS}, a choice per bucket or a table; got {plan!r}")
+        whole = (plan,) * len(BUCKETS)
+        return lambda shape: whole
+    if isinstance(plan, dict):
+        table = {tuple(shape): _check_choice(choice) for shape, choice in plan.items()}
+        return lambda shape: table.get(tuple(shape), ALL_PACKED)
+    if callable(plan):
+        return plan
+    whole = _check_choice(plan)
+    return lambda shape: whole
+
+
+def apply(model: nn.Module, plan: Plan) -> int:
+    """Set every linear layer's kernel per row bucket; returns how many layers hold a packed copy.
+
+    ``plan``: ``"packed"`` or ``"default"`` for every bucket, one choice tuple for every
+    layer, a ``{(in, out): choice}`` table (shapes it lacks run packed), or a function of
+    the shape. Layers whose choice is all ``default`` are plain ``nn.Linear`` (no packed
+    copy, no dispatch); the others become ``PackedLinear``. Does nothing (returns 0) for a
+    model that is not on the CPU, not float32/bfloat16, or on a build without the oneDNN
+    ops. The model must be frozen from here on: packed copies do not follow later
+    in-place changes to the weights.
+    """
+    choose = _resolver(plan)
+    dtype = packable_dtype(model)
+    found = [entry for entry in linear_layers(model) if entry[2].weight.dtype == dtype]
+    if dtype is None or not found:
         return 0
-    dtype = param.dtype
-    if param.device.type != "cpu" or dtype not in PACKABLE_DTYPES:
+    choices = [_check_choice(choose(shape_of(child))) for _, _, child in found]
+    to_wrap = [child for (_, _, child), choice in zip(found, choices)
+               if type(child) is nn.Linear and choice != ALL_DEFAULT]
+    if to_wrap and not _agrees(to_wrap[0]):
         return 0
-    found = [entry for entry in _linears(model, nn.Linear) if entry[2].weight.dtype == dtype]
-    if not found or not _agrees(found[0][2]):
-        return 0
-    for parent, name, child in found:
-        setattr(parent, name, PackedLinear(child))
-    return len(found)
+    for (parent, name, child), choice in zip(found, choices):
+        if choice == ALL_DEFAULT:
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, child.unpacked())
+        elif isinstance(child, PackedLinear):
+            child.set_choice(choice)
+        else:
+            setattr(parent, name, PackedLinear(child, choice))
+    return sum(isinstance(child, PackedLinear) for _, _, child in linear_layers(model))
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Every linear layer on packed oneDNN kernels, for every row count (see ``apply``)."""
+    return apply(model, "packed")
 
 
 def unpack_linears(model: nn.Module) -> int:
-    """Undo ``pack_linears`` (benchmarks compare both kernels on one loaded model)."""
-    found = _linears(model, PackedLinear)
+    """Every linear layer back on PyTorch's default kernel; returns how many were packed."""
+    found = [entry for entry in linear_layers(model) if isinstance(entry[2], PackedLinear)]
     for parent, name, child in found:
         setattr(parent, name, child.unpacked())
     return len(found)
@@ -150,3 +246,37 @@ def packed_bytes(model: Any) -> int:
     """Memory held by the packed copies (outside ``parameters()``/``buffers()``)."""
     return sum(m.packed.numel() * m.packed.element_size()
                for m in getattr(model, "modules", lambda: [])() if isinstance(m, PackedLinear))
+
+
+def bucket_kernels(model: nn.Module) -> list[dict]:
+    """Per row bucket: the kernel that runs it and the share of linear weight bytes on packed kernels."""
+    layers = [child for _, _, child in linear_layers(model)]
+    total = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) or 1
+    rows = []
+    for index in range(len(BUCKETS)):
+        packed = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers
+                     if isinstance(layer, PackedLinear) and layer.choice[index] == "packed")
+        share = packed / total
+        kernel = "onednn-packed" if share == 1 else "default" if share == 0 else "mixed"
+        rows.append({"rows": bucket_label(index), "kernel": kernel, "packed_share": round(share, 3)})
+    return rows
+
+
+def label(model: nn.Module) -> str:
+    """``default``, ``onednn-packed``, or e.g. ``mixed: default 1-3, onednn-packed 4+``."""
+    kinds = [row["kernel"] if row["kernel"] != "mixed" else f"{round(100 * row['packed_share'])}% packed"
+             for row in bucket_kernels(model)]
+    if len(set(kinds)) == 1 and kinds[0] in LABELS.values():
+        return kinds[0]
+    runs: list[list] = []          # consecutive buckets on the same kernel: [kernel, first, last]
+    for index, kind in enumerate(kinds):
+        if runs and runs[-1][0] == kind:
+            runs[-1][2] = index
+        else:
+            runs.append([kind, index, index])
+    parts = []
+    for kernel, first, last in runs:
+        lo, hi = BUCKETS[first][0], BUCKETS[last][1]
+        span = f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
+        parts.append(f"{kernel} {span}")
+    return "mixed: " + ", ".join(parts)

@@ -185,13 +185,21 @@ class LoadedModel:
 
     @property
     def kernels(self) -> str:
-        """How the linear layers run: ``onednn-packed`` (decoding/kernels.py) or ``default``."""
-        return "onednn-packed" if kernels.is_packed(self.model) else "default"
+        """How the linear layers run (decoding/kernels.py): ``default``, ``onednn-packed``, or
+        ``mixed: ...`` naming the kernel of each range of row counts."""
+        return kernels.label(self.model)
 
     def describe(self) -> dict:
-        return {"name": self.name, "source": self.source, "architecture": type(self.model).__name__,
+        info = {"name": self.name, "source": self.source, "architecture": type(self.model).__name__,
                 "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
                 "kernels": self.kernels, "parameters": sum(p.numel() for p in self.model.parameters())}
+        if self.device.type == "cpu":
+            # which kernel runs which bucket of row counts, and how that was decided (measured or cached)
+            info["kernel_buckets"] = kernels.bucket_kernels(self.model)
+            choice = self.extras.get("kernel_choice")
+            if choice is not None:
+                info["kernel_choice"] = choice.record()
+        return info
 
 
 def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs: Any) -> LoadedModel:
@@ -314,7 +322,7 @@ def _offline() -> bool:
 
 
 def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
-                   progress: Callable[[str], None], pack: bool) -> LoadedModel:
+                   progress: Callable[[str], None], kernel_mode: str) -> LoadedModel:
     source, preset, kind = resolve_source(spec)
     name = preset.name if preset else spec
     if kind == "bundled":
@@ -336,27 +344,40 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
                 f"offline (HF_HUB_OFFLINE=1).{hint} Offline, use a bundled preset or a local directory.") from None
         raise ModelLoadError(f"could not load model {spec!r} from {source!r}: {exc}") from None
     model.to(device)
-    if pack:
-        kernels.pack_linears(model)     # CPU only; a no-op elsewhere (decoding/kernels.py)
+    # CPU linear kernels per bucket of row counts, measured once per machine and cached next to
+    # the converted model (decoding/kernel_choice.py); a no-op on other devices
+    from .kernel_choice import cache_file, configure
+    choice = configure(model, kernel_mode, name=name, file=cache_file(cache_root(), name, kind == "bundled"),
+                       progress=progress)
     loaded = wrap_model(model, tokenizer, name=name, source=source,
                         chat=bool(preset.chat) if preset else bool(getattr(tokenizer, "chat_template", None)),
-                        network=bool(preset.network) if preset else kind == "hub")
+                        network=bool(preset.network) if preset else kind == "hub",
+                        extras={"kernel_choice": choice})
     return loaded
 
 
 def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype | None = None,
-               progress: Callable[[str], None] | None = None, pack: bool = True) -> LoadedModel:
+               progress: Callable[[str], None] | None = None, pack: bool = True,
+               kernels: str | None = None) -> LoadedModel:
     """Load (or fetch from the in-process cache) a model by preset name, directory or Hub id.
 
-    ``pack`` (default on) runs a CPU model's linear layers on weights prepacked for
-    oneDNN (decoding/kernels.py); ``pack=False`` keeps PyTorch's default kernels.
+    ``kernels`` picks a CPU model's linear kernels (decoding/kernels.py): ``"auto"`` (the
+    default) runs each weight shape and bucket of row counts on whichever of PyTorch's
+    default kernel and oneDNN's prepacked one measured faster on this machine (timed once,
+    cached per machine and model); ``"packed"`` or ``"default"`` forces one. ``pack=False``
+    is the older spelling of ``kernels="default"``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelLoadError("model must be a preset name, a local directory or a Hub id; got nothing")
+    mode = kernels if kernels is not None else ("auto" if pack else "default")
+    if mode not in ("auto", "packed", "default"):
+        raise ValueError(f"kernels must be 'auto', 'packed' or 'default', got {kernels!r}")
+    if not pack and mode != "default":
+        raise ValueError(f"pack=False means kernels='default'; it contradicts kernels={kernels!r}")
     spec = spec.strip()
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    key = (spec, str(dev), str(dt), bool(pack))
+    key = (spec, str(dev), str(dt), mode)
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -367,7 +388,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
             if key in _cache:
                 _cache.move_to_end(key)
                 return _cache[key]
-        loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None), bool(pack))
+        loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None), mode)
         with _cache_lock:
             _evict_for(model_bytes(loaded))
             _cache[key] = loaded

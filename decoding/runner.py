@@ -143,6 +143,9 @@ def environment(pair: ModelPair, seed: int) -> dict:
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(), "seed": seed,
     }
+    if pair.target.device.type == "cpu":   # the kernel per bucket of row counts is in target.kernel_buckets
+        from .kernel_choice import cpu_name
+        env["cpu"] = cpu_name()
     if pair.target.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(pair.target.device)
     return env

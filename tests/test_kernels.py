@@ -1,4 +1,4 @@
-"""Prepacked oneDNN linear layers (decoding/kernels.py): same model, same tokens, faster CPU forwards."""
+"""CPU linear kernels per bucket of row counts (decoding/kernels.py): same model, same tokens, faster forwards."""
 
 from __future__ import annotations
 
@@ -64,6 +64,57 @@ def test_one_row_and_many_rows_agree_with_f_linear():
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+LOW_DEFAULT = ("default", "default", "packed", "packed", "packed", "packed")   # default 1-3 rows, packed 4+
+LOW_PACKED = ("packed", "default", "default", "default", "default", "packed")   # the other way round (and prefill packed)
+
+
+def test_each_bucket_runs_the_kernel_its_choice_names():
+    # a packed copy of a zero matrix: the output shows which kernel ran (bias only = packed)
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 320)
+    mixed = kernels.PackedLinear(layer, LOW_DEFAULT)
+    object.__setattr__(mixed, "packed", kernels._pack(torch.zeros(320, 96)))
+    with torch.no_grad():
+        for shape in [(1, 96), (1, 3, 96), (2, 96), (4, 96), (2, 2, 96), (9, 96), (17, 96), (64, 96), (200, 96)]:
+            x = torch.randn(*shape)
+            rows = x.numel() // 96
+            packed_ran = torch.allclose(mixed(x), layer.bias.expand(*shape[:-1], 320))
+            assert packed_ran == (rows >= 4), (shape, rows)
+    assert [kernels.bucket_label(kernels.bucket_of(r)) for r in (1, 2, 3, 4, 9, 10, 17, 18, 64, 65, 4096)] == \
+        ["1", "2-3", "2-3", "4-9", "4-9", "10-17", "10-17", "18-64", "18-64", "65+", "65+"]
+    with pytest.raises(ValueError, match="row buckets"):
+        kernels.PackedLinear(layer, ("packed", "default"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gptneox"])
+@pytest.mark.parametrize("plan", [LOW_DEFAULT, LOW_PACKED])
+def test_mixed_dispatch_gives_the_default_kernels_logits(arch, plan):
+    lm = tiny_causal(arch, seed=5)
+    ids = prompt(80, 9)
+    with torch.no_grad():
+        want = [lm.model(torch.tensor([ids[:n]])).logits for n in (1, 3, 6, 80)]
+        assert kernels.apply(lm.model, plan) > 0
+        got = [lm.model(torch.tensor([ids[:n]])).logits for n in (1, 3, 6, 80)]
+    assert kernels.label(lm.model).startswith("mixed: ")
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_table_packs_only_the_shapes_that_use_it():
+    lm = tiny_causal("llama", seed=1)
+    head = kernels.shape_of(lm.model.get_output_embeddings())
+    table = {head: LOW_DEFAULT}                      # every other shape: default everywhere
+    table.update({kernels.shape_of(c): kernels.ALL_DEFAULT for _, _, c in kernels.linear_layers(lm.model)
+                  if kernels.shape_of(c) != head})
+    assert kernels.apply(lm.model, table) == 1
+    assert kernels.packed_bytes(lm.model) == lm.model.get_output_embeddings().weight.numel() * 4
+    rows = kernels.bucket_kernels(lm.model)
+    assert [r["kernel"] for r in rows] == ["default", "default"] + ["mixed"] * 4
+    assert 0 < rows[2]["packed_share"] < 1
+    assert kernels.apply(lm.model, "default") == 0 and not kernels.is_packed(lm.model)
+    assert kernels.label(lm.model) == "default"
+
+
 def test_gradients_and_foreign_inputs_fall_back_to_f_linear():
     layer = nn.Linear(16, 8)
     packed = kernels.PackedLinear(layer)
@@ -83,10 +134,12 @@ def test_models_that_cannot_be_packed_are_left_alone():
 
 
 @pytest.mark.parametrize("arch", ["llama", "gptneox"])
-def test_every_lossless_strategy_matches_greedy_on_a_packed_model(arch):
-    # float32 (what packing serves) with peaked logits, so that no near-tie decides a token
+@pytest.mark.parametrize("plan", ["packed", LOW_DEFAULT, LOW_PACKED])
+def test_every_lossless_strategy_matches_greedy_on_packed_and_mixed_kernels(arch, plan):
+    # float32 (what packing serves) with peaked logits, so that no near-tie decides a token;
+    # under a mixed table greedy's one-row steps and the verify forwards run different kernels
     lm = tiny_causal(arch, seed=0, scale=8.0)
-    assert kernels.pack_linears(lm.model) > 0
+    assert kernels.apply(lm.model, plan) > 0
     seed = prompt(6, 2)
     repetitive = seed + greedy(seed, ModelPair(lm), GreedyParams(), max_new_tokens=20).token_ids + seed
     for ids in (prompt(7, 1), repetitive):
@@ -107,14 +160,20 @@ def test_every_lossless_strategy_matches_greedy_on_a_packed_model(arch):
             assert run().token_ids == ref, (arch, name)
 
 
-def test_bundled_model_loads_packed_by_default_and_unpacked_on_request():
+def test_bundled_model_on_each_kernel_setting():
     from decoding.models import load_model
-    packed = load_model("smollm2-135m-instruct")
+    auto = load_model("smollm2-135m-instruct")
+    packed = load_model("smollm2-135m-instruct", kernels="packed")
     plain = load_model("smollm2-135m-instruct", pack=False)
-    assert packed is not plain
+    assert load_model("smollm2-135m-instruct", kernels="default") is plain
+    assert len({id(auto), id(packed), id(plain)}) == 3
     assert packed.kernels == "onednn-packed" and packed.describe()["kernels"] == "onednn-packed"
-    assert plain.kernels == "default"
-    ids = packed.tokenizer("The quick brown fox", return_tensors=None)["input_ids"]
-    a, b = _logits(packed, ids), _logits(plain, ids)
-    assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)
-    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert plain.kernels == "default" and not kernels.is_packed(plain.model)
+    info = auto.describe()
+    assert info["kernels"] == auto.kernels and len(info["kernel_buckets"]) == len(kernels.BUCKETS)
+    assert info["kernel_choice"]["mode"] == "auto" and info["kernel_choice"]["source"] in ("measured", "cache")
+    ids = packed.tokenizer("The quick brown fox jumps over the lazy dog", return_tensors=None)["input_ids"]
+    a, b, c = _logits(packed, ids), _logits(plain, ids), _logits(auto, ids)
+    for got in (a, c):
+        assert torch.allclose(got, b, rtol=1e-3, atol=1e-3)
+        assert torch.equal(got.argmax(-1), b.argmax(-1))

@@ -1,0 +1,237 @@
+"""Which CPU linear kernel runs which row bucket: measured on this machine, cached per machine and model.
+
+``configure(model, "auto", ...)`` times PyTorch's default kernel and oneDNN's
+packed one (``decoding/kernels.py``) on the model's own linear layers, all of
+them in module order (so weights stream from memory as in a real forward, the
+LM head included), for one row count per bucket. The two kernels alternate
+layer by layer, and each call counts its fastest time over a few repeats (a
+busy machine only adds time): a dozen model-sized passes over the linear
+weights per repeat. Each weight shape then runs each bucket on the kernel that
+was faster (packed must win by ``MARGIN``; a tie stays on PyTorch's kernel,
+which needs no packed copy).
+
+The decision is written as JSON (``file``, next to the converted model)
+under a key made of the CPU model name and flags, the torch thread count, the
+torch version, the model's name, dtype and linear shapes; a changed key
+measures again. Without a cache file (tiny test models) it is decided in
+memory. ``"packed"`` and ``"default"`` force one kernel for every bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from . import kernels
+from .kernels import BUCKETS, KINDS, PackedLinear, bucket_label, shape_of
+
+MODES = ("auto", "packed", "default")
+PROBE_ROWS = (1, 3, 6, 13, 32, 128)      # one row count inside each of kernels.BUCKETS
+REPEATS = 3
+BUDGET_S = 6.0                           # no new repeat starts after this long
+MARGIN = 0.02
+VERSION = 2                              # bump when the timing method changes: old decisions re-measure
+KEEP_ENTRIES = 8                         # machines remembered per cache file
+
+Timer = Callable[[PackedLinear, str, torch.Tensor], float]
+
+
+@dataclass
+class KernelChoice:
+    """What ``configure`` decided, and from what."""
+    mode: str                            # auto | packed | default
+    source: str                          # measured | cache | forced | unavailable
+    table: dict = field(default_factory=dict)          # (in, out) -> kernel per bucket
+    bucket_ms: list = field(default_factory=list)      # per bucket: default/packed/chosen ms over all linears
+    seconds: float = 0.0                 # time spent measuring
+
+    def record(self) -> dict:
+        return {"mode": self.mode, "source": self.source, "measure_s": round(self.seconds, 2),
+                "bucket_ms": self.bucket_ms}
+
+
+# --------------------------------------------------------------------------- machine key
+
+def _cpuinfo(field_name: str) -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.split(":", 1)[0].strip() == field_name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_name() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def machine_key(model: nn.Module, name: str) -> dict:
+    counts: dict[tuple, int] = {}
+    for _, _, layer in kernels.linear_layers(model):
+        counts[shape_of(layer)] = counts.get(shape_of(layer), 0) + 1
+    key = {"version": VERSION, "cpu": cpu_name(),
+           "cpu_flags": hashlib.sha1(_cpuinfo("flags").encode()).hexdigest()[:16],
+           "threads": torch.get_num_threads(), "torch": torch.__version__, "model": name,
+           "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+           "shapes": sorted([i, o, n] for (i, o), n in counts.items()),
+           "buckets": [bucket_label(i) for i in range(len(BUCKETS))], "probe_rows": list(PROBE_ROWS)}
+    return json.loads(json.dumps(key))
+
+
+# --------------------------------------------------------------------------- measuring
+
+def _time(layer: PackedLinear, kind: str, x: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    layer.run(kind, x)
+    return time.perf_counter() - t0
+
+
+def measure(model: nn.Module, repeats: int = REPEATS, timer: Optional[Timer] = None,
+            budget_s: float = BUDGET_S) -> dict:
+    """Seconds per ``(shape, bucket, kind)``: over the model's layers of that shape, the sum of
+    each call's fastest time among the repeats (a busy machine only ever adds time).
+
+    Every linear layer must be a ``PackedLinear`` (it holds both kernels). Repeats stop
+    early, after the first, once ``budget_s`` seconds have gone (a slow or busy machine).
+    """
+    timer = timer or _time
+    layers = [child for _, _, child in kernels.linear_layers(model) if isinstance(child, PackedLinear)]
+    dtype = layers[0].weight.dtype
+    inputs = {(rows, width): torch.randn(1, rows, width, dtype=dtype)              # [1, rows, in], as a model calls
+              for rows in PROBE_ROWS for width in {layer.in_features for layer in layers}}
+    fastest = {(i, b, kind): float("inf")
+               for i in range(len(layers)) for b in range(len(BUCKETS)) for kind in KINDS}
+    with torch.inference_mode():
+        first = {shape_of(layer): layer for layer in reversed(layers)}     # warm-up: one layer per shape
+        for layer in first.values():
+            for rows in PROBE_ROWS:
+                for kind in KINDS:
+                    layer.run(kind, inputs[(rows, layer.in_features)])
+        start = time.perf_counter()
+        for rep in range(repeats):
+            if rep and time.perf_counter() - start > budget_s:
+                break
+            for b, rows in enumerate(PROBE_ROWS):
+                # both kernels on each layer in turn, their order alternating (a busy spell of the
+                # machine hits both alike); each kernel reads its own copy of the weight from memory
+                for i, layer in enumerate(layers):
+                    x = inputs[(rows, layer.in_features)]
+                    for kind in (KINDS if (rep + b + i) % 2 == 0 else KINDS[::-1]):
+                        fastest[(i, b, kind)] = min(fastest[(i, b, kind)], timer(layer, kind, x))
+    totals: dict = {}
+    for (i, b, kind), seconds in fastest.items():
+        key = (shape_of(layers[i]), b, kind)
+        totals[key] = totals.get(key, 0.0) + seconds
+    return totals
+
+
+def decide(timings: dict, margin: float = MARGIN) -> dict:
+    """``{(in, out): kernel per bucket}``: packed where it beats default by ``margin``."""
+    shapes = sorted({shape for shape, _, _ in timings})
+    return {shape: tuple("packed" if timings[(shape, b, "packed")] < (1 - margin) * timings[(shape, b, "default")]
+                         else "default" for b in range(len(BUCKETS)))
+            for shape in shapes}
+
+
+def bucket_costs(timings: dict, table: dict) -> list[dict]:
+    """Per bucket, the model's linears in ms: all default, all packed, as chosen."""
+    rows = []
+    for b in range(len(BUCKETS)):
+        cost = {kind: 1000 * sum(timings[(shape, b, kind)] for shape in table) for kind in KINDS}
+        chosen = 1000 * sum(timings[(shape, b, table[shape][b])] for shape in table)
+        rows.append({"rows": bucket_label(b), "probe_rows": PROBE_ROWS[b], "default_ms": round(cost["default"], 3),
+                     "packed_ms": round(cost["packed"], 3), "chosen_ms": round(chosen, 3)})
+    return rows
+
+
+# --------------------------------------------------------------------------- cache file
+
+def cache_file(models_root: Path, name: str, converted: bool) -> Path:
+    """Where a model's decisions live: inside its converted directory, else in a shared folder."""
+    if converted:
+        return models_root / name / "kernels.json"
+    slug = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+    return models_root.parent / "kernels" / f"{slug}.json"
+
+
+def _read(path: Path) -> list:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        return list(doc.get("entries", [])) if doc.get("version") == VERSION else []
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def read_cache(path: Path, key: dict) -> Optional[dict]:
+    for entry in _read(path):
+        if entry.get("key") == key:
+            return entry
+    return None
+
+
+def write_cache(path: Path, key: dict, choice: KernelChoice) -> None:
+    entries = [e for e in _read(path) if e.get("key") != key]
+    entries.append({"key": key, "table": [[i, o, list(c)] for (i, o), c in sorted(choice.table.items())],
+                    "bucket_ms": choice.bucket_ms, "measure_s": round(choice.seconds, 2),
+                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"version": VERSION, "entries": entries[-KEEP_ENTRIES:]}, fh, indent=1)
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- choosing
+
+def configure(model: nn.Module, mode: str = "auto", *, name: str = "model", file: Optional[Path] = None,
+              timer: Optional[Timer] = None, repeats: int = REPEATS, budget_s: float = BUDGET_S,
+              remeasure: bool = False, progress: Optional[Callable[[str], None]] = None) -> KernelChoice:
+    """Put the model's linear layers on the kernels ``mode`` asks for (see the module docstring).
+
+    ``remeasure`` times the kernels even when ``file`` holds a decision for this key
+    (for example one taken while the machine was busy) and replaces it.
+    """
+    if mode not in MODES:
+        raise ValueError(f"kernels must be one of {MODES}, got {mode!r}")
+    if kernels.packable_dtype(model) is None:
+        return KernelChoice(mode, "unavailable")
+    if mode != "auto":
+        return KernelChoice(mode, "forced" if kernels.apply(model, mode) or mode == "default" else "unavailable")
+    key = machine_key(model, name)
+    entry = read_cache(file, key) if file is not None and not remeasure else None
+    if entry is not None:
+        table = {(i, o): tuple(c) for i, o, c in entry["table"]}
+        kernels.apply(model, table)
+        return KernelChoice(mode, "cache", table, entry.get("bucket_ms", []), entry.get("measure_s", 0.0))
+    if progress:
+        progress("timing both CPU linear kernels on this machine (once per machine and model)")
+    t0 = time.perf_counter()
+    if not kernels.apply(model, "packed"):            # every layer holds both kernels while timing
+        return KernelChoice(mode, "unavailable")
+    timings = measure(model, repeats=repeats, timer=timer, budget_s=budget_s)
+    table = decide(timings)
+    kernels.apply(model, table)                       # drops the packed copies no bucket uses
+    choice = KernelChoice(mode, "measured", table, bucket_costs(timings, table), time.perf_counter() - t0)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if progress and load > (os.cpu_count() or 1):
+        progress(f"the machine was busy while timing (load {load:.1f} on {os.cpu_count()} CPUs); the kernel "
+                 f"choice may be off: `python benchmarks/bench_forward_cost.py --remeasure` times them again")
+    if file is not None:
+        try:
+            write_cache(file, key, choice)
+        except OSError:
+            pass                                      # a read-only cache: decide again next time
+    return choice
