@@ -40,12 +40,16 @@ browser:
 test: setup browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
+# Our greedy (kernels chosen per bucket, re-timed first) against generate on transformers' default kernels,
+# same weights. Run the benchmarks on an otherwise idle machine: a busy one skews the kernel choice.
 bench: setup
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_baselines.py --json benchmarks/results/baselines-cpu.json
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_baselines.py --remeasure --json benchmarks/results/baselines-cpu.json
 
-# What a forward over T positions costs relative to one position (why drafting does or does not pay).
+# What a forward over T positions costs on each CPU linear kernel and on the ones load_model chose per
+# bucket of row counts; --remeasure first re-times that choice (run it on an otherwise idle machine).
 bench-forward: setup
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_forward_cost.py --json benchmarks/results/forward-cost-cpu.json
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_forward_cost.py --remeasure \
+	    --json benchmarks/results/forward-cost-cpu.json
 
 # The CPU table of BENCHMARKS.md: every strategy against our greedy and transformers' generate,
 # on two prompts of each category (raw numbers: benchmarks/results/bench-cpu.json).

@@ -38,6 +38,16 @@ def generate_new_tokens(lm: Any, prompt_ids: list[int], max_new_tokens: int, **k
     return hf_generate(lm, prompt_ids, max_new_tokens, **kwargs)
 
 
+def remeasure_kernels(lm: Any, spec: str, repeats: int) -> None:
+    """Time the CPU linear kernels again for ``lm`` and replace its cached choice (decoding/kernel_choice.py)."""
+    from decoding.kernel_choice import cache_file, configure
+    from decoding.models import cache_root, resolve_source
+    kind = resolve_source(spec)[2]
+    lm.extras["kernel_choice"] = configure(lm.model, "auto", name=lm.name, remeasure=True, repeats=repeats,
+                                           budget_s=float("inf"),
+                                           file=cache_file(cache_root(), lm.name, kind == "bundled"))
+
+
 def write_json(path: str | None, doc: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
