@@ -76,12 +76,20 @@ class ProphetParams(SpeculativeParams):
     The same knobs as ``speculative``, with defaults chosen for the head: a tree
     by default (``tree=false`` drafts a chain, for comparison), and a lower
     confidence threshold, because a head position costs a few percent of a target
-    forward (BENCHMARKS.md has the sweeps behind these defaults).
+    forward (BENCHMARKS.md has the sweeps behind these defaults). ``lookup``
+    merges the prompt-lookup continuation into the tree as one more branch
+    (greedy only, ``drafting/merged.py``): replies often restate the prompt just
+    where the head, with little answer to attend to yet, is weakest.
     """
     draft_tokens: int = 6
     adaptive: bool = False
     confidence_threshold: float = 0.1
     tree: bool = True
+    lookup: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool("lookup", self.lookup)
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,25 @@ def test_tree_shape_defaults_depend_on_the_device_and_explicit_values_win():
     assert tree_shape(SpeculativeParams(tree=True, tree_topk=2, tree_nodes=5), "cuda") == (2, 5)
     with pytest.raises(ValueError, match="tree_nodes must be in"):
         SpeculativeParams(tree_nodes=65)
+
+
+def test_merged_drafter_unions_branches_when_greedy_and_steps_aside_when_sampling():
+    from decoding.drafting.merged import MergedDrafter
+
+    class Fixed(Drafter):
+        def __init__(self, proposal):
+            super().__init__()
+            self.proposal = proposal
+
+        def propose(self, context, k):
+            return self.proposal
+    main = Proposal(TokenTree.from_paths([(5, 6), (7,)]), None, [0.5, 0.4, 0.3])
+    extra = Proposal.chain([5, 9, 10])
+    merged = MergedDrafter(Fixed(main), [Fixed(extra)], greedy=True).propose([1, 2], 3)
+    assert sorted(tuple(merged.tree.tokens[j] for j in merged.tree.path(i)) for i in range(len(merged.tree))
+                  if not merged.tree.children(i)) == [(5, 6), (5, 9, 10), (7,)]
+    q = {tuple(merged.tree.tokens[j] for j in merged.tree.path(i)): merged.q_token[i] for i in range(len(merged.tree))}
+    assert q[(5,)] == 0.5 and q[(5, 6)] == 0.4 and q[(7,)] == 0.3 and q[(5, 9)] == 1.0
+    sampling = MergedDrafter(Fixed(main), [Fixed(extra)], greedy=False)
+    assert sampling.propose([1, 2], 3) is main
+    assert MergedDrafter(Fixed(main), [Fixed(Proposal.chain([7]))], greedy=True).propose([1], 3) is main

@@ -79,9 +79,12 @@ def test_random_prophet_trees_are_exact_on_tiny_models(arch):
             for depth, topk, nodes, threshold in ((1, 1, 1, 0.0), (3, 2, 5, 0.0), (6, 4, 16, 0.0), (6, 3, 24, 0.2)):
                 tracer = Tracer()
                 res = prophet(p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
-                                                     confidence_threshold=threshold),
+                                                     confidence_threshold=threshold, lookup=False),
                               max_new_tokens=30, tracer=tracer)
                 assert res.token_ids == want, (arch, seed, depth, topk, nodes, threshold)
+                merged = prophet(p + p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
+                                                            confidence_threshold=threshold), max_new_tokens=30)
+                assert merged.token_ids == _greedy(pair, p + p, 30), ("with the lookup branch", arch, seed)
                 steps = res.stats["steps"]
                 assert res.stats["mean_nodes_per_step"] <= nodes
                 assert res.draft_forwards <= steps * depth     # one head call per depth, every node of it batched
@@ -306,20 +309,20 @@ def _fixed_run(bundled, **kw):
 def test_shipped_head_reads_the_hidden_states_and_its_vocabulary_map(bundled, monkeypatch):
     """Measured on this prompt: 2.0 tokens per target forward; a head fed zeros instead of the target's states,
     or with its draft-vocabulary map off by one, falls to about 1.1-1.3."""
-    good = _fixed_run(bundled).stats["mean_tokens_per_target_forward"]
+    good = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
     assert good >= 1.7
     original = ProphetDrafter.observe
     monkeypatch.setattr(ProphetDrafter, "observe", lambda self, h, t: original(self, torch.zeros_like(h), t))
-    blind = _fixed_run(bundled).stats["mean_tokens_per_target_forward"]
+    blind = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
     monkeypatch.setattr(ProphetDrafter, "observe", original)
     head = prophet_for(bundled)
     monkeypatch.setattr(head, "vocab", head.vocab + 1)
-    shifted = _fixed_run(bundled).stats["mean_tokens_per_target_forward"]
+    shifted = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
     assert blind <= good - 0.5 and shifted <= good - 0.5, (good, blind, shifted)
 
 
 def test_the_tree_accepts_more_per_forward_than_the_chain(bundled):
-    tree, chain = _fixed_run(bundled), _fixed_run(bundled, tree=False)
+    tree, chain = _fixed_run(bundled, lookup=False), _fixed_run(bundled, tree=False)
     assert tree.stats["mean_tokens_per_target_forward"] >= chain.stats["mean_tokens_per_target_forward"] + 0.2
     assert tree.target_forwards < chain.target_forwards
     assert tree.stats["mean_nodes_per_step"] > tree.stats["gamma"]        # it really branched
@@ -329,5 +332,17 @@ def test_raising_the_confidence_threshold_drafts_fewer_tokens(bundled):
     low = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.0)
     high = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.6)
     assert high.stats["drafted"] <= low.stats["drafted"] // 2
-    low_t, high_t = _fixed_run(bundled, confidence_threshold=0.0), _fixed_run(bundled, confidence_threshold=0.6)
+    low_t = _fixed_run(bundled, confidence_threshold=0.0, lookup=False)
+    high_t = _fixed_run(bundled, confidence_threshold=0.6, lookup=False)
     assert high_t.stats["gamma"] < low_t.stats["gamma"]                 # shallower trees
+
+
+def test_the_lookup_branch_saves_target_forwards_where_the_reply_copies_the_prompt(bundled):
+    ids = encode_prompt(bundled.tokenizer, "Repeat this sentence twice: The quick brown fox jumps over the lazy dog.",
+                        chat=True)
+    pair = ModelPair(bundled, prophet=prophet_for(bundled))
+    want = _greedy(ModelPair(bundled), ids, 40)
+    alone = prophet(ids, pair, ProphetParams(lookup=False), max_new_tokens=40)
+    merged = prophet(ids, pair, ProphetParams(), max_new_tokens=40)
+    assert alone.token_ids == want and merged.token_ids == want
+    assert merged.target_forwards <= alone.target_forwards - 3, (merged.target_forwards, alone.target_forwards)

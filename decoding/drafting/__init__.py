@@ -24,7 +24,8 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     """The drafter for strategy ``kind`` on ``pair`` (``context``: the run's ``RunContext``, e.g. its history).
 
     * ``prompt_lookup``: n-gram lookup in the context;
-    * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one);
+    * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees merged
+      with a prompt-lookup branch (``lookup``, greedy only: ``merged.py``);
     * ``speculative``: the assistant model, or the prophet head when the pair has no assistant.
     """
     if kind == "prompt_lookup":
@@ -36,7 +37,11 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
         if pair.target.is_encoder_decoder:
             raise ValueError("the prophet head drafts for decoder-only targets")
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)
-        return ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng)
+        drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng)
+        if kind == "prophet" and params.tree and params.lookup:   # a prompt-lookup branch in the tree
+            from .merged import with_lookup
+            return with_lookup(drafter, params)
+        return drafter
     if kind == "speculative":
         if pair.assistant is None:
             raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")

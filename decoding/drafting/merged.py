@@ -1,0 +1,86 @@
+"""A drafter whose tree also holds the continuations of model-free drafters (greedy verification only).
+
+A model drafter is weakest where a model-free one is strongest: a prophet head
+has little answer to attend to at the start of a reply, which is just where
+replies restate the prompt. ``MergedDrafter`` runs its primary drafter and its
+extras (prompt lookup, suffix) on the same context and merges every path into
+one token tree (``TokenTree.from_paths``, the primary's paths first). Extra
+branches cost a few verify positions and no model forward. ArcticInference
+pairs suffix decoding with EAGLE drafts in the same spirit.
+
+Greedy verification accepts whichever branch matches the target's argmax, so
+the output stays greedy's. Under sampling the merge is skipped and the primary's
+proposal goes through alone: its siblings were drawn from its own q, and
+deterministic candidates among them would break the recursive rejection
+sampling that keeps the target distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..tree import TokenTree
+from .base import Drafter, Proposal
+
+
+def _paths(tree: TokenTree) -> list[list[int]]:
+    """Root-to-leaf token paths of ``tree``, leaves in node order."""
+    return [[tree.tokens[j] for j in tree.path(i)] for i in range(len(tree)) if not tree.children(i)]
+
+
+class MergedDrafter(Drafter):
+    """``primary`` plus model-free ``extras`` merged into one tree (greedy); the primary alone when sampling."""
+
+    def __init__(self, primary: Drafter, extras: Sequence[Drafter], greedy: bool) -> None:
+        super().__init__()
+        self.primary, self.extras, self.greedy = primary, list(extras), greedy
+        self.source = primary.source
+        self.accepted_source = primary.accepted_source
+        self.needs_hidden = primary.needs_hidden
+
+    @property
+    def forwards(self) -> int:
+        return self.primary.forwards
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        for d in [self.primary] + self.extras:
+            d.begin(prompt_ids)
+
+    def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
+        self.primary.observe(hidden, tokens)
+
+    def feedback(self, proposal: Proposal, accepted: Sequence[int]) -> None:
+        for d in [self.primary] + self.extras:
+            d.feedback(proposal, accepted)
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        main = self.primary.propose(context, k)
+        if not self.greedy:
+            return main
+        paths = _paths(main.tree)
+        for extra in self.extras:
+            paths += _paths(extra.propose(context, k).tree)
+        merged = TokenTree.from_paths(paths)
+        if len(merged) == len(main.tree):
+            return main                               # nothing new: keep the primary's q and order
+        q_token = [_q_of(main, merged, i) for i in range(len(merged))]
+        return Proposal(merged, None, q_token)
+
+
+def _q_of(main: Proposal, merged: TokenTree, node: int) -> float:
+    """q_draft of ``node``'s token if the primary drafted that path, else 1.0 (a copied token)."""
+    at = -1
+    for j in merged.path(node):
+        at = main.tree.child_with(at, merged.tokens[j])
+        if at is None:
+            return 1.0
+    return main.q_token[at] if at < len(main.q_token) else 1.0
+
+
+def with_lookup(primary: Drafter, params: Any) -> Drafter:
+    """``primary`` with a prompt-lookup branch (as deep as the draft) merged into its tree."""
+    from ..speculative import PromptLookupParams   # (the params module of the loop imports this package)
+    from .lookup import PromptLookupDrafter
+    return MergedDrafter(primary, [PromptLookupDrafter(PromptLookupParams())], greedy=params.is_greedy)
