@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -78,7 +79,10 @@ def test_charts_build():
 def test_trace_round_trip_and_bad_uploads():
     doc = {"prompt": "p", "prompt_ids": [1], "results": [_result()]}
     back = import_trace(export_trace(doc))
-    assert back["results"][0]["events"] == json.loads(json.dumps(_result()))["events"]
+    assert back["version"] == 2 and import_trace(export_trace(back)) == back
+    for got, sent in zip(back["results"][0]["events"], json.loads(json.dumps(_result()))["events"]):
+        assert got == {**got, **sent}          # every field kept; missing ones got their defaults
+    assert back["results"][0]["events"][7]["prob"] is None
     bad = [
         (b"not json", "not valid JSON"),
         (b"[1, 2]", "must be a JSON object"),
@@ -86,7 +90,7 @@ def test_trace_round_trip_and_bad_uploads():
         (json.dumps({"format": "decoding-playground-trace", "version": 9}), "unsupported trace version"),
         (json.dumps({"format": "decoding-playground-trace", "version": 1, "results": []}), "no results"),
         (json.dumps({"format": "decoding-playground-trace", "version": 1, "results": [{"strategy": "x"}]}),
-         "token_ids is missing"),
+         "results[0].token_ids is missing"),
         (json.dumps({"format": "decoding-playground-trace", "version": 1, "results": [
             {"strategy": "x", "token_ids": [1], "events": [{"type": "Pickle", "step": 1}]}]}), "unknown event type"),
         ("[" * 5000 + "]" * 5000, "nested deeper"),
@@ -126,3 +130,103 @@ def test_fuzzed_trace_import_never_crashes(payload):
     else:
         assert isinstance(doc["results"], list)
         columns_html(doc["results"])  # and whatever it accepted, the views can draw
+
+
+# --------------------------------------------------------------------------- hostile values reaching HTML
+
+def _unvalidated(**over) -> dict:
+    """A result as a view might get it without import validation (a future caller, a bug upstream)."""
+    r = _result(**over)
+    r["events"] = [dict(e) for e in r["events"]]
+    return r
+
+
+def test_every_value_reaching_html_is_escaped_even_without_validation():
+    r = _unvalidated(matches_greedy=False, first_divergence="<img src=x onerror=alert(1)>",
+                     divergence_margin=0.5, params={"<b>k</b>": "<i>v</i>"}, error=None)
+    r["events"][1]["source"] = "x' onmouseover='alert(1)"
+    page = columns_html([r], 2)
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "' onmouseover=" not in page and "data-source='x&#x27; onmouseover=&#x27;alert(1)'" in page
+    assert "<b>k</b>" not in page and "<i>v</i>" not in page
+    r["events"][1]["prob"] = "<script>"            # a string where a probability belongs: no crash, not shown
+    assert "<script>" not in tokens_html(r)
+
+
+def test_plot_labels_are_escaped():
+    from visualize.charts import sweep_figure
+    evil = _result(label="<a href='https://evil.example'>x</a>")
+    assert speed_chart([evil]).data[0].x[0].startswith("&lt;a href=")
+    assert accepted_length_histogram([evil]).data[0].name.startswith("&lt;a")
+    assert "<" not in inspector(_result(vocab={"7": "<b>", "9": "x"}), 2).data[0].x[0]
+    fig = sweep_figure({"strategy": "<b>s</b>", "keys": ["<i>k</i>"], "points": [{"values": [1], "speedup": 1.0}]})
+    assert "<" not in fig.layout.title.text and "<" not in fig.layout.xaxis.title.text
+
+
+def test_frames_are_bounded_and_show_the_newest_tokens():
+    from visualize.tokens import MAX_FRAME_ITEMS
+    n = 3 * MAX_FRAME_ITEMS
+    big = _result(token_ids=[5] * n, pieces=[f"t{i} " for i in range(n)], events=[
+        {"type": "TokenCommitted", "step": i, "position": i, "token": 5, "source": "greedy"} for i in range(n)])
+    page = columns_html([big], n)
+    assert page.count("class='dp-tok'") == MAX_FRAME_ITEMS
+    assert f"{n - MAX_FRAME_ITEMS} earlier items not shown" in page
+    assert f"t{n - 1}&nbsp;" in page and "t0&nbsp;" not in page           # the newest stay in view
+    two = columns_html([big, _result()], n)
+    assert two.count("class='dp-tok'") <= MAX_FRAME_ITEMS + 3
+
+
+def test_histogram_of_a_huge_accepted_length_stays_small():
+    r = _result(events=[], stats={"accepted_lengths": [1, 10**6]})
+    assert len(accepted_length_histogram([r]).data[0].x) <= 65
+
+
+def test_version_one_is_upgraded_through_the_legacy_module(monkeypatch):
+    import types
+    import visualize.traces as traces
+    seen = []
+
+    def upgrade(doc):
+        seen.append(doc["version"])
+        return dict(doc, version=2, results=[dict(r, label="upgraded") for r in doc["results"]])
+    monkeypatch.setattr(traces.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(traces.importlib, "import_module", lambda name: types.SimpleNamespace(upgrade=upgrade))
+    doc = json.loads(export_trace({"results": [_result()]}))
+    doc["version"] = 1
+    back = import_trace(json.dumps(doc))
+    assert seen == [1] and back["version"] == 2 and back["results"][0]["label"] == "upgraded"
+    doc["version"] = 2
+    assert import_trace(json.dumps(doc))["results"][0]["label"] == "Prompt lookup" and seen == [1]
+
+
+def test_every_event_type_has_an_import_check():
+    from decoding.events import EVENT_TYPES
+    from visualize.traces import SPECS
+    assert set(SPECS) == set(EVENT_TYPES)       # a new event type without a check fails at import time
+
+
+def test_a_draft_tree_is_checked():
+    tree = {"type": "DraftTree", "step": 1, "position": 0, "tokens": [5, 6, 7], "parents": [-1, 0, 0],
+            "q": [0.5, 0.4, 0.3], "accepted": [0, 1], "next_token": 9, "mask_size": 4, "source": "prophet"}
+    ok = _result(events=[tree])
+    import_trace(export_trace({"results": [ok]}))
+    for bad, msg in [({"parents": [-1, 0]}, "parents must give each node"),
+                     ({"q": [0.5]}, "q must be empty or hold one probability per node"),
+                     ({"accepted": [2]}, "accepted must be a path"),
+                     ({"source": "<b>"}, "source must be one of"),
+                     ({"next_token": -2}, "next_token must be an integer in [-1,")]:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            import_trace(export_trace({"results": [_result(events=[{**tree, **bad}])]}))
+
+
+def test_a_version_one_jacobi_trace_is_renamed_by_the_legacy_module():
+    pytest.importorskip("visualize.legacy")
+    it = {"type": "JacobiIteration", "step": 1, "block": 0, "iteration": 0, "start": 0, "guess": [5, 6],
+          "converged": 2, "probs": [0.5, 0.5]}
+    old = _result(strategy="jacobi", label="Jacobi", params={"variant": "gs_jacobi"}, events=[
+        it, {"type": "TokenCommitted", "step": 1, "position": 0, "token": 5, "source": "jacobi"}])
+    doc = json.loads(export_trace({"results": [old]}))
+    doc["version"] = 1
+    back = import_trace(json.dumps(doc))["results"][0]
+    assert back["params"]["variant"] == "sliding" and back["upgraded_from"]["variant"] == "gs_jacobi"
+    assert back["events"][0]["committed"] == 1           # filled in from the iteration's committed tokens

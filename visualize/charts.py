@@ -6,13 +6,14 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .tokens import LEGEND
+from .tokens import LEGEND, number, plot_text
 
 _PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+MAX_BARS = 2000   # forward passes drawn per strategy and model (a trace can hold far more)
 
 
 def _name(r: dict) -> str:
-    return (r.get("label") or r.get("strategy", "?")) + (" (ref)" if r.get("reference") else "")
+    return plot_text(r.get("label") or r.get("strategy", "?")) + (" (ref)" if r.get("reference") else "")
 
 
 def speed_chart(results: list[dict]) -> Any:
@@ -22,7 +23,7 @@ def speed_chart(results: list[dict]) -> Any:
     fig = go.Figure(go.Bar(
         x=names, y=[r.get("tokens_per_s") or 0 for r in ok],
         marker_color=[_PALETTE[i % len(_PALETTE)] for i in range(len(ok))],
-        text=[("–" if r.get("speedup") is None else f"{r['speedup']:.2f}× greedy") for r in ok],
+        text=[("–" if number(r.get("speedup"), None) is None else f"{r['speedup']:.2f}× greedy") for r in ok],
         textposition="outside",
         hovertemplate="%{x}<br>%{y:.1f} tok/s<br>%{text}<extra></extra>"))
     top = max([r.get("tokens_per_s") or 0 for r in ok] + [1e-9])
@@ -36,11 +37,13 @@ def forward_timeline(results: list[dict]) -> Any:
     """Every forward pass along wall-clock time, one row per strategy, target vs draft.
 
     One bar trace per (strategy, model) holds all of its passes, so the figure
-    stays light with hundreds of forwards.
+    stays light with hundreds of forwards; beyond ``MAX_BARS`` per row the rest
+    are left out (the title says so).
     """
     fig = go.Figure()
     colours = {"target": "#0072B2", "draft": "#E69F00"}
     shown = set()
+    cut = False
     for r in results:
         t = 0.0
         bars: dict[str, dict[str, list]] = {}
@@ -48,18 +51,22 @@ def forward_timeline(results: list[dict]) -> Any:
             if e.get("type") != "ForwardPass":
                 continue
             b = bars.setdefault(e.get("model", "target"), {"x": [], "base": [], "text": []})
+            if len(b["x"]) >= MAX_BARS:
+                cut = True
+                continue
             b["x"].append(e["ms"])
             b["base"].append(t)
-            b["text"].append(f"{e.get('kind', '')}: {e['positions']} positions, {e['ms']:.1f} ms "
-                             f"(step {e['step']})")
+            b["text"].append(plot_text(f"{e.get('kind', '')}: {e['positions']} positions, {e['ms']:.1f} ms "
+                                       f"(step {e['step']})"))
             t += e["ms"]
         for model, b in bars.items():
             fig.add_trace(go.Bar(
                 y=[_name(r)] * len(b["x"]), x=b["x"], base=b["base"], orientation="h", name=model,
                 marker_color=colours.get(model, "#999999"), showlegend=model not in shown,
-                customdata=b["text"], hovertemplate=f"{model} %{{customdata}}<extra></extra>"))
+                customdata=b["text"], hovertemplate=f"{plot_text(model)} %{{customdata}}<extra></extra>"))
             shown.add(model)
-    fig.update_layout(barmode="overlay", title="Forward passes along wall-clock time",
+    title = "Forward passes along wall-clock time" + (f" (first {MAX_BARS} per row)" if cut else "")
+    fig.update_layout(barmode="overlay", title=title,
                       xaxis_title="milliseconds (sum of forward time)", height=120 + 40 * max(1, len(results)),
                       margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
     return fig
@@ -95,7 +102,7 @@ def time_breakdown(results: list[dict]) -> Any:
 
 
 def has_prediction(result: dict) -> bool:
-    return not result.get("error") and (result.get("stats") or {}).get("predicted_speedup") is not None
+    return not result.get("error") and number((result.get("stats") or {}).get("predicted_speedup"), None) is not None
 
 
 def leviathan_chart(results: list[dict]) -> Any:
@@ -103,9 +110,9 @@ def leviathan_chart(results: list[dict]) -> Any:
     ok = [r for r in results if has_prediction(r)]
     names = [_name(r) for r in ok]
     predicted = [r["stats"]["predicted_speedup"] for r in ok]
-    measured = [r.get("speedup") or 0.0 for r in ok]
-    detail = [f"alpha {r['stats'].get('alpha', 0):.2f}, gamma {r['stats'].get('gamma', 0):.1f}, "
-              f"c {r['stats'].get('cost_ratio', 0):.3f}" for r in ok]
+    measured = [number(r.get("speedup")) for r in ok]
+    detail = [f"alpha {number(r['stats'].get('alpha')):.2f}, gamma {number(r['stats'].get('gamma')):.1f}, "
+              f"c {number(r['stats'].get('cost_ratio')):.3f}" for r in ok]
     fig = go.Figure()
     fig.add_bar(x=names, y=predicted, name="predicted E/(γc+1)", marker_color="#56B4E9", customdata=detail,
                 hovertemplate="%{x}: %{y:.2f}× predicted<br>%{customdata}<extra></extra>")
@@ -131,6 +138,10 @@ def source_counts(results: list[dict]) -> Any:
     return fig
 
 
+def _order(value: Any) -> tuple:
+    """Sort key for swept values: numbers by value, then words (``true``, a variant name)."""
+    return (1, str(value), 0.0) if isinstance(value, str) else (0, "", float(value))
+
 
 def sweep_figure(sweep: dict) -> Any:
     """Speedup over a parameter sweep: a curve for one parameter, a heatmap for two (best over the rest).
@@ -139,7 +150,8 @@ def sweep_figure(sweep: dict) -> Any:
     "tokens_per_target_forward"}]}``, as the benchmark and the app's sweep write it.
     """
     keys, points = sweep["keys"], sweep["points"]
-    title = f"{sweep['strategy']}: speedup over greedy"
+    keys = [plot_text(k) for k in keys]
+    title = f"{plot_text(sweep['strategy'])}: speedup over greedy"
     fig = go.Figure()
     if len(keys) == 1:
         xs = [p["values"][0] for p in points]
@@ -150,8 +162,8 @@ def sweep_figure(sweep: dict) -> Any:
         fig.add_hline(y=1.0, line_dash="dot", line_color="#666666")
         fig.update_layout(title=title, xaxis_title=keys[0], yaxis_title="×")
     else:
-        xs = sorted({p["values"][0] for p in points})
-        ys = sorted({p["values"][1] for p in points})
+        xs = sorted({p["values"][0] for p in points}, key=_order)
+        ys = sorted({p["values"][1] for p in points}, key=_order)
         z = [[max((p["speedup"] for p in points if p["values"][0] == x and p["values"][1] == y), default=None)
               for x in xs] for y in ys]
         fig.add_heatmap(x=[str(x) for x in xs], y=[str(y) for y in ys], z=z, colorscale="Viridis",

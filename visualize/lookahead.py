@@ -15,6 +15,9 @@ import plotly.graph_objects as go
 
 from .tokens import LEGEND, _tint
 
+MAX_CELLS = 64      # rows and columns drawn per table (a real window is at most 8 x 32)
+MAX_STEPS = 2000    # steps drawn in the per-step figure
+
 _CSS = ("<style>.dp-la table{border-collapse:collapse;margin:4px 0 10px}"
         ".dp-la td,.dp-la th{border:1px solid #ddd;padding:2px 6px;font-family:monospace;font-size:12px;"
         "white-space:pre}.dp-la th{background:#f6f6f6;font-weight:normal}"
@@ -78,7 +81,7 @@ def step_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
 
 
 def _window_table(result: dict, e: dict) -> str:
-    window = e.get("window") or []
+    window = [lv[:MAX_CELLS] for lv in (e.get("window") or [])[:MAX_CELLS]]
     width = max((len(lv) for lv in window), default=0)
     head = "".join(f"<th>col {i}</th>" for i in range(width))
     body = "".join(f"<tr><th>level {l}{' (oldest)' if l == 0 and len(window) > 1 else ''}</th>"
@@ -94,10 +97,10 @@ def _candidates_table(result: dict, e: dict) -> str:
                 else "<td class='dp-key'>key</td>")
     n_hit = ngram_tokens(e)
     rows = []
-    for j, cand in enumerate(e["candidates"]):
+    for j, cand in enumerate(e["candidates"][:MAX_CELLS]):
         chosen = j == e["accepted_candidate"]
         cells = []
-        for k, tok in enumerate(cand):
+        for k, tok in enumerate(cand[:MAX_CELLS]):
             cls = "dp-hit" if chosen and k < n_hit else ("dp-miss" if chosen else "")
             cells.append(f"<td class='{cls}'>{_text(result, tok)}</td>")
         mark = " ✓" if chosen else ""
@@ -106,7 +109,7 @@ def _candidates_table(result: dict, e: dict) -> str:
         rows.append("<tr><td>no n-gram in the pool starts with the key token</td></tr>")
     committed = "".join(
         f"<td class='{'dp-hit' if i < n_hit else 'dp-bonus'}'>{_text(result, t)}</td>"
-        for i, t in enumerate(e["accepted"]))
+        for i, t in enumerate(e["accepted"][:MAX_CELLS]))
     rows.append(f"<tr><th>committed</th>{key_cell}{committed}</tr>")
     return f"<table class='dp-cands'>{''.join(rows)}</table>"
 
@@ -127,7 +130,7 @@ def lookahead_step_html(result: dict, step: Optional[int] = None) -> str:
 
 def lookahead_figure(result: dict) -> Any:
     """Tokens committed per step (n-gram hits stacked on the target's token) and the pool size."""
-    rows = lookahead_steps(result)
+    rows = lookahead_steps(result)[:MAX_STEPS]
     xs = [r["step"] for r in rows]
     fig = go.Figure()
     fig.add_bar(x=xs, y=[1 if r["committed"] > r["ngram_tokens"] else 0 for r in rows], name="target token",

@@ -7,7 +7,9 @@ from typing import Any, Optional
 
 import plotly.graph_objects as go
 
-from .tokens import LEGEND
+from .tokens import LEGEND, plot_text
+
+MAX_LENGTH_BARS = 64   # accepted lengths drawn one bar each; longer ones share the last bar
 
 
 def _steps(result: dict) -> list[tuple[int, int]]:
@@ -29,9 +31,9 @@ def accepted_length_histogram(results: list[dict]) -> Any:
         steps = _steps(r)
         if not steps:
             continue
-        counts = Counter(acc for _, acc in steps)
+        counts = Counter(min(int(acc), MAX_LENGTH_BARS) for _, acc in steps)
         xs = list(range(0, max(counts) + 1))
-        fig.add_bar(x=xs, y=[counts.get(x, 0) for x in xs], name=r.get("label") or r["strategy"])
+        fig.add_bar(x=xs, y=[counts.get(x, 0) for x in xs], name=plot_text(r.get("label") or r["strategy"]))
     fig.update_layout(title="Accepted draft tokens per target forward", xaxis_title="accepted tokens",
                       yaxis_title="steps", barmode="group", height=320, template="plotly_white",
                       margin=dict(l=40, r=20, t=50, b=40))
@@ -54,7 +56,7 @@ def inspector(result: dict, position: int) -> Any:
                           template="plotly_white")
         return fig
     vocab = result.get("vocab", {})
-    labels = [f"{vocab.get(str(t), t)!r} ({t})" for t in dist["tokens"]]
+    labels = [plot_text(f"{vocab.get(str(t), t)!r} ({t})") for t in dist["tokens"]]
     fig.add_bar(x=labels, y=dist["p_target"], name="p_target", marker_color=LEGEND["beam"][1])
     if dist.get("q_draft"):
         fig.add_bar(x=labels, y=dist["q_draft"], name="q_draft", marker_color=LEGEND["correction"][1])
@@ -68,8 +70,8 @@ def inspector(result: dict, position: int) -> Any:
         v = verdicts[-1]
         tok = vocab.get(str(v["token"]), v["token"])
         u = "" if v.get("u") is None else f", u={v['u']:.3f}"
-        note = (f" — drafted {tok!r}: {'accepted' if v['accepted'] else 'rejected'} "
-                f"(p={v['p_target']:.3f}, q={v['q_draft']:.3f}{u})")
+        note = plot_text(f" — drafted {tok!r}: {'accepted' if v['accepted'] else 'rejected'} "
+                         f"(p={v['p_target']:.3f}, q={v['q_draft']:.3f}{u})")
     fig.update_layout(title=f"Position {position} (step {dist['step']}){note}", barmode="group",
                       yaxis_title="probability", height=340, template="plotly_white",
                       margin=dict(l=40, r=20, t=60, b=80))

@@ -40,6 +40,22 @@ def show_text(piece: str) -> str:
     return out.replace("\n", "<span class='dp-nl'>↵</span><br>")
 
 
+def plot_text(value: Any) -> str:
+    """Text for a plotly label: plotly draws a few HTML tags and decodes entities, so escape the markup."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def number(value: Any, default: float | None = 0.0) -> float | None:
+    """``value`` as a float for formatting, ``default`` when it is not a number (or is a bool)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+# What one replay frame draws at most, over all columns together: a frame is
+# rebuilt on every slider move, so its cost must not grow with the trace.
+MAX_FRAME_ITEMS = 6144
+MIN_COLUMN_ITEMS = 256
+
+
 def max_step(result: dict) -> int:
     return max((int(e.get("step", 0)) for e in result.get("events", ())), default=0)
 
@@ -62,7 +78,7 @@ def token_items(result: dict, step: int | None = None) -> list[dict]:
         kind = e.get("type")
         if kind == "TokenCommitted":
             pos = int(e["position"])
-            text = pieces[pos] if pos < len(pieces) else _vocab_text(result, e["token"])
+            text = pieces[pos] if 0 <= pos < len(pieces) else _vocab_text(result, e["token"])
             committed[pos] = {"text": text, "token": e["token"], "source": e["source"], "position": pos,
                               "prob": e.get("prob"), "step": e["step"], "struck": False}
         elif kind == "TokenVerified" and not e.get("accepted"):
@@ -78,7 +94,7 @@ def token_items(result: dict, step: int | None = None) -> list[dict]:
     if step is None and not committed and result.get("token_ids"):
         # a trace without events (or a failed run) still shows its tokens
         for pos, tok in enumerate(result["token_ids"]):
-            text = pieces[pos] if pos < len(pieces) else _vocab_text(result, tok)
+            text = pieces[pos] if 0 <= pos < len(pieces) else _vocab_text(result, tok)
             items.append({"text": text, "token": tok, "source": "greedy", "position": pos, "prob": None,
                           "step": 0, "struck": False})
     return items
@@ -89,16 +105,23 @@ def highlighted(result: dict, step: int | None = None) -> list[tuple[str, str | 
     return [(it["text"], LEGEND.get(it["source"], (it["source"], ""))[0]) for it in token_items(result, step)]
 
 
-def tokens_html(result: dict, step: int | None = None) -> str:
-    spans = []
-    for it in token_items(result, step):
-        label, colour = LEGEND.get(it["source"], (it["source"], "#999999"))
-        prob = "" if it["prob"] is None else f", p={it['prob']:.3f}"
-        title = html.escape(f"#{it['position']} id {it['token']}: {label}{prob} (step {it['step']})", quote=True)
+def _prob_text(prob: Any) -> str:
+    return "" if number(prob, None) is None else f", p={prob:.3f}"
+
+
+def tokens_html(result: dict, step: int | None = None, limit: int | None = None) -> str:
+    """The tokens at ``step`` as coloured spans; with ``limit``, only the newest ``limit`` items."""
+    items = token_items(result, step)
+    hidden = len(items) - limit if limit is not None and len(items) > limit else 0
+    spans = [f"<span class='dp-muted'>… {hidden} earlier items not shown …</span> "] if hidden else []
+    for it in items[hidden:]:
+        label = LEGEND.get(it["source"], (it["source"], ""))[0]
+        title = html.escape(f"#{it['position']} id {it['token']}: {label}{_prob_text(it['prob'])} "
+                            f"(step {it['step']})", quote=True)
         cls = "dp-tok dp-struck" if it["struck"] else "dp-tok"
-        spans.append(f"<span class='{cls}' data-source='{it['source']}' title='{title}' "
-                     f"style='background:{_tint(colour)};border-bottom:3px solid {colour}'>"
-                     f"{show_text(it['text'])}</span>")
+        source = html.escape(str(it["source"]), quote=True)   # its colour comes from CSS (TOKEN_CSS)
+        spans.append(f"<span class='{cls}' data-source='{source}' title='{title}'>"
+                     f"{show_text(str(it['text']))}</span>")
     return "".join(spans) or "<span class='dp-muted'>(nothing yet)</span>"
 
 
@@ -124,9 +147,9 @@ def verdict_html(result: dict) -> str:
         return "<span class='dp-good'>✓ identical to greedy</span>"
     if result.get("matches_greedy") is False:
         margin = result.get("divergence_margin")
-        why = "" if margin is None else f"; top-2 logit margin there {margin:.4g}"
-        return (f"<span class='dp-bad'>✗ diverges at position {result.get('first_divergence')}"
-                f"{html.escape(why)}</span>")
+        why = f"; top-2 logit margin there {margin:.4g}" if isinstance(margin, (int, float)) else ""
+        where = html.escape(str(result.get("first_divergence")))
+        return f"<span class='dp-bad'>✗ diverges at position {where}{html.escape(why)}</span>"
     return "<span class='dp-muted'>no greedy reference</span>"
 
 
@@ -143,17 +166,18 @@ def stats_html(result: dict) -> str:
     return f"<div class='dp-stats'>{body}</div><div class='dp-verdict'>{verdict_html(result)}</div>"
 
 
-def column_html(result: dict, step: int | None = None) -> str:
-    title = html.escape(result.get("label") or result.get("strategy", "?"))
+def column_html(result: dict, step: int | None = None, limit: int | None = None) -> str:
+    title = html.escape(str(result.get("label") or result.get("strategy", "?")))
     if result.get("reference"):
         title += " <small>(reference)</small>"
     params = ", ".join(f"{k}={v}" for k, v in (result.get("params") or {}).items())
-    shown = max_step(result) if step is None else min(step, max_step(result))
-    return (f"<div class='dp-col' data-strategy='{html.escape(result.get('strategy', ''), quote=True)}'>"
+    top = max_step(result)
+    shown = top if step is None else min(step, top)
+    return (f"<div class='dp-col' data-strategy='{html.escape(str(result.get('strategy', '')), quote=True)}'>"
             f"<div class='dp-title'>{title}</div>"
             f"<div class='dp-params'>{html.escape(params) or '&nbsp;'}</div>"
-            f"<div class='dp-step'>step {shown} / {max_step(result)}</div>"
-            f"<div class='dp-tokens'>{tokens_html(result, step)}</div>{stats_html(result)}</div>")
+            f"<div class='dp-step'>step {shown} / {top}</div>"
+            f"<div class='dp-tokens'>{tokens_html(result, step, limit)}</div>{stats_html(result)}</div>")
 
 
 CSS = """
@@ -171,11 +195,31 @@ CSS = """
 """
 
 
-def columns_html(results: list[dict], step: int | None = None) -> str:
-    """All strategies side by side at one replay step."""
+def _sources(results: list[dict]) -> set:
+    """The legend entries the columns use (what ``token_items`` would colour), from one pass over the events."""
+    used: set = set()
+    for r in results:
+        committed = {e.get("source") for e in r.get("events", ()) if e.get("type") == "TokenCommitted"}
+        used |= committed
+        if any(e.get("type") == "TokenVerified" and not e.get("accepted") for e in r.get("events", ())):
+            used.add("rejected")
+        if r.get("token_ids") and not committed:
+            used.add("greedy")    # drawn as greedy tokens when a result has no events
+    return used
+
+
+# one rule per source instead of a style attribute on every token: a frame of thousands of tokens stays small
+TOKEN_CSS = (f".dp-tok{{background:{_tint('#999999')};border-bottom:3px solid #999999}}"
+             + "".join(f".dp-tok[data-source='{k}']{{background:{_tint(c)};border-bottom:3px solid {c}}}"
+                       for k, (_, c) in LEGEND.items()))
+
+
+def columns_html(results: list[dict], step: int | None = None, max_items: int = MAX_FRAME_ITEMS) -> str:
+    """All strategies side by side at one replay step, at most ``max_items`` tokens over all columns."""
     if not results:
         return "<div class='dp-muted'>Run a comparison (or import a trace) to see it here.</div>"
-    used = {it["source"] for r in results for it in token_items(r, None)}
+    used = _sources(results)
     legend = legend_html([k for k in LEGEND if k in used])
-    cols = "".join(column_html(r, step) for r in results)
-    return f"<style>{CSS}</style>{legend}<div class='dp-grid'>{cols}</div>"
+    per_column = max(MIN_COLUMN_ITEMS, max_items // len(results))
+    cols = "".join(column_html(r, step, per_column) for r in results)
+    return f"<style>{CSS}{TOKEN_CSS}</style>{legend}<div class='dp-grid'>{cols}</div>"

@@ -1,0 +1,326 @@
+"""Field-by-field checks of an imported trace: every value the views use, typed and bounded.
+
+Event checks are derived from the dataclasses in ``decoding.events``: integers
+where integers belong (never booleans), finite numbers, strings only from the
+vocabularies below, tuples of bounded size, and each field's own default is
+always valid. Result and document fields are listed in ``RESULT_FIELDS`` and
+``DOC_FIELDS``. A failed check raises ``Invalid``; its place
+(``results[0].events[3].step``) is filled in on the way out, so a valid trace
+never pays for building it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any, Callable
+
+from decoding.events import EVENT_TYPES, SOURCES  # pure dataclasses; no torch
+
+MAX_TOKENS = 100_000          # token ids, pieces or vocabulary entries of one result
+MAX_ITEMS = 65_536            # numbers in one event, its tuples together
+MAX_STEP = 10**6              # the replay clock, output positions, counters
+MAX_ID = 2**31 - 1            # token ids
+MAX_DRAFT = 4096              # drafted / accepted lengths of one step
+MAX_TEXT = 4096               # one token piece, label or message
+MAX_DOC_TEXT = 2**20          # the prompt and a result's whole text
+
+# The string fields of events and their vocabularies; every other event field is a number or numbers.
+MODELS = ("target", "draft")
+FORWARD_KINDS = ("prefill", "decode", "verify", "draft", "jacobi", "lookahead", "tree")
+DRAFT_SOURCES = ("assistant", "prompt_lookup", "prophet", "ngram_pool", "suffix", "draft")
+VOCABULARIES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("TokenCommitted", "source"): SOURCES, ("ForwardPass", "model"): MODELS,
+    ("ForwardPass", "kind"): FORWARD_KINDS, ("DraftProposed", "source"): DRAFT_SOURCES,
+    ("DraftTree", "source"): DRAFT_SOURCES, ("CorrectionToken", "kind"): ("correction", "bonus"),
+    # issue 16 (suffix decoding): where a model-free draft was copied from
+    ("DraftSource", "text"): ("prompt", "output", "history"), ("DraftSource", "source"): DRAFT_SOURCES,
+}
+# integer event fields whose range is not a token id's [0, MAX_ID]
+INT_RANGES = {"step": (0, MAX_STEP), "position": (0, MAX_STEP), "start": (0, MAX_STEP),
+              "block": (0, MAX_STEP), "iteration": (0, MAX_STEP), "converged": (0, MAX_STEP),
+              "positions": (0, MAX_STEP), "pool_size": (0, MAX_STEP), "pool_hits": (0, MAX_STEP),
+              "finished": (0, MAX_STEP), "mask_size": (0, MAX_STEP), "drafted": (0, MAX_DRAFT),
+              "accepted": (0, MAX_DRAFT), "accepted_candidate": (-1, MAX_STEP), "next_token": (-1, MAX_ID)}
+ELEMENT_RANGES = {"parents": (-1, MAX_ID)}   # integers inside tuples: token ids unless named here
+
+Check = Callable[[Any], int]   # returns how many numbers the value held; raises Invalid
+
+
+class Invalid(ValueError):
+    """A value that failed its check; ``path`` is prefixed by the callers on the way out."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message, self.path = message, ""
+
+    def __str__(self) -> str:
+        return f"{self.path}{self.message}"
+
+
+def at(exc: Invalid, place: str) -> Invalid:
+    exc.path = place + exc.path
+    return exc
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _fail(what: str, value: Any) -> None:
+    raise Invalid(f" must be {what}, got {_short(value)}")
+
+
+def _int_check(lo: int, hi: int) -> Check:
+    def check(v: Any) -> int:
+        if type(v) is not int or not lo <= v <= hi:   # type(): a bool is not an integer here
+            _fail(f"an integer in [{lo}, {hi}]", v)
+        return 1
+    check.bounds = (lo, hi)
+    return check
+
+
+def _float_check(v: Any) -> int:
+    if type(v) not in (int, float) or not math.isfinite(v):
+        _fail("a finite number", v)
+    return 1
+
+
+def _bool_check(v: Any) -> int:
+    if type(v) is not bool:
+        _fail("true or false", v)
+    return 1
+
+
+def _text_check(limit: int, vocabulary: tuple[str, ...] | None = None) -> Check:
+    def check(v: Any) -> int:
+        if vocabulary is not None:
+            if not isinstance(v, str) or v not in vocabulary:
+                _fail("one of " + ", ".join(vocabulary), v)
+            return 1
+        if not isinstance(v, str) or len(v) > limit:
+            _fail(f"a string of at most {limit} characters", v if not isinstance(v, str) else v[:20])
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Invalid(" contains a lone surrogate (not valid Unicode text)") from None
+        return 1
+    return check
+
+
+def _optional(check: Check) -> Check:
+    return lambda v: 0 if v is None else check(v)
+
+
+def _list_check(element: Check, limit: int) -> Check:
+    bounds = getattr(element, "bounds", None)
+
+    def check(v: Any) -> int:
+        if not isinstance(v, list) or len(v) > limit:
+            _fail(f"a list of at most {limit} items", v if not isinstance(v, list) else f"{len(v)} items")
+        if bounds is not None and (not v or (all(type(x) is int for x in v)   # integers: the fast path
+                                             and bounds[0] <= min(v) and max(v) <= bounds[1])):
+            return len(v)
+        n = 0
+        for i, x in enumerate(v):
+            try:
+                n += element(x)
+            except Invalid as exc:
+                raise at(exc, f"[{i}]") from None
+        return n
+    return check
+
+
+def _hint_check(owner: str, name: str, hint: Any, element: bool = False, default: Any = None) -> Check:
+    """The check for one dataclass field, from its type hint (its default is always a valid value)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        return _optional(_hint_check(owner, name, args[0], element))
+    if hint is bool:
+        return _bool_check
+    if hint is int:
+        lo, hi = ELEMENT_RANGES.get(name, (0, MAX_ID)) if element else INT_RANGES.get(name, (0, MAX_ID))
+        return _int_check(min(lo, default) if type(default) is int else lo, hi)
+    if hint is float:
+        return _float_check
+    if hint is str and (owner, name) in VOCABULARIES:
+        return _text_check(0, VOCABULARIES[(owner, name)])
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _list_check(_hint_check(owner, name, args[0], element=True), MAX_ITEMS)
+    raise TypeError(f"{owner}.{name}: no import check for {hint!r}; add one to visualize/traces.py")
+
+
+@dataclasses.dataclass(frozen=True)
+class _EventSpec:
+    checks: dict[str, Check]
+    required: frozenset[str]
+    defaults: dict[str, Any]
+
+
+def _spec(cls: type) -> _EventSpec:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    return _EventSpec({f.name: _hint_check(cls.__name__, f.name, hints[f.name], default=f.default) for f in fields},
+                      frozenset(f.name for f in fields if f.default is dataclasses.MISSING
+                                and f.default_factory is dataclasses.MISSING),
+                      {f.name: f.default for f in fields if f.default is not dataclasses.MISSING})
+
+
+SPECS: dict[str, _EventSpec] = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
+
+
+def _check_tree(e: dict) -> None:
+    """A DraftTree lists parents first; q is per node; the accepted nodes form a path from the root."""
+    n = len(e["tokens"])
+    if len(e["parents"]) != n or any(not -1 <= p < i for i, p in enumerate(e["parents"])):
+        raise Invalid(".parents must give each node an earlier node or -1 (the root), one per token")
+    if len(e["q"]) not in (0, n):
+        raise Invalid(".q must be empty or hold one probability per node")
+    parent = -1
+    for node in e["accepted"]:
+        if node >= n or e["parents"][node] != parent:
+            raise Invalid(".accepted must be a path of nodes from the root down")
+        parent = node
+
+
+def _check_event(e: Any) -> int:
+    """Validate one event dict in place (missing fields get their defaults); returns its number count."""
+    if not isinstance(e, dict):
+        raise Invalid(f" must be an object, got {type(e).__name__}")
+    name = e.get("type")
+    spec = SPECS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise Invalid(f": unknown event type {_short(name)}")
+    extra = set(e) - set(spec.checks) - {"type"}
+    if extra:
+        raise Invalid(f": {name} has unknown field(s) {_short(sorted(extra))}")
+    missing = spec.required - set(e)
+    if missing:
+        raise Invalid(f": {name} is missing field(s) {sorted(missing)}")
+    items = 0
+    for key, value in e.items():
+        if key != "type":
+            try:
+                items += spec.checks[key](value)
+            except Invalid as exc:
+                raise at(exc, f".{key}") from None
+    if items > MAX_ITEMS:
+        raise Invalid(f" holds {items} numbers; the limit is {MAX_ITEMS}")
+    for key, default in spec.defaults.items():
+        e.setdefault(key, list(default) if isinstance(default, tuple) else default)
+    if name == "DraftTree":
+        _check_tree(e)
+    elif name == "DraftProposed" and len(e["q"]) not in (0, len(e["tokens"])):
+        raise Invalid(".q must be empty or hold one probability per drafted token")
+    return items
+
+
+def check_event(e: Any, place: str = "event") -> int:
+    """:func:`_check_event`, raising with ``place`` in the message."""
+    try:
+        return _check_event(e)
+    except Invalid as exc:
+        raise at(exc, place) from None
+
+
+# --------------------------------------------------------------------------- results and documents
+
+def _scalar(v: Any) -> int:
+    if v is None or type(v) is bool:
+        return 1
+    if type(v) in (int, float):
+        return _float_check(v)
+    return _text_check(MAX_TEXT)(v)
+
+
+def _mapping_check(value: Check, limit: int, key_check: Check | None = None) -> Check:
+    key_check = key_check or _text_check(64)
+
+    def check(v: Any) -> int:
+        if not isinstance(v, dict) or len(v) > limit:
+            _fail(f"an object of at most {limit} entries", v if not isinstance(v, dict) else f"{len(v)} entries")
+        for k, x in v.items():
+            try:
+                key_check(k)
+            except Invalid as exc:
+                raise at(exc, " key") from None
+            try:
+                value(x)
+            except Invalid as exc:
+                raise at(exc, f".{k}") from None
+        return len(v)
+    return check
+
+
+def _token_key(k: Any) -> int:
+    if not isinstance(k, str) or not k.isdecimal() or len(k) > 10:
+        _fail("a token id written as decimal digits", k)
+    return 1
+
+
+def _stat_value(v: Any) -> int:
+    if isinstance(v, list):
+        return _list_check(_scalar, MAX_TOKENS)(v)
+    if isinstance(v, dict):
+        return _mapping_check(_scalar, 256)(v)
+    return _scalar(v)
+
+
+NUMERIC_STATS = ("alpha", "gamma", "cost_ratio", "predicted_speedup", "mean_tokens_per_target_forward",
+                 "step_compression")   # the stats the views format as numbers
+_lengths = _list_check(_int_check(0, MAX_DRAFT), MAX_TOKENS)   # the histogram draws a bar per length
+
+
+def _stats_check(v: Any) -> int:
+    n = _mapping_check(_stat_value, 256)(v)
+    for key in NUMERIC_STATS + ("accepted_lengths",):
+        if v.get(key) is not None:
+            try:
+                (_lengths if key == "accepted_lengths" else _float_check)(v[key])
+            except Invalid as exc:
+                raise at(exc, f".{key}") from None
+    return n
+
+
+_token_ids = _list_check(_int_check(0, MAX_ID), MAX_TOKENS)
+RESULT_FIELDS: dict[str, Check] = {
+    "strategy": _text_check(64), "label": _text_check(128),
+    "params": _mapping_check(_scalar, 64), "token_ids": _token_ids, "text": _text_check(MAX_DOC_TEXT),
+    "pieces": _list_check(_text_check(MAX_TEXT), MAX_TOKENS),
+    "vocab": _mapping_check(_text_check(MAX_TEXT), MAX_TOKENS, _token_key),
+    "wall_s": _optional(_float_check), "tokens_per_s": _optional(_float_check), "speedup": _optional(_float_check),
+    "divergence_margin": _optional(_float_check), "target_forwards": _optional(_int_check(0, MAX_STEP)),
+    "draft_forwards": _optional(_int_check(0, MAX_STEP)), "first_divergence": _optional(_int_check(0, MAX_STEP)),
+    "divergence_tokens": _optional(_list_check(_int_check(0, MAX_ID), 16)), "stats": _stats_check,
+    "lossless": _bool_check, "reference": _bool_check, "matches_greedy": _optional(_bool_check),
+    "stop_reason": _optional(_text_check(64)), "error": _optional(_text_check(MAX_TEXT)),
+    "upgraded_from": _mapping_check(_scalar, 8),      # what visualize.legacy renamed in a version-1 trace
+}
+REQUIRED = ("strategy", "token_ids", "events")
+DOC_FIELDS: dict[str, Check] = {
+    "prompt": _text_check(MAX_DOC_TEXT), "chat": _bool_check, "prompt_ids": _token_ids,
+    "max_new_tokens": _int_check(0, MAX_STEP), "environment": _mapping_check(lambda v: 0, 64),
+}
+
+
+def check_result(r: Any) -> dict:
+    """The known fields of one result, checked (unknown ones are dropped); raises Invalid."""
+    if not isinstance(r, dict):
+        raise Invalid(" must be an object")
+    for key in REQUIRED:
+        if key not in r:
+            raise Invalid(f".{key} is missing")
+    if not isinstance(r["events"], list):
+        raise Invalid(".events must be a list")
+    clean = {}
+    for key, check in RESULT_FIELDS.items():
+        if key in r:
+            try:
+                check(r[key])
+            except Invalid as exc:
+                raise at(exc, f".{key}") from None
+            clean[key] = r[key]
+    clean["events"] = r["events"]
+    return clean
