@@ -1,4 +1,5 @@
-"""Decoding Playground: the Gradio app. Wiring only; decoding lives in decoding/, views in visualize/.
+"""Decoding Playground: the Gradio app. Wiring only: requests are validated and bounded in
+decoding/service.py and decoding/guards.py, decoding lives in decoding/, views in visualize/.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--allow-any-model] [--memory-budget-gb G]
 """
@@ -6,23 +7,28 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import html
 import math
 import os
-import tempfile
-import threading
-import typing
-from typing import Any
+import time
+import uuid
+from typing import Any, Iterator
 
 import gradio as gr
 import yaml
+from starlette.middleware import Middleware
 
 from decoding.bench import _num as sweep_value
-from decoding.bench import parse_sweep
-from decoding.models import ModelLoadError, default_target, load_model, load_presets, set_memory_budget
-from decoding.params import check_max_new_tokens
-from decoding.prophet import PROPHET, has_prophet, make_pair
-from decoding.runner import encode_prompt, environment, run_comparison
+from decoding.guards import BodyLimit, TraceFiles, TraceStore
+from decoding.models import (DEFAULT_MEMORY_BUDGET_GB, ModelLoadError, default_target, load_presets,
+                             set_memory_budget)
+from decoding.prophet import PROPHET, has_prophet
+from decoding.runner import environment, run_comparison
+from decoding.service import (LIMITS, SESSION_FALLBACK, SETTINGS, Jobs, Prepared, build_plan,  # noqa: F401
+                              check_model_name, field_kind, needs_assistant, param_fields, parse_sweep_spec,
+                              prepare, public_message, redact_all, redact_paths)
 from decoding.strategies import registry
 from visualize.charts import (forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart,
                               sweep_figure, time_breakdown)
@@ -39,18 +45,22 @@ except ImportError:
     def gpu(fn):
         return fn
 
-# --------------------------------------------------------------------------- limits (one place)
-LIMITS = {"max_new_tokens": 512, "prompt_tokens": 2048, "strategies": 6, "time_limit_s": 180.0,
-          "sweep_points": 12}
-SETTINGS = {"allow_any_model": False}
 # the default comparison: speculative drafts with the bundled model's trained prophet head
 DEFAULT_STRATEGIES = ["greedy", "speculative", "prompt_lookup", "lookahead"]
 SWEEP_DEFAULTS = {"lookahead": "window=3,5,8;ngram=3,4", "speculative": "draft_tokens=1,2,4,8",
                   "prophet": "draft_tokens=1,2,3,4,6", "prompt_lookup": "draft_tokens=2,4,8,16",
                   "jacobi": "block_size=2,4,8,16"}
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
-STOP_FLAGS: dict[str, threading.Event] = {}   # insertion-ordered: oldest first
-STOP_LOCK = threading.Lock()
+MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
+MAX_HEATMAP_ROWS = 1024     # Jacobi iterations drawn (a real run has at most about max_new_tokens)
+EXPIRED = ("<div class='dp-muted'>This trace is no longer held by the server (it keeps the most recent "
+           "ones); run again or import the trace file.</div>")
+
+# Every store a request can add to is bounded (decoding/service.py, decoding/guards.py).
+JOBS = Jobs(LIMITS["jobs_per_session"], capacity=4 * LIMITS["queue_size"],
+            queued_ttl_s=LIMITS["time_limit_s"] * (LIMITS["queue_size"] + 1), count_s=LIMITS["time_limit_s"])
+TRACE_FILES = TraceFiles(LIMITS["trace_files"])
+STORE = TraceStore(LIMITS["trace_store_bytes"])
 
 
 def example_prompts() -> dict[str, list[str]]:
@@ -58,24 +68,13 @@ def example_prompts() -> dict[str, list[str]]:
         return yaml.safe_load(fh)
 
 
-def _field_kind(cls: type, name: str) -> Any:
-    hint = typing.get_type_hints(cls)[name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if typing.get_origin(hint) is typing.Union and args else hint
-
-
 def _cuda() -> bool:
     import torch
     return torch.cuda.is_available()
 
 
-def param_fields() -> list[tuple[str, str]]:
-    """(strategy, field) for every strategy parameter, in UI order."""
-    return [(s.name, f.name) for s in registry().values() for f in dataclasses.fields(s.params_cls)]
-
-
 def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.Component:
-    kind = _field_kind(strategy.params_cls, field.name)
+    kind = field_kind(strategy.params_cls, field.name)
     choices = getattr(strategy.params_cls, "CHOICES", {}).get(field.name)
     label = field.name
     if choices:
@@ -94,58 +93,101 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
     return gr.Textbox(value="" if field.default is None else str(field.default), label=label)
 
 
-# --------------------------------------------------------------------------- validation
-def check_model_name(name: Any, what: str, presets: dict) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{what}: choose a model")
-    name = name.strip()
-    if name not in presets and not SETTINGS["allow_any_model"]:
-        raise ValueError(f"{what}: {name!r} is not one of the presets ({', '.join(presets)}); "
-                         f"the operator can allow any Hub model with --allow-any-model")
-    if os.path.sep in name and (name.startswith((".", os.path.sep, "~")) or os.path.exists(name)):
-        raise ValueError(f"{what}: local paths are not accepted from the web UI")
-    return name
+# --------------------------------------------------------------------------- jobs
+def _session(request: Any) -> str:
+    return getattr(request, "session_hash", None) or SESSION_FALLBACK
 
 
-def build_plan(strategies: Any, values: dict[tuple[str, str], Any]) -> list[tuple[str, Any]]:
-    """Validate the strategy selection and parameters; returns [(name, params)]."""
-    if not strategies:
-        raise ValueError("strategies: pick at least one")
-    if not isinstance(strategies, list) or len(strategies) > LIMITS["strategies"]:
-        raise ValueError(f"strategies: pick at most {LIMITS['strategies']}")
-    reg = registry()
-    plan = []
-    for name in strategies:
-        if name not in reg:
-            raise ValueError(f"strategies: unknown strategy {name!r}")
-        raw = {f: v for (s, f), v in values.items() if s == name and v is not None and v != ""}
-        try:
-            plan.append((name, reg[name].parse(raw)))
-        except ValueError as exc:
-            raise ValueError(f"{reg[name].label or name}: {exc}") from None
-    return plan
+def _admission_session(request: Any) -> str:
+    """A raw API call names no session when it is queued: it is its own session (nothing to group it with)."""
+    return getattr(request, "session_hash", None) or f"anonymous-{uuid.uuid4().hex}"
+
+
+def _request_state(request: Any) -> Any:
+    """The HTTP request's state: the queue admission and the job itself see the same one."""
+    return getattr(getattr(request, "request", None), "state", None)
+
+
+def admit(request: gr.Request, *inputs: Any) -> list:
+    """Queue admission (Gradio's validator runs it before a job waits): a Stop ticket, a few per session.
+
+    A validator answers one ``gr.validate`` per input; a refusal is reported on the first.
+    """
+    fine = [gr.validate(True, "") for _ in inputs[1:]]
+    try:
+        ticket = JOBS.admit(_admission_session(request))
+    except ValueError as exc:
+        return [gr.validate(False, str(exc))] + fine
+    state = _request_state(request)
+    if state is not None:
+        state.decoding_ticket = ticket
+    return [gr.validate(True, "")] + fine
+
+
+@contextlib.contextmanager
+def job(request: Any) -> Iterator[Any]:
+    """This job's Stop flag for as long as it runs (set already if Stop was pressed while it waited)."""
+    key, flag = JOBS.start(getattr(_request_state(request), "decoding_ticket", None), _session(request))
+    try:
+        yield flag
+    finally:
+        JOBS.finish(key)
+
+
+def stop_run(request: gr.Request = None) -> tuple[str, Any]:
+    """Set this session's Stop flags. Returns the status and, when only queued jobs were stopped,
+    a new value for the hidden component whose change cancels them in the browser."""
+    running, waiting = JOBS.stop(_session(request))
+    if running:
+        return "Stopping after the current step…", gr.skip()
+    if waiting:
+        return "Stopped the queued job before it started.", time.time()
+    return "Nothing to stop.", gr.skip()
 
 
 # --------------------------------------------------------------------------- handlers
-def _outputs(doc: dict | None, message: str) -> tuple:
-    results = doc["results"] if doc else []
+def _error(exc: BaseException, prefix: str = "") -> gr.Error:
+    """A message for the browser: no server paths, and markup shown as text (Gradio renders it as HTML)."""
+    return gr.Error(html.escape(prefix + public_message(exc), quote=False))
+
+
+def _heatmap(results: list[dict]) -> Any:
+    result = next((r for r in results if has_iterations(r)), None)
+    if result is None:
+        return None
+    its = [e for e in result["events"] if e.get("type") == "JacobiIteration"][:MAX_HEATMAP_ROWS]
+    return jacobi_heatmap(dict(result, events=its))
+
+
+def _outputs(doc: dict, message: str, size: int, trace_path: str | None) -> tuple:
+    results = doc["results"]
     top = max((max_step(r) for r in results), default=0)
-    trace_path = None
-    if doc:
-        fd, trace_path = tempfile.mkstemp(prefix="decoding-trace-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(export_trace(doc))
+    key = STORE.put(doc, size, top)
     drafted = [r for r in results if has_drafts(r)]
     choices = [r["strategy"] for r in drafted if inspectable_positions(r)]
-    return (doc, gr.update(minimum=0, maximum=max(top, 1), value=top),
+    return (key, gr.update(minimum=0, maximum=max(top, 1), value=top),
             columns_html(results, top), speed_chart(results) if results else None,
             forward_timeline(results) if results else None, source_counts(results) if results else None,
             trace_path, message, accepted_length_histogram(drafted) if drafted else None,
-            gr.update(choices=choices, value=choices[0] if choices else None),
-            next((jacobi_heatmap(r) for r in results if has_iterations(r)), None),
+            gr.update(choices=choices, value=choices[0] if choices else None), _heatmap(results),
             lookahead_view(doc, top), next((lookahead_figure(r) for r in results if has_steps(r)), None),
             time_breakdown(results) if results else None,
             leviathan_chart(results) if any(has_prediction(r) for r in results) else None)
+
+
+def _unchanged(message: str) -> tuple:
+    """The run outputs left as they are, with a new status line (index 7)."""
+    return (gr.skip(),) * 7 + (message,) + (gr.skip(),) * 7
+
+
+def _held(key: Any) -> tuple[dict | None, int]:
+    """(document, top replay step) of this session's trace; (None, 0) when there is none or it expired."""
+    return STORE.get(key) or (None, 0)
+
+
+def _step(step: Any, top: int) -> int:
+    ok = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+    return min(max(int(step), 0), top) if ok else 0
 
 
 def lookahead_view(doc: dict | None, step: int | None) -> str:
@@ -156,173 +198,98 @@ def lookahead_view(doc: dict | None, step: int | None) -> str:
     return lookahead_step_html(result, step)
 
 
-@dataclasses.dataclass
-class Prepared:
-    """A validated request: the model pair, the prompt ids and the run limits."""
-    pair: Any
-    prompt_ids: list[int]
-    max_new: int
-    seed: int
-    model: str
-    note: str
-
-
-def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-            needs_assistant: bool, progress: Any = None) -> Prepared:
-    """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError."""
-    presets = load_presets()
-    model = check_model_name(model, "model", presets)
-    if assistant in (None, "", "none"):
-        assistant = None
-    elif assistant != PROPHET:
-        assistant = check_model_name(assistant, "assistant", presets)
-    max_new = check_max_new_tokens(max_new_tokens, LIMITS["max_new_tokens"])
-    if not isinstance(seed, (int, float)) or isinstance(seed, bool) or seed != seed or not 0 <= seed < 2**31 \
-            or not float(seed).is_integer():
-        raise ValueError("seed must be an integer in [0, 2147483647]")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("prompt must not be empty")
-    if progress is not None:
-        progress(0, desc=f"loading {model}")
-    target = load_model(model)
-    pair = make_pair(target, assistant, load_model)
-    note = " (speculative drafts with the target's trained prophet head)" if assistant == PROPHET else ""
-    if needs_assistant and assistant is None:
-        pair = dataclasses.replace(pair, assistant=target)
-        note = " (no assistant chosen: the target drafts for itself, a correctness demo)"
-    prompt_ids = encode_prompt(target.tokenizer, prompt, chat=bool(chat) and target.chat)
-    if len(prompt_ids) > LIMITS["prompt_tokens"]:
-        raise ValueError(f"prompt is {len(prompt_ids)} tokens; the limit is {LIMITS['prompt_tokens']}")
-    return Prepared(pair, prompt_ids, max_new, int(seed), model, note)
-
-
-def _session_flag(request: Any) -> threading.Event:
-    """This browser session's Stop flag (bounded: the oldest sessions' flags are forgotten)."""
-    key = getattr(request, "session_hash", None) or "local"
-    with STOP_LOCK:
-        flag = STOP_FLAGS.pop(key, None) or threading.Event()
-        STOP_FLAGS[key] = flag
-        while len(STOP_FLAGS) > 4096:
-            STOP_FLAGS.pop(next(iter(STOP_FLAGS)))
-    return flag
-
-
-def _stop_flag(request: Any) -> threading.Event:
-    stop = _session_flag(request)
-    stop.clear()
-    return stop
-
-
 @gpu
 def run_playground(model: str, assistant: str, strategies: list[str], prompt: str, chat: bool,
                    max_new_tokens: float, seed: float, params: dict,
                    progress: gr.Progress = gr.Progress(), request: gr.Request = None) -> tuple:
     """Run the selected strategies side by side; returns the replay outputs."""
-    stop = _stop_flag(request)   # cleared first: a Stop pressed while the model loads still counts
-    try:
-        plan = build_plan(strategies, params or {})
-        needs = any(registry()[n].needs_assistant for n, _ in plan)
-        prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs, progress)
-    except (ValueError, ModelLoadError) as exc:
-        raise gr.Error(str(exc)) from None
-    total = len(plan) + (0 if any(n == "greedy" for n, _ in plan) else 1)
-    max_new = prep.max_new
-
-    def on_progress(index: int, name: str, done: int) -> None:
-        progress((index + done / max_new) / total, desc=f"{name}: {done}/{max_new} tokens")
-
-    results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=max_new, seed=prep.seed,
-                             on_progress=on_progress, should_stop=stop.is_set,
-                             time_limit_s=LIMITS["time_limit_s"])
-    doc = {"environment": environment(prep.pair, prep.seed), "prompt": prompt, "chat": bool(chat),
-           "prompt_ids": prep.prompt_ids, "max_new_tokens": max_new,
-           "results": [r.to_dict() for r in results]}
-    failed = [r for r in results if r.error]
-    message = f"Ran {len(results)} strategies on {prep.model}{prep.note}."
-    if failed:
-        message += " " + "; ".join(f"{r.strategy}: {r.error}" for r in failed)
-    return _outputs(doc, message)
-
-
-def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], list[tuple[str, Any]]]:
-    """``"window=3,5;ngram=3,4"`` for ``strategy`` -> (keys, value tuples, validated plan)."""
-    reg = registry()
-    if strategy not in reg:
-        raise ValueError(f"sweep strategy: unknown strategy {strategy!r}")
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError("sweep values: write KEY=V1,V2[;KEY=V1,V2], e.g. draft_tokens=2,4,8")
-    if len(spec) > 500:
-        raise ValueError("sweep values: at most 500 characters")
-    _, keys, combos = parse_sweep(f"{strategy}:{spec}")
-    if len(keys) > 2:
-        raise ValueError("sweep values: sweep at most two parameters")
-    if not 1 <= len(combos) <= LIMITS["sweep_points"]:
-        raise ValueError(f"sweep values: {len(combos)} combinations; the limit is {LIMITS['sweep_points']}")
-    plan = []
-    for combo in combos:
+    with job(request) as stop:
+        if stop.is_set():
+            return _unchanged("Stopped before the run started.")
         try:
-            plan.append((strategy, reg[strategy].parse({k: sweep_value(v) for k, v in zip(keys, combo)})))
-        except ValueError as exc:
-            raise ValueError(f"sweep values: {exc}") from None
-    return keys, combos, plan
+            plan = build_plan(strategies, params or {})
+            prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), progress)
+        except (ValueError, ModelLoadError) as exc:
+            raise _error(exc) from None
+        total = len(plan) + (0 if any(n == "greedy" for n, _ in plan) else 1)
+        max_new = prep.max_new
+
+        def on_progress(index: int, name: str, done: int) -> None:
+            progress((index + done / max_new) / total, desc=f"{name}: {done}/{max_new} tokens")
+
+        results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=max_new, seed=prep.seed,
+                                 on_progress=on_progress, should_stop=stop.is_set,
+                                 time_limit_s=LIMITS["time_limit_s"])
+    rows = [r.to_dict() for r in results]
+    for row in rows:
+        row["error"] = row["error"] and redact_paths(row["error"])
+    doc = {"environment": redact_all(environment(prep.pair, prep.seed)), "prompt": prompt, "chat": chat,
+           "prompt_ids": prep.prompt_ids, "max_new_tokens": max_new, "results": rows}
+    failed = [r for r in rows if r["error"]]
+    message = f"Ran {len(rows)} strategies on {prep.model}{prep.note}."
+    if failed:
+        message += " " + "; ".join(f"{r['strategy']}: {r['error']}" for r in failed)
+    text = export_trace(doc)
+    return _outputs(doc, message, len(text), TRACE_FILES.write(text))
 
 
 @gpu
 def run_sweep(model: str, assistant: str, prompt: str, chat: bool, max_new_tokens: float, seed: float,
               strategy: str, spec: str, progress: gr.Progress = gr.Progress(), request: gr.Request = None) -> tuple:
     """Run one strategy over a parameter grid against one greedy reference; returns (figure, message)."""
-    stop = _stop_flag(request)   # cleared first: a Stop pressed while the model loads still counts
-    try:
-        keys, combos, plan = parse_sweep_spec(strategy, spec)
-        needs = registry()[strategy].needs_assistant
-        prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs, progress)
-    except (ValueError, ModelLoadError) as exc:
-        raise gr.Error(str(exc)) from None
+    with job(request) as stop:
+        if stop.is_set():
+            return gr.skip(), "Stopped before the sweep started."
+        try:
+            keys, combos, plan = parse_sweep_spec(strategy, spec)
+            prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), progress)
+        except (ValueError, ModelLoadError) as exc:
+            raise _error(exc) from None
 
-    def on_progress(index: int, name: str, done: int) -> None:
-        progress((index + done / prep.max_new) / (len(plan) + 1), desc=f"sweep point {index}: {done} tokens")
+        def on_progress(index: int, name: str, done: int) -> None:
+            progress((index + done / prep.max_new) / (len(plan) + 1), desc=f"sweep point {index}: {done} tokens")
 
-    results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new, seed=prep.seed,
-                             on_progress=on_progress, should_stop=stop.is_set,
-                             time_limit_s=LIMITS["time_limit_s"])
+        results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new, seed=prep.seed,
+                                 on_progress=on_progress, should_stop=stop.is_set,
+                                 time_limit_s=LIMITS["time_limit_s"])
     runs = [r for r in results if not r.reference]
     points = [{"values": [sweep_value(v) for v in combo], "speedup": r.speedup or 0.0,
                "tokens_per_target_forward": round(len(r.token_ids) / max(r.target_forwards, 1), 3)}
               for combo, r in zip(combos, runs) if not r.error]
-    errors = [f"{dict(zip(keys, c))}: {r.error}" for c, r in zip(combos, runs) if r.error]
+    errors = [f"{dict(zip(keys, c))}: {redact_paths(r.error)}" for c, r in zip(combos, runs) if r.error]
     message = f"Swept {len(points)} settings of {strategy} on {prep.model}{prep.note}."
     if errors:
         message += " Failed: " + "; ".join(errors)
     return sweep_figure({"strategy": strategy, "keys": keys, "points": points}), message
 
 
-def advance(doc: dict | None, step: float) -> tuple:
+def advance(key: Any, step: Any) -> tuple:
     """One tick of the play button: the next replay step, stopping the timer at the end."""
-    top = max((max_step(r) for r in (doc or {}).get("results", [])), default=0)
-    nxt = int(step or 0) + 1
+    _, top = _held(key)
+    nxt = _step(step, top) + 1
     if nxt >= top:
         return top, gr.Timer(active=False)
     return nxt, gr.Timer(active=True)
 
 
-def play(doc: dict | None, step: float) -> tuple:
+def play(key: Any, step: Any) -> tuple:
     """Start playing from the current step (from 0 when at the end)."""
-    top = max((max_step(r) for r in (doc or {}).get("results", [])), default=0)
-    start = 0 if int(step or 0) >= top else int(step or 0)
-    return start, gr.Timer(active=top > 0)
+    _, top = _held(key)
+    start = _step(step, top)
+    return (0 if start >= top else start), gr.Timer(active=top > 0)
 
 
-def stop_run(request: gr.Request = None) -> str:  # noqa: D103 - sets this session's Stop flag
-    _session_flag(request).set()
-    return "Stopping after the current step…"
+def replay(key: Any, step: Any) -> tuple[str, str]:
+    """The columns and the lookahead view at one replay step (bounded: see visualize.tokens.MAX_FRAME_ITEMS)."""
+    doc, top = _held(key)
+    if doc is None:
+        return (EXPIRED if key else columns_html([])), lookahead_view(None, None)
+    at = _step(step, top)
+    return columns_html(doc["results"], at), lookahead_view(doc, at)
 
 
-def replay(doc: dict | None, step: float) -> tuple[str, str]:
-    results = (doc or {}).get("results", [])
-    return columns_html(results, int(step or 0)), lookahead_view(doc, int(step or 0))
-
-
-def inspect_position(doc: dict | None, strategy: str | None, position: float) -> Any:
+def inspect_position(key: Any, strategy: Any, position: Any) -> Any:
+    doc, _ = _held(key)
     result = next((r for r in (doc or {}).get("results", []) if r["strategy"] == strategy), None)
     if result is None:
         return None
@@ -336,24 +303,44 @@ def inspect_position(doc: dict | None, strategy: str | None, position: float) ->
     return inspector(result, pos)
 
 
-def import_file(path: str | None) -> tuple:
-    if not path:
-        raise gr.Error("trace: choose a JSON file exported from this app")
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(21 * 2**20)
-        doc = import_trace(data)
-    except ValueError as exc:
-        raise gr.Error(f"trace: {exc}") from None
-    return _outputs(doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).")
+def import_file(path: Any, request: gr.Request = None) -> tuple:
+    """Replay an uploaded trace (no model needed). The file is not exported again: its owner has it."""
+    with job(request):
+        if not isinstance(path, str) or not path:
+            raise gr.Error("trace: choose a JSON file exported from this app")
+        limit = LIMITS["upload_bytes"]
+        try:
+            size = os.path.getsize(path)
+            if size > limit:   # Gradio refuses larger uploads; this guards direct calls
+                raise ValueError(f"trace file is {size / 2**20:.1f} MB; the limit is {limit / 2**20:g} MB")
+            with open(path, "rb") as fh:
+                data = fh.read(limit + 1)
+            doc = import_trace(data, max_bytes=limit)
+        except (OSError, ValueError) as exc:
+            raise _error(exc, "trace: ") from None
+    return _outputs(doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).",
+                    len(data), None)
 
 
 # --------------------------------------------------------------------------- layout
+class Playground(gr.Blocks):
+    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise."""
+
+    def launch(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("max_file_size", LIMITS["upload_bytes"])
+        app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
+        # uploads get the file limit plus room for the multipart wrapping; everything else a small one
+        limit = Middleware(BodyLimit, default=LIMITS["request_bytes"],
+                           larger={"/upload": LIMITS["upload_bytes"] + 2**20})
+        app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), limit]
+        return super().launch(*args, app_kwargs=app_kwargs, **kwargs)
+
+
 def build_demo() -> gr.Blocks:
     presets = load_presets()
     reg = registry()
     prompts = example_prompts()
-    with gr.Blocks(title="Decoding Playground") as demo:
+    with Playground(title="Decoding Playground", delete_cache=LIMITS["cache_cleanup_s"]) as demo:
         gr.Markdown("# Decoding Playground\nRun decoding strategies on the same prompt and replay them "
                     "token by token. Time is counted in target forward passes.")
         with gr.Row():
@@ -392,7 +379,8 @@ def build_demo() -> gr.Blocks:
             run_btn = gr.Button("Run", variant="primary")
             stop_btn = gr.Button("Stop", variant="stop")
         status = gr.Markdown("")
-        state = gr.State(None)
+        state = gr.State(None)          # a key into STORE, never the document itself
+        cancel_queued = gr.Number(visible=False)
         with gr.Row():
             step = gr.Slider(0, 1, value=0, step=1, label="Replay step (target forward passes)", scale=8)
             play_btn = gr.Button("▶ Play", scale=1, min_width=80)
@@ -438,23 +426,34 @@ def build_demo() -> gr.Blocks:
             fixed, params = values[:7], dict(zip(keys, values[7:]))
             return run_playground(*fixed, params, progress=progress, request=request)
 
+        # Runs and sweeps share one worker (one model in memory at a time); each job is admitted
+        # (a Stop ticket, a bounded number per session) before it waits in the queue. Their inputs
+        # reach decoding/service.py as sent (preprocess=False), so it names every bad field itself.
+        heavy = dict(concurrency_id="generate", concurrency_limit=1, validator=admit, preprocess=False)
         run_event = run_btn.click(_run, [model, assistant, strategies, prompt, chat, max_new, seed,
-                                         *param_inputs.values()], outputs, api_name="run")
-        stop_btn.click(stop_run, None, status, api_name="stop", queue=False)
-        step.change(replay, [state, step], [columns, window], api_name="replay", queue=False)
-        play_btn.click(play, [state, step], [step, ticker], queue=False)
-        ticker.tick(advance, [state, step], [step, ticker], queue=False)
-        upload.upload(import_file, upload, outputs, api_name="import_trace")
+                                         *param_inputs.values()], outputs, api_name="run", **heavy)
+        sweep_event = sweep_btn.click(run_sweep, [model, assistant, prompt, chat, max_new, seed, sweep_strategy,
+                                                  sweep_spec], [sweep_plot, sweep_status], api_name="sweep", **heavy)
+        # Stop sets this session's flags (a running job keeps its partial trace); a job still waiting in
+        # the queue is also taken out of it, through the hidden value's change and Gradio's cancels=.
+        stop_btn.click(stop_run, None, [status, cancel_queued], api_name="stop", queue=False)
+        cancel_queued.change(None, None, None, cancels=[run_event, sweep_event])
+        # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
+        # clamp their raw inputs themselves
+        light = dict(queue=False, preprocess=False)
+        step.change(replay, [state, step], [columns, window], api_name="replay", **light)
+        play_btn.click(play, [state, step], [step, ticker], **light)
+        ticker.tick(advance, [state, step], [step, ticker], **light)
+        upload.upload(import_file, upload, outputs, api_name="import_trace", concurrency_id="import",
+                      concurrency_limit=1, validator=admit)
         sweep_strategy.change(lambda n: SWEEP_DEFAULTS.get(n, ""), sweep_strategy, sweep_spec, queue=False)
-        sweep_btn.click(run_sweep, [model, assistant, prompt, chat, max_new, seed, sweep_strategy, sweep_spec],
-                        [sweep_plot, sweep_status], api_name="sweep")
         for trigger in (inspect_strategy.change, inspect_pos.change):
-            trigger(inspect_position, [state, inspect_strategy, inspect_pos], inspect_plot, queue=False)
-        category.change(lambda c: gr.update(choices=prompts[c], value=prompts[c][0]), category, example,
-                        queue=False)
+            trigger(inspect_position, [state, inspect_strategy, inspect_pos], inspect_plot, **light)
+        category.change(lambda c: gr.update(choices=prompts.get(c, []), value=(prompts.get(c) or [""])[0]),
+                        category, example, queue=False)
         example.change(lambda e: e, example, prompt, queue=False)
         demo.run_event = run_event
-    demo.queue(default_concurrency_limit=1, max_size=32)
+    demo.queue(default_concurrency_limit=1, max_size=LIMITS["queue_size"])
     return demo
 
 
@@ -464,11 +463,13 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--allow-any-model", action="store_true",
                     help="accept any Hugging Face Hub id in the model pickers (default: presets only)")
-    ap.add_argument("--memory-budget-gb", type=float, default=None,
-                    help="evict least recently used models beyond this much memory")
+    ap.add_argument("--memory-budget-gb", type=float,
+                    default=os.environ.get(MEMORY_BUDGET_ENV, str(DEFAULT_MEMORY_BUDGET_GB)),
+                    help=f"evict least recently used models beyond this much memory (default "
+                         f"{DEFAULT_MEMORY_BUDGET_GB:g}, or ${MEMORY_BUDGET_ENV}; 0 = no cap)")
     args = ap.parse_args()
     SETTINGS["allow_any_model"] = args.allow_any_model
-    set_memory_budget(args.memory_budget_gb)
+    set_memory_budget(args.memory_budget_gb or None)
     build_demo().launch(server_name=args.host, server_port=args.port)
 
 

@@ -290,20 +290,38 @@ def sweep_figure(sweep: dict) -> Any:
     return figure(sweep)
 
 
-def parse_sweep(spec: str) -> tuple[str, list[str], list[tuple]]:
-    """``"lookahead:window=4,8;ngram=3,4"`` -> (strategy, keys, [value tuples])."""
+def parse_sweep(spec: str, *, max_keys: Optional[int] = None,
+                max_points: Optional[int] = 4096) -> tuple[str, list[str], list[tuple]]:
+    """``"lookahead:window=4,8;ngram=3,4"`` -> (strategy, keys, [value tuples]).
+
+    The number of combinations is counted before any is built, so a short spec
+    cannot ask for billions of them; a key may appear once, a value once per key.
+    """
     import itertools
     if ":" not in spec:
         raise ValueError(f"--sweep expects STRATEGY:KEY=V1,V2[;KEY=...], got {spec!r}")
     strategy, rest = spec.split(":", 1)
     get_strategy(strategy.strip())
-    keys, grids = [], []
+    keys: list[str] = []
+    grids: list[list[str]] = []
     for part in rest.split(";"):
         if "=" not in part:
-            raise ValueError(f"--sweep part {part!r} must be KEY=V1,V2")
-        key, values = part.split("=", 1)
-        keys.append(key.strip())
-        grids.append([v.strip() for v in values.split(",") if v.strip()])
+            raise ValueError(f"sweep part {part[:40]!r} must be KEY=V1,V2")
+        key, values = (x.strip() for x in part.split("=", 1))
+        grid = [v.strip() for v in values.split(",") if v.strip()]
+        if key in keys:
+            raise ValueError(f"sweep key {key[:40]!r} appears twice; list all its values once: {key[:40]}=V1,V2")
+        if not grid:
+            raise ValueError(f"sweep key {key[:40]!r} has no values")
+        if len(set(grid)) < len(grid):
+            raise ValueError(f"sweep key {key[:40]!r} lists a value twice")
+        keys.append(key)
+        grids.append(grid)
+    if max_keys is not None and len(keys) > max_keys:
+        raise ValueError(f"sweep at most {max_keys} parameters, got {len(keys)}")
+    count = math.prod(len(g) for g in grids)
+    if max_points is not None and count > max_points:
+        raise ValueError(f"{count} combinations; the limit is {max_points}")
     return strategy.strip(), keys, list(itertools.product(*grids))
 
 

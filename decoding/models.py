@@ -219,17 +219,21 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
 _cache: "OrderedDict[tuple, LoadedModel]" = OrderedDict()  # least recently used first
 _cache_lock = threading.Lock()
 _key_locks: dict[tuple, threading.Lock] = {}
-_budget_bytes: Optional[int] = None
+# Half of a free Hugging Face Space's 16 GB: a model is loaded before older ones are evicted,
+# so while it loads the process holds the cached models plus the new one.
+DEFAULT_MEMORY_BUDGET_GB = 8.0
+_budget_bytes: Optional[int] = int(DEFAULT_MEMORY_BUDGET_GB * 2**30)
 
 
 def set_memory_budget(gigabytes: Optional[float]) -> None:
-    """Cap the memory held by cached models; least recently used ones are evicted first.
+    """Cap the memory held by cached models (default ``DEFAULT_MEMORY_BUDGET_GB``); least recently used go first.
 
     ``None`` removes the cap. A model larger than the budget still loads (alone).
     """
     global _budget_bytes
-    if gigabytes is not None and not (gigabytes > 0):
-        raise ValueError(f"memory budget must be > 0 GB, got {gigabytes!r}")
+    if gigabytes is not None and (isinstance(gigabytes, bool) or not isinstance(gigabytes, (int, float))
+                                  or not 0 < gigabytes < float("inf")):
+        raise ValueError(f"memory budget must be a finite number of GB > 0, got {gigabytes!r}")
     _budget_bytes = None if gigabytes is None else int(gigabytes * 2**30)
 
 

@@ -15,6 +15,10 @@ from typing import Any, Mapping
 
 MAX_NEW_TOKENS_CAP = 1024
 MAX_BEAMS = 16
+# Smaller positive values would reach the float32 kernels as 0 (top_p: every token dropped;
+# temperature: logits divided by 0) and fail inside the run; they mean "argmax" anyway.
+MIN_TOP_P = 1e-6
+MIN_TEMPERATURE = 1e-4
 
 
 def check_number(name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
@@ -70,8 +74,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, 0.0, 100.0)
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (argmax) or at least {MIN_TEMPERATURE:g}, "
+                             f"got {self.temperature!r}")
         check_number("top_k", self.top_k, 0, None, integer=True)
         check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if self.top_p < MIN_TOP_P:
+            raise ValueError(f"top_p must be in (0, 1] and at least {MIN_TOP_P:g}, got {self.top_p!r}")
         check_bool("fast", self.fast)
 
     @property

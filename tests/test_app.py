@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -59,7 +60,7 @@ BAD = [
     (dict(model="../../etc/passwd"), "not one of the presets"),
     (dict(model=""), "model: choose a model"),
     (dict(assistant="someone/draft"), "assistant: 'someone/draft' is not one of the presets"),
-    (dict(strategies=["nope"]), "is not in the list of choices: ['greedy'"),   # Gradio's own check
+    (dict(strategies=["nope"]), "strategies: unknown strategy 'nope'"),
     (dict(params={("lookahead", "window"): 0}, strategies=["lookahead"]), "window must be in [1, 32]"),
     (dict(params={("lookahead", "ngram"): 99}, strategies=["lookahead"]), "ngram must be in [2, 8]"),
     (dict(params={("speculative", "draft_tokens"): -3}, strategies=["speculative"]), "draft_tokens must be in"),
@@ -121,7 +122,7 @@ def _raw_call(app_url: str, data: list) -> str:
     (6, float("nan"), "seed must be an integer"),
     (6, 1.5, "seed must be an integer"),
     (5, "lots", "max_new_tokens must be"),    # a wrong type
-    (2, "greedy", None),                      # a string where a list belongs: Gradio's own check
+    (2, "greedy", "strategies must be a list of strategy names"),   # a string where a list belongs
 ])
 def test_non_json_values_sent_over_raw_http_are_refused(app_url, client, index, value, message):
     # json.dumps writes NaN / Infinity literals, which gradio_client refuses to send
@@ -160,9 +161,9 @@ def test_import_rejects_bad_files_and_replays_good_ones(client, tmp_path):
     out = run(client, ["greedy"], max_new=6)
     good = client.predict(handle_file(out["trace"]), api_name="/import_trace")
     assert good[6].startswith("Imported a trace with 1 strategies")
-    with open(good[5], encoding="utf-8") as fh:
-        again = json.load(fh)
-    assert [r["token_ids"] for r in again["results"]] == [r["token_ids"] for r in out["doc"]["results"]]
+    assert good[5] is None                      # an imported trace is not written out again
+    columns = good[1] if isinstance(good[1], str) else good[1]["value"]
+    assert columns == out["html"]               # the same replay frame as the run's, with no model
 
 
 @pytest.mark.parametrize("content,message", [
@@ -171,7 +172,7 @@ def test_import_rejects_bad_files_and_replays_good_ones(client, tmp_path):
     (b'{"format": "pickle"}', "not a decoding-playground trace"),
     (b"\x80\x04\x95pickle-bytes", "not valid JSON"),
     (b"[" * 5000 + b"]" * 5000, "nested deeper than"),
-    (b" " * (21 * 2**20), "the limit is 20 MB"),
+    (b" " * (21 * 2**20), "exceeds the maximum file size of 20971520 bytes"),   # max_file_size (client side)
 ])
 def test_hostile_uploads_are_rejected_and_server_keeps_serving(client, tmp_path, content, message):
     from gradio_client import handle_file
@@ -191,3 +192,76 @@ def test_sweep_through_the_server(client):
                           ("window=1,2,3,4;ngram=2,3,4,5", "the limit is 12"), ("bogus=1", "bogus")):
         with pytest.raises(Exception, match=re.escape(message)):
             client.predict(BUNDLED, "none", "Hi.", True, 6, 0, "lookahead", spec, api_name="/sweep")
+
+
+# --------------------------------------------------------------------------- the service layer, without a server
+
+def test_stop_flags_live_exactly_as_long_as_their_jobs():
+    from decoding.service import Jobs
+    now = [0.0]
+    jobs = Jobs(per_session=2, capacity=6, queued_ttl_s=100, count_s=50, clock=lambda: now[0])
+    a1, a2 = jobs.admit("a"), jobs.admit("a")
+    with pytest.raises(ValueError, match="already has 2 jobs queued or running"):
+        jobs.admit("a")
+    assert jobs.stop("nobody") == (0, 0) and len(jobs) == 2          # a Stop creates nothing
+    assert jobs.stop("a") == (0, 2)                                   # pressed while both wait
+    key, flag = jobs.start(a1, "a")
+    assert key == a1 and flag.is_set()                                # still set when the job starts
+    jobs.admit("a")                                                   # stopped jobs no longer count
+    _, fresh = jobs.start(None, "direct")                             # a direct call gets its own ticket
+    assert not fresh.is_set()
+    for i in range(10):                                               # strangers fill the table...
+        jobs.admit(f"s{i}")
+    assert jobs.stop("a") == (1, 0)             # ...pushing out waiting tickets, never the running one
+    jobs.finish(a1)
+    for _ in range(2):
+        jobs.admit("c")
+    now[0] = 60.0                               # a client may cancel a waiting job unseen: after count_s
+    jobs.admit("c")                             # its ticket no longer counts against the session...
+    assert jobs.stop("c") == (0, 3)             # ...but still carries a Stop until it expires
+    now[0] = 1000.0                             # waiting tickets of vanished clients expire
+    jobs.admit("b")
+    assert len(jobs) == 2 and a2 not in jobs._tickets
+
+
+def test_server_paths_are_redacted_but_urls_and_hub_ids_are_not():
+    from decoding.service import redact_all, redact_paths
+    text = ("could not load model 'x' from '/root/.cache/decoding-playground/x': no file in /root/.cache/x; "
+            "see https://huggingface.co/org/model or org/model (~/models, ../rel)")
+    assert redact_paths(text) == ("could not load model 'x' from '[path]': no file in [path]; "
+                                  "see https://huggingface.co/org/model or org/model ([path], ../rel)")
+    assert redact_all({"target": {"source": "/home/u/m", "n": 3}, "list": ["/tmp/a"]}) == \
+        {"target": {"source": "[path]", "n": 3}, "list": ["[path]"]}
+
+
+def test_trace_files_and_replay_documents_are_bounded(tmp_path):
+    from decoding.guards import TraceFiles, TraceStore
+    files = TraceFiles(keep=3, directory=str(tmp_path))
+    paths = [files.write(f'{{"n": {i}}}') for i in range(10)]
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in paths[-3:])
+    store = TraceStore(max_bytes=100 * TraceStore.PER_JSON_BYTE)
+    keys = [store.put({"n": i}, 30, i) for i in range(5)]
+    assert len(store) == 3 and store.held_bytes == 90 * TraceStore.PER_JSON_BYTE
+    assert store.get(keys[0]) is None and store.get(keys[4]) == ({"n": 4}, 4)
+    assert store.get(None) is None and store.get(["not", "a", "key"]) is None
+    big = store.put({"big": True}, 1000, 0)                          # one document over the budget stays alone
+    assert len(store) == 1 and store.get(big) is not None
+
+
+def test_sweep_specs_are_counted_before_they_are_built():
+    spec = ";".join(f"k{i}=" + ",".join(str(v) for v in range(10)) for i in range(12))   # 10**12 points
+    with pytest.raises(ValueError, match="sweep at most 2 parameters, got 12"):
+        app.parse_sweep_spec("lookahead", spec[:500])
+    from decoding.bench import parse_sweep
+    with pytest.raises(ValueError, match="1000000000000 combinations; the limit is 4096"):
+        parse_sweep("lookahead:" + spec)        # counted: building them first would never get here
+    assert app.parse_sweep_spec("lookahead", "window=2,3;ngram=3")[1] == [("2", "3"), ("3", "3")]
+
+
+def test_an_oversized_trace_is_reported_with_its_real_size(tmp_path):
+    import gradio as gr
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:
+        fh.truncate(50 * 2**20)                 # a sparse 50 MB file: nothing is written to disk
+    with pytest.raises(gr.Error, match=re.escape("trace: trace file is 50.0 MB; the limit is 20 MB")):
+        app.import_file(str(big))

@@ -1,0 +1,322 @@
+"""The request service behind the web app: limits, validation, jobs and their Stop flags. No Gradio here.
+
+Everything a visitor sends is checked here, cheap checks before expensive ones:
+types and sizes before model names, names before loading a model, characters
+before tokens. ``app.py`` only wires these functions to components.
+
+A public Space is an open API: a request may carry any JSON value in any field,
+from a fresh session, thousands of times. So every limit lives in ``LIMITS``,
+a Stop can only set the flag of a job that exists, and every store a request
+can add to (Stop flags, trace files, replay documents) has a fixed bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import re
+import threading
+import time
+import typing
+from typing import Any, Callable, Optional
+
+from .bench import _num as sweep_value
+from .bench import parse_sweep
+from .models import load_model, load_presets
+from .params import check_max_new_tokens
+from .prophet import PROPHET, has_prophet, make_pair
+from .runner import encode_prompt
+from .strategies import registry
+
+# --------------------------------------------------------------------------- limits (one place)
+LIMITS: dict[str, Any] = {
+    "max_new_tokens": 512,        # tokens one strategy may generate
+    "prompt_chars": 32_768,       # checked before tokenizing
+    "prompt_tokens": 2048,        # checked after
+    "strategies": 6,              # per run (plus the greedy reference)
+    "time_limit_s": 180.0,        # generation time per request
+    "sweep_points": 12, "sweep_keys": 2, "sweep_chars": 500,
+    "request_bytes": 2**20,       # any HTTP request body except an upload
+    "upload_bytes": 20 * 2**20,   # a trace file
+    "queue_size": 32,             # queued events over the whole app
+    "jobs_per_session": 2,        # queued or running runs, sweeps and imports of one browser session
+    "trace_files": 64,            # exported trace files kept on disk
+    "trace_store_bytes": 512 * 2**20,   # memory for the replay documents of all sessions
+    "cache_cleanup_s": (300, 1800),     # Gradio's delete_cache: every 5 min, files older than 30 min
+}
+SETTINGS = {"allow_any_model": False}
+SESSION_FALLBACK = "local"   # direct calls (tests, scripts) have no browser session
+
+
+# --------------------------------------------------------------------------- validation
+def param_fields() -> list[tuple[str, str]]:
+    """(strategy, field) for every strategy parameter, in UI order."""
+    return [(s.name, f.name) for s in registry().values() for f in dataclasses.fields(s.params_cls)]
+
+
+def field_kind(cls: type, name: str) -> Any:
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and args else hint
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+
+
+def check_model_name(name: Any, what: str, presets: dict) -> str:
+    """A preset name, or (with ``allow_any_model``) a Hub id that names nothing on this server."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{what}: choose a model")
+    name = name.strip()
+    if name in presets:
+        return name
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    if not SETTINGS["allow_any_model"]:
+        raise ValueError(f"{what}: {shown!r} is not one of the presets ({', '.join(presets)}); "
+                         f"the operator can allow any Hub model with --allow-any-model")
+    if not _HUB_ID.match(name) or ".." in name or "--" in name:
+        raise ValueError(f"{what}: {shown!r} is not a Hugging Face Hub id (write ORG/NAME)")
+    if os.path.lexists(name) or os.path.lexists(os.path.expanduser(name)):
+        # a bare name like "models" would load a folder on the server instead of the Hub repository
+        raise ValueError(f"{what}: {shown!r} names something on the server; local paths are not accepted "
+                         f"from the web UI")
+    return name
+
+
+def build_plan(strategies: Any, values: dict[tuple[str, str], Any]) -> list[tuple[str, Any]]:
+    """Validate the strategy selection and parameters; returns [(name, params)]."""
+    if strategies is None or strategies == [] or strategies == "":
+        raise ValueError("strategies: pick at least one")
+    if not isinstance(strategies, list) or not all(isinstance(n, str) for n in strategies):
+        raise ValueError("strategies must be a list of strategy names")
+    if len(strategies) > LIMITS["strategies"]:
+        raise ValueError(f"strategies: pick at most {LIMITS['strategies']}")
+    reg = registry()
+    plan = []
+    for name in strategies:
+        if name not in reg:
+            raise ValueError(f"strategies: unknown strategy {name[:40]!r}")
+        raw = {f: v for (s, f), v in values.items() if s == name and v is not None and v != ""}
+        try:
+            plan.append((name, reg[name].parse(raw)))
+        except ValueError as exc:
+            raise ValueError(f"{reg[name].label or name}: {exc}") from None
+    return plan
+
+
+def check_unicode(text: str, what: str) -> str:
+    """JSON can carry lone UTF-16 surrogates, which no tokenizer or response encoder accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} has an invalid character at position {exc.start} "
+                         f"(a lone UTF-16 surrogate)") from None
+    return text
+
+
+def check_prompt(prompt: Any) -> str:
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError("prompt must not be empty")
+    if len(prompt) > LIMITS["prompt_chars"]:
+        raise ValueError(f"prompt is {len(prompt)} characters; the limit is {LIMITS['prompt_chars']}")
+    return check_unicode(prompt, "prompt")
+
+
+def check_seed(seed: Any) -> int:
+    if not isinstance(seed, (int, float)) or isinstance(seed, bool) or seed != seed or not 0 <= seed < 2**31 \
+            or not float(seed).is_integer():
+        raise ValueError("seed must be an integer in [0, 2147483647]")
+    return int(seed)
+
+
+def needs_assistant(plan: list[tuple[str, Any]]) -> bool:
+    reg = registry()
+    return any(reg[name].needs_assistant for name, _ in plan)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A validated request: the model pair, the prompt ids and the run limits."""
+    pair: Any
+    prompt_ids: list[int]
+    max_new: int
+    seed: int
+    model: str
+    note: str
+
+
+def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
+            needs_assistant: bool, progress: Any = None, load: Callable[[str], Any] = load_model) -> Prepared:
+    """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError.
+
+    The assistant (a model or the prophet head) is loaded only when a strategy
+    of the request drafts with it.
+    """
+    presets = load_presets()
+    model = check_model_name(model, "model", presets)
+    if assistant in (None, "", "none"):
+        assistant = None
+    elif assistant != PROPHET:
+        assistant = check_model_name(assistant, "assistant", presets)
+    max_new = check_max_new_tokens(max_new_tokens, LIMITS["max_new_tokens"])
+    seed = check_seed(seed)
+    prompt = check_prompt(prompt)
+    if not isinstance(chat, bool):
+        raise ValueError(f"chat must be true or false, got {str(chat)[:20]!r}")
+    if needs_assistant and assistant == PROPHET and not has_prophet(model):
+        raise ValueError(f"assistant: no prophet head is shipped for {model!r}; choose 'none' or an "
+                         f"assistant model for the strategies that draft")
+    if progress is not None:
+        progress(0, desc=f"loading {model}")
+    target = load(model)
+    note = ""
+    if not needs_assistant:
+        pair = make_pair(target, None, load)
+    elif assistant is None:
+        pair = dataclasses.replace(make_pair(target, None, load), assistant=target)
+        note = " (no assistant chosen: the target drafts for itself, a correctness demo)"
+    else:
+        pair = make_pair(target, assistant, load)
+        note = " (speculative drafts with the target's trained prophet head)" if assistant == PROPHET else ""
+    prompt_ids = encode_prompt(target.tokenizer, prompt, chat=chat and target.chat)
+    if len(prompt_ids) > LIMITS["prompt_tokens"]:
+        raise ValueError(f"prompt is {len(prompt_ids)} tokens; the limit is {LIMITS['prompt_tokens']}")
+    return Prepared(pair, prompt_ids, max_new, seed, model, note)
+
+
+def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], list[tuple[str, Any]]]:
+    """``"window=3,5;ngram=3,4"`` for ``strategy`` -> (keys, value tuples, validated plan)."""
+    reg = registry()
+    if not isinstance(strategy, str) or strategy not in reg:
+        raise ValueError(f"sweep strategy: unknown strategy {str(strategy)[:40]!r}")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("sweep values: write KEY=V1,V2[;KEY=V1,V2], e.g. draft_tokens=2,4,8")
+    if len(spec) > LIMITS["sweep_chars"]:
+        raise ValueError(f"sweep values: at most {LIMITS['sweep_chars']} characters")
+    check_unicode(spec, "sweep values")
+    try:
+        _, keys, combos = parse_sweep(f"{strategy}:{spec}", max_keys=LIMITS["sweep_keys"],
+                                      max_points=LIMITS["sweep_points"])
+    except ValueError as exc:
+        raise ValueError(f"sweep values: {exc}") from None
+    plan = []
+    for combo in combos:
+        try:
+            plan.append((strategy, reg[strategy].parse({k: sweep_value(v) for k, v in zip(keys, combo)})))
+        except ValueError as exc:
+            raise ValueError(f"sweep values: {exc}") from None
+    return keys, combos, plan
+
+
+# --------------------------------------------------------------------------- what leaves the server
+_PATH = re.compile(r"(?<![\w.:/~-])(?:~/|/)(?!/)[^\s'\"<>()\[\],;]+")
+
+
+def redact_paths(text: str) -> str:
+    """Replace absolute file system paths (``/home/...``, ``~/...``) with ``[path]``; URLs stay."""
+    return _PATH.sub("[path]", text)
+
+
+def public_message(exc: BaseException) -> str:
+    return redact_paths(str(exc))
+
+
+def redact_all(value: Any) -> Any:
+    """``value`` with every string in it passed through :func:`redact_paths` (an environment record)."""
+    if isinstance(value, str):
+        return redact_paths(value)
+    if isinstance(value, dict):
+        return {k: redact_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_all(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- jobs and Stop flags
+@dataclasses.dataclass
+class _Ticket:
+    session: str
+    flag: threading.Event
+    admitted: float
+    running: bool = False
+
+
+class Jobs:
+    """The Stop flags of queued and running jobs, one ticket per job.
+
+    ``admit`` runs when a job enters the queue (before it waits), ``start`` when
+    it starts, ``finish`` when it ends. A Stop sets the flags of its session's
+    tickets and creates nothing, so Stops from other sessions cannot push a
+    running job's flag out, and a Stop pressed while the job waits is still set
+    when it starts. Tickets of jobs that never start (their client left the
+    queue) expire after ``queued_ttl_s``; beyond ``capacity`` the oldest waiting
+    ticket goes first. Running tickets are never dropped before ``finish``.
+
+    A session may hold ``per_session`` unstopped jobs; a waiting ticket stops
+    counting after ``count_s`` (its client may have cancelled it in a way this
+    table cannot see), so the bound is at most ``per_session`` new jobs per
+    ``count_s`` while older ones still wait.
+    """
+
+    def __init__(self, per_session: int, capacity: int, queued_ttl_s: float, count_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_session, self.capacity, self.clock = per_session, capacity, clock
+        self.queued_ttl_s, self.count_s = queued_ttl_s, count_s
+        self._tickets: dict[int, _Ticket] = {}    # admission order
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+    def _drop_stale(self) -> None:
+        now = self.clock()
+        for key in [k for k, t in self._tickets.items() if not t.running and now - t.admitted > self.queued_ttl_s]:
+            del self._tickets[key]
+        # over capacity: waiting tickets go oldest first, stopped ones (most likely cancelled) before the rest
+        waiting = sorted((k for k, t in self._tickets.items() if not t.running),
+                         key=lambda k: not self._tickets[k].flag.is_set())
+        while len(self._tickets) >= self.capacity and waiting:
+            del self._tickets[waiting.pop(0)]
+
+    def admit(self, session: str) -> int:
+        """A ticket for a job entering the queue; ValueError when the session has too many jobs."""
+        with self._lock:
+            self._drop_stale()
+            now = self.clock()
+            live = sum(1 for t in self._tickets.values() if t.session == session and not t.flag.is_set()
+                       and (t.running or now - t.admitted <= self.count_s))
+            if live >= self.per_session:
+                raise ValueError(f"this session already has {live} jobs queued or running (the limit is "
+                                 f"{self.per_session}); wait for one to finish or press Stop")
+            key = next(self._ids)
+            self._tickets[key] = _Ticket(session, threading.Event(), self.clock())
+            return key
+
+    def start(self, key: Optional[int], session: str) -> tuple[int, threading.Event]:
+        """The job's ticket and Stop flag (kept set if Stop was pressed while it waited)."""
+        with self._lock:
+            ticket = self._tickets.get(key) if key is not None else None
+            if ticket is None:     # not admitted through the queue (a direct call), or expired meanwhile
+                self._drop_stale()
+                key, ticket = next(self._ids), _Ticket(session, threading.Event(), self.clock())
+                self._tickets[key] = ticket
+            # the key travels server-side with the request; Gradio may name the session only now
+            ticket.session, ticket.running = session, True
+            return key, ticket.flag
+
+    def finish(self, key: int) -> None:
+        with self._lock:
+            self._tickets.pop(key, None)
+
+    def stop(self, session: str) -> tuple[int, int]:
+        """Set the Stop flags of ``session``'s jobs; returns (running, waiting) counts."""
+        with self._lock:
+            mine = [t for t in self._tickets.values() if t.session == session]
+            for t in mine:
+                t.flag.set()
+            running = sum(t.running for t in mine)
+            return running, len(mine) - running
