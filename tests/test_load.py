@@ -9,7 +9,9 @@ printed (and recorded in BENCHMARKS.md), never asserted as timings.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import statistics
 import threading
 import time
@@ -116,3 +118,173 @@ def test_a_bad_request_does_not_block_the_queue(app_url, bad):
         client.predict(BUNDLED, "none", bad.get("strategies", ["greedy"]), "Hi.", True, bad.get("max_new", 3), 0,
                        *values, api_name="/run")
     assert _request(client, "Hi.", seed=0)["status"].startswith("Ran 1 strategies")
+
+
+# --------------------------------------------------------------------------- issue #18: attacks under load
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+def _raw_run(app_url: str, api: str, head: bytes, chunk: bytes, repeats: int, tail: bytes) -> tuple[float, str]:
+    """POST ``head + chunk * repeats + tail`` to /call/<api>, streamed (this process never holds the whole
+    body, so the RSS measured is the server's); returns (seconds until answered, the answer or the refusal)."""
+    import http.client
+    import urllib.request
+    host, port = app_url.split("//")[1].strip("/").split(":")
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = itertools.chain([head], itertools.repeat(chunk, repeats), [tail])
+    try:
+        conn.request("POST", f"/gradio_api/call/{api}", body=body, headers={
+            "Content-Type": "application/json", "Content-Length": str(len(head) + len(chunk) * repeats + len(tail))})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return time.perf_counter() - t0, f"HTTP {resp.status}"
+        event_id = json.load(resp)["event_id"]
+        with urllib.request.urlopen(app_url + f"gradio_api/call/{api}/{event_id}", timeout=60) as stream:
+            answer = stream.read().decode("utf-8", "replace")
+    except OSError as exc:           # refused before the whole body was sent: the connection closes
+        answer = f"closed: {type(exc).__name__}"
+    return time.perf_counter() - t0, answer
+
+
+def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_url):
+    client = Client(app_url, verbose=False)
+    _request(client, "Warm up.", seed=0)                        # the model is loaded before measuring
+    values = [None] * len(app.param_fields())
+    rss0 = _rss_mb()
+    timings: dict[str, float] = {}
+    for keys in (7, 9):                                         # 1.3 GB and ~130 GB of combinations before
+        spec = ";".join(f"k{i}=" + ",".join(str(v) for v in range(10)) for i in range(keys))
+        t0 = time.perf_counter()
+        with pytest.raises(Exception, match="sweep at most 2 parameters"):
+            client.predict(BUNDLED, "none", "Hi.", True, 4, 0, "lookahead", spec, api_name="/sweep")
+        timings[f"sweep {keys} keys x 10 values"] = time.perf_counter() - t0
+    answers: dict[str, str] = {}
+
+    def attack(name: str, api: str, prompt_chars: int) -> None:
+        data = ([BUNDLED, "none", ["greedy"], "P", True, 4, 0] + values if api == "run"
+                else [BUNDLED, "none", "P", True, 4, 0, "lookahead", "window=2"])
+        head, tail = json.dumps({"data": data}).encode().split(b'"P"')
+        seconds, answers[name] = _raw_run(app_url, api, head + b'"', b"p" * 2**16, prompt_chars // 2**16,
+                                          b"p" * (prompt_chars % 2**16) + b'"' + tail)
+        timings[name] = seconds
+    threads = [threading.Thread(target=attack, args=(f"{size} prompt to {api}", api, chars))
+               for size, chars in (("30 MB", 30 * 2**20), ("900 kB", 900_000)) for api in ("run", "sweep")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    grown = _rss_mb() - rss0
+    for name, answer in answers.items():
+        if name.startswith("30 MB"):
+            assert answer.startswith(("HTTP 413", "closed")), answer[:200]
+        else:
+            assert "prompt is 900000 characters; the limit is 32768" in answer, answer[-300:]
+    print("\n[attacks] " + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items())
+          + f"; RSS {rss0:.0f} MB -> {rss0 + grown:.0f} MB ({grown:+.0f} MB)")
+    assert max(timings.values()) < 2.0          # issue #18: answered within 2 s
+    assert grown < 200                          # issue #18: RSS growth under 200 MB
+    assert _request(client, "Name a planet.", seed=1)["status"].startswith("Ran 1 strategies")
+
+
+def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, monkeypatch):
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+    # the storm shares this machine's CPU with the run: give the run time to outlast it
+    monkeypatch.setitem(app.LIMITS, "time_limit_s", 1800.0)
+    slow = Client(app_url, verbose=False)
+    values = [None] * len(app.param_fields())
+    plan = ["greedy", "sample", "beam", "prompt_lookup", "jacobi", "lookahead"]   # minutes of work
+    job = slow.submit(BUNDLED, "none", plan, "Write a very long story about a lighthouse.", True, 512, 0,
+                      *values, api_name="/run")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        status = job.status()
+        if status.progress_data and "tokens" in (status.progress_data[-1].desc or ""):
+            break
+        time.sleep(0.2)
+    held = len(app.JOBS)
+
+    def stranger(i: int) -> str:
+        req = urllib.request.Request(app_url + "gradio_api/run/stop", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"data": [], "session_hash": f"stranger-{i}"}).encode())
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.load(resp)["data"][0]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(stranger, range(5000)))
+    storm = time.perf_counter() - t0
+    assert set(replies) == {"Nothing to stop."} and len(app.JOBS) == held     # no flag created, none pushed out
+    assert not job.done()
+    t_stop = time.perf_counter()
+    slow.predict(api_name="/stop")
+    out = job.result(timeout=120)
+    honoured = time.perf_counter() - t_stop
+    with open(out[5], encoding="utf-8") as fh:
+        results = json.load(fh)["results"]
+    stopped = next(r for r in results if r["stop_reason"] == "cancelled")
+    print(f"\n[stop] 5000 Stops from other sessions in {storm:.1f} s ({held} job tickets held throughout); "
+          f"the real Stop returned the partial trace ({stopped['strategy']}: {len(stopped['token_ids'])} tokens) "
+          f"in {honoured:.2f} s")
+    assert 0 < len(stopped["token_ids"]) < 512
+    assert all(r["stop_reason"] == "cancelled" or r["strategy"] == "greedy" for r in results)
+    assert honoured < 1.0                       # issue #18: a Stop honoured within 1 s
+
+
+def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
+    """Our trace files keep the newest few; Gradio's copies go with delete_cache (short here, 30 min live)."""
+    from conftest import free_port
+    monkeypatch.setattr(app.TRACE_FILES, "keep", 8)
+    monkeypatch.setitem(app.LIMITS, "cache_cleanup_s", (1, 3))
+    demo = app.build_demo()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+
+        def cached() -> int:
+            return sum(os.path.exists(f) for files in demo.temp_file_sets for f in files)
+        counts = []
+        for i in range(50):
+            assert _request(client, f"Say {i}.", seed=i, max_new=1)["status"].startswith("Ran 1 strategies")
+            counts.append((app.TRACE_FILES.count(), cached()))
+        time.sleep(5)                           # past delete_cache's age: Gradio's copies are removed
+        ours, gradio_copies = app.TRACE_FILES.count(), cached()
+    finally:
+        demo.close()
+    print(f"\n[files] after 50 runs: {ours} trace files of ours (at most {max(c[0] for c in counts)} at any time), "
+          f"{gradio_copies} Gradio cache copies left (at most {max(c[1] for c in counts)} during the runs)")
+    assert ours == 8 and max(c[0] for c in counts) <= 8
+    assert gradio_copies <= 8
+
+
+def test_replay_of_a_huge_imported_trace_is_bounded(app_url, tmp_path):
+    from gradio_client import handle_file
+    from visualize.traces import export_trace
+    n = 75_000                       # two columns: 150,000 tokens, as in the issue's probe
+    result = {"strategy": "greedy", "label": "Greedy", "token_ids": [5] * n, "pieces": ["ab"] * n,
+              "vocab": {"5": "ab"}, "events": [{"type": "TokenCommitted", "step": i, "position": i, "token": 5,
+                                                "source": "greedy"} for i in range(n)]}
+    path = tmp_path / "huge.json"
+    path.write_text(export_trace({"results": [result, dict(result, strategy="copy")]}))
+    client = Client(app_url, verbose=False)
+    t0 = time.perf_counter()
+    client.predict(handle_file(str(path)), api_name="/import_trace")
+    imported = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    frame = client.predict(n // 2, api_name="/replay")[0]
+    one = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client.predict, args=(n // 3,), kwargs={"api_name": "/replay"})
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    eight = time.perf_counter() - t0
+    print(f"\n[replay] {2 * n}-token trace ({path.stat().st_size / 2**20:.1f} MB): import {imported:.1f} s; one replay "
+          f"{one:.2f} s, {len(frame) / 2**10:.0f} kB; eight parallel replays {eight:.1f} s")
+    assert len(frame) < 2**20 and "earlier items not shown" in frame

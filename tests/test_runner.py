@@ -103,3 +103,44 @@ def test_needs_assistant_message(pair, monkeypatch):
 
 def test_cancelled_is_an_exception():
     assert issubclass(Cancelled, Exception)
+
+
+def test_speedup_is_strategy_over_greedy_throughput(pair, monkeypatch):
+    """A strategy that is slower than greedy gets a speedup below 1 (an inverted ratio would exceed 1)."""
+    import time
+    from decoding.baselines import greedy
+
+    def slow(prompt_ids, pair, params, **kw):
+        time.sleep(0.5)
+        return greedy(prompt_ids, pair, params, **kw)
+    _register(monkeypatch, Strategy("slow", GreedyParams, slow, lossless=True))
+    ref, r = run_comparison(prompt(8), pair, [("slow", {})], max_new_tokens=12, seed=0)
+    assert ref.reference and r.token_ids == ref.token_ids
+    assert r.speedup == pytest.approx(r.tokens_per_s / ref.tokens_per_s, rel=1e-3)
+    assert 0 < r.speedup < 1
+
+
+def test_every_strategy_writes_a_trace_that_imports():
+    """What the runner exports passes the import validation (event vocabularies, ranges, tree structure)."""
+    from tiny_models import tiny_causal as tiny
+    from visualize.traces import export_trace, import_trace
+    pair = ModelPair(tiny("llama", seed=0, scale=8.0), tiny("llama", seed=1, scale=8.0))
+    plan = [(name, {}) for name in strategies.registry() if name != "greedy"]
+    results = run_comparison(prompt(8), pair, plan, max_new_tokens=12, seed=0, warmup=False)
+    assert [r.strategy for r in results] == ["greedy"] + [name for name, _ in plan]
+    doc = import_trace(export_trace({"results": [r.to_dict() for r in results]}))
+    ran = [r for r in doc["results"] if not r.get("error")]
+    assert len(ran) >= 5 and all(r["events"] for r in ran)
+    kinds = {e["type"] for r in ran for e in r["events"]}
+    assert {"ForwardPass", "TokenCommitted", "DraftProposed", "TokenVerified", "StepTiming"} <= kinds
+    from visualize import charts, lookahead, speculative
+    from visualize.tokens import columns_html
+    rs = doc["results"]                          # the imported trace (JSON: lists, not tuples) draws, every view
+    assert columns_html(rs).count("class='dp-col'") == len(results)
+    for figure in (charts.speed_chart, charts.forward_timeline, charts.source_counts, charts.time_breakdown,
+                   charts.leviathan_chart, speculative.accepted_length_histogram):
+        assert figure(rs).data, figure.__name__
+    la = next(r for r in rs if lookahead.has_steps(r))
+    assert lookahead.lookahead_figure(la).data and "dp-window" in lookahead.lookahead_step_html(la, 3)
+    drafted = next(r for r in rs if speculative.inspectable_positions(r))
+    assert speculative.inspector(drafted, speculative.inspectable_positions(drafted)[0]).data
