@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-prophet bench-prophet-sweep bench-lookahead bench-gpu train-prophet clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -65,6 +65,18 @@ bench-prompt-lookup: setup
 	    --category code:2,4,7 --category summarization:0,1,2 --repeats 3 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-prompt-lookup.json --markdown benchmarks/results/bench-cpu-prompt-lookup.md
 
+# Suffix decoding against prompt lookup (ours, multi-candidate, and generate's) on the same input-grounded
+# prompts, one run; prints suffix / prompt lookup per prompt and its median (issue 16's goal: >= 1.2).
+bench-suffix: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py grounded --repeats 3 --max-new-tokens 64 \
+	    --json benchmarks/results/bench-cpu-suffix.json
+
+# Suffix decoding's history over multi-turn sessions (presets/multiturn.yaml): cold (no history) against
+# warm (the earlier turns' outputs), with greedy and prompt lookup, one run.
+bench-multiturn: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py multiturn --repeats 3 --max-new-tokens 96 \
+	    --json benchmarks/results/bench-cpu-multiturn.json
+
 # The prophet head on the held-out chat and math prompts (none was used to train it): its tree (the default)
 # against its chain in one run.
 bench-prophet: setup
@@ -86,6 +98,15 @@ bench-lookahead: setup
 	    --sweep "lookahead:window=1,2,3,5;ngram=3,4;guess_set=2,4" \
 	    --json benchmarks/results/bench-cpu-lookahead.json --markdown benchmarks/results/bench-cpu-lookahead.md \
 	    --html benchmarks/results/bench-cpu-lookahead.html
+
+# Cross-tokenizer speculative decoding on the bundled pair: gemma-3-270m (a base model: no chat template) drafted for
+# by smollm2-135m-instruct, against our greedy and transformers' own different-tokenizer assisted generation
+# (hf_assisted: Universal Assisted Decoding) on the same pair, in one run.
+bench-crosstok: setup
+	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --target gemma-3-270m --assistant smollm2-135m-instruct \
+	    --strategy speculative --anchor hf_greedy --anchor hf_assisted --no-chat --category chat --category code \
+	    --category summarization --per-category 2 --repeats 2 --max-new-tokens 64 \
+	    --json benchmarks/results/bench-cpu-crosstok.json --markdown benchmarks/results/bench-cpu-crosstok.md
 
 # The GPU tables of BENCHMARKS.md (a CUDA machine: `make bench-gpu TORCH=torch`; results under out/): the fast path against
 # generate, every strategy eager and fast in bf16, the sweeps, and an fp32 exactness run.

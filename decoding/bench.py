@@ -98,8 +98,11 @@ def _runner(method: Method, pair: ModelPair, max_new: int, seed: int,
         return lambda ids: (hf_generate(pair.target, ids, max_new,
                                          prompt_lookup_num_tokens=prompt_lookup_tokens), {}, 0, 0)
     if method.anchor == "hf_assisted":
-        return lambda ids: (hf_generate(pair.target, ids, max_new,
-                                         assistant_model=pair.assistant.model), {}, 0, 0)
+        assisted: dict = {"assistant_model": pair.assistant.model}
+        from .drafting.universal import shares_tokenizer
+        if not shares_tokenizer(pair.target, pair.assistant):   # transformers' Universal Assisted Decoding
+            assisted.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
+        return lambda ids: (hf_generate(pair.target, ids, max_new, **assisted), {}, 0, 0)
     strategy = get_strategy(method.strategy)
 
     def run(ids: list[int]) -> tuple[list[int], dict, int, int]:

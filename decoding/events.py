@@ -170,10 +170,85 @@ class BeamStep:
     finished: int                        # hypotheses finished so far
 
 
+@dataclass(frozen=True)
+class DraftSource:
+    """Where a model-free drafter copied a draft from (the draft view; ``drafting.suffix``).
+
+    ``text``: the earlier text holding the occurrence the draft's first path was copied from,
+    "prompt", "output" or "history" (an earlier output; ``item`` says which, 0 = the oldest kept,
+    -1 otherwise). ``tokens``: a window of that text starting at its index ``start``: a few tokens
+    before the match, the match (the earlier occurrence of the context's last ``match_len`` tokens,
+    from index ``match_at`` of ``tokens``), then the ``copied`` tokens that became the draft's first
+    path. ``occurrences``: how often the matched tokens occurred there before; ``nodes``: the draft's
+    size (more than ``copied`` for a tree); ``score``: its summed empirical token probabilities.
+    """
+    step: int
+    position: int                   # output position of the first drafted token
+    text: str = "prompt"            # "prompt" | "output" | "history"
+    tokens: tuple[int, ...] = ()
+    match_at: int = 0
+    match_len: int = 0
+    copied: int = 0
+    start: int = 0
+    item: int = -1
+    occurrences: int = 1
+    nodes: int = 0
+    score: float = 0.0
+    source: str = "suffix"          # the drafter: "suffix" | "prompt_lookup"
+
+
+@dataclass(frozen=True)
+class DraftTranslated:
+    """A draft from an assistant with another tokenizer: its own tokens and the target tokens they became.
+
+    Both tokenizations spell one byte string, ``text`` (UTF-8 bytes; a draft may
+    end inside a character). ``assistant_ends[i]`` / ``target_ends[j]`` are the
+    byte offsets in ``text`` where assistant token ``i`` / target token ``j``
+    ends (strictly increasing); the target tokens spell a prefix of ``text``
+    (the rest: a character cut at the end, tokens past the draft length). The
+    target tokens are what the target verified (``DraftProposed`` of the same
+    step). ``intersection``: sampling over the tokens both vocabularies share,
+    one target token per assistant token (False: greedy, re-encoded through text).
+    """
+    step: int
+    position: int                            # output position of the first target token
+    assistant_tokens: tuple[int, ...]
+    assistant_ends: tuple[int, ...]
+    target_tokens: tuple[int, ...]
+    target_ends: tuple[int, ...]
+    text: tuple[int, ...] = ()               # the draft's bytes (0..255)
+    assistant_q: tuple[float, ...] = ()      # the assistant's probability of each drafted token
+    intersection: bool = False
+
+
+@dataclass(frozen=True)
+class SamplingFilter:
+    """One sampled position's distribution before and after the sampling filters (the sampling view).
+
+    ``tokens``: the most probable tokens (and the sampled one). Per token: ``p_raw``, the
+    softmax of the target's (processed) logits; ``p_temperature``, after dividing them by
+    ``temperature``; ``p_final``, after top-k and top-p, renormalized: what ``chosen`` was
+    drawn from. ``kept``: how many tokens of the whole vocabulary top-k and top-p left.
+    Recorded only when tracing.
+    """
+    step: int
+    position: int
+    tokens: tuple[int, ...]
+    p_raw: tuple[float, ...] = ()
+    p_temperature: tuple[float, ...] = ()
+    p_final: tuple[float, ...] = ()
+    chosen: int = -1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    kept: int = 0
+
+
 EVENT_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (ForwardPass, TokenCommitted, DraftProposed, DraftTree, TokenVerified, CorrectionToken,
-                Distribution, StepTiming, JacobiIteration, LookaheadStep, BeamStep)
+                Distribution, StepTiming, JacobiIteration, LookaheadStep, BeamStep, DraftSource,
+                DraftTranslated, SamplingFilter)
 }
 
 

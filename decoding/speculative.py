@@ -94,15 +94,22 @@ class ProphetParams(SpeculativeParams):
 
 @dataclass(frozen=True)
 class PromptLookupParams(SamplingParams):
-    """Drafts by copying what followed the latest earlier occurrence of the last n-gram."""
+    """Drafts by copying what followed the latest earlier occurrence of the last n-gram.
+
+    ``max_candidates`` > 1: when the n-gram occurred several times, up to that many distinct
+    continuations (latest first) are verified together as a tree (``drafting/lookup.py``); 1 drafts
+    the latest one as a chain. Models without custom 4D mask support always get the chain.
+    """
     temperature: float = 0.0
     draft_tokens: int = 8
     ngram_size: int = 3
+    max_candidates: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
         check_number("ngram_size", self.ngram_size, 1, 8, integer=True)
+        check_number("max_candidates", self.max_candidates, 1, 16, integer=True)
 
 
 # --------------------------------------------------------------------------- the loop

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .params import parse_params
 
-_MODULES = ("baselines", "speculative", "jacobi", "lookahead")
+_MODULES = ("baselines", "speculative", "jacobi", "lookahead", "suffix")
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,24 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     """The drafter for strategy ``kind`` on ``pair`` (``context``: the run's ``RunContext``, e.g. its history).
 
     * ``prompt_lookup``: n-gram lookup in the context;
+    * ``suffix``: suffix trees over the context and the run's history (``context.history``, when
+      ``params.history``);
     * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees merged
       with a prompt-lookup branch (``lookup``, greedy only: ``merged.py``);
-    * ``speculative``: the assistant model, or the prophet head when the pair has no assistant.
+    * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's), or the
+      prophet head when the pair has no assistant.
     """
     if kind == "prompt_lookup":
         from .lookup import PromptLookupDrafter
-        return PromptLookupDrafter(params)
+        tree = getattr(params, "max_candidates", 1) > 1 and _trees_ok(pair)
+        return PromptLookupDrafter(params, tree=tree, tracer=tracer, clock=clock)
+    if kind == "suffix":
+        from .suffix import SuffixDrafter, SuffixHistory
+        history = getattr(context, "history", None) if params.history else None
+        if history is not None and not isinstance(history, SuffixHistory):
+            raise ValueError(f"the suffix drafter's history must be a SuffixHistory, got {type(history).__name__}")
+        return SuffixDrafter(params, history=history, tree=params.tree and _trees_ok(pair), tracer=tracer,
+                             clock=clock)
     if kind == "prophet" or (kind == "speculative" and pair.assistant is None and pair.prophet is not None):
         from ..prophet import prophet_for
         from .prophet import ProphetDrafter
@@ -46,6 +57,15 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
         if pair.assistant is None:
             raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")
         from .assistant import AssistantDrafter, check_vocabularies
+        from .universal import UniversalDrafter, shares_tokenizer
+        if not shares_tokenizer(pair.target, pair.assistant):   # another tokenizer: translate its drafts
+            return UniversalDrafter(pair.target, pair.assistant, params, tracer, clock, rng, max_len=max_len)
         check_vocabularies(pair.target, pair.assistant)
         return AssistantDrafter(pair.assistant, params, tracer, clock, rng, max_len=max_len)
     raise ValueError(f"no drafter for strategy {kind!r}")
+
+
+def _trees_ok(pair: Any) -> bool:
+    """Model-free drafters fall back to chains on a target that cannot verify a tree (no 4D masks)."""
+    from ..tree import supports_trees
+    return supports_trees(pair.target)

@@ -1,0 +1,251 @@
+"""Suffix decoding (SuffixDecoding, arXiv 2411.04975; vLLM ``method: "suffix"``): model-free, frequency-scored drafts.
+
+Two suffix trees (``suffix_tree.SuffixTree``) are searched at every step:
+
+* the *local* tree over this generation's prompt and output, built once from the prompt in ``begin``
+  and extended as tokens commit (``feedback``), never rebuilt;
+* the *history* (:class:`SuffixHistory`): earlier outputs, bounded, passed in by the caller through
+  ``RunContext.history`` (the app keeps one per browser session, the CLI and the benchmarks one per process).
+
+For each distinct way the context's last tokens occurred before (a match of ``m`` tokens), the drafter
+may propose up to ``min(k, m * spec_factor + spec_offset)`` tokens: the most frequent continuation (a
+chain) or a tree of the most probable continuations, stopping below ``min_token_prob``. The draft with
+the highest score (the summed empirical probabilities of its tokens) wins. Drafts are deterministic
+(q is one-hot), so greedy verification is exact and speculative sampling keeps the target distribution.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import threading
+from typing import Any, Optional, Sequence
+
+from ..events import DraftSource
+from ..tracer import NULL_TRACER
+from ..tree import TokenTree
+from .base import Drafter, Proposal
+from .suffix_tree import Continuation, SuffixTree
+
+SOURCE_WINDOW = 6          # tokens shown before a match in the draft view (DraftSource.tokens)
+
+
+class SuffixHistory:
+    """Earlier outputs a suffix drafter may copy from: a suffix tree over at most ``max_tokens`` tokens.
+
+    One instance per scope (a browser session, a CLI or benchmark process); never shared across
+    visitors. ``add`` appends one output; when the total would pass ``max_tokens`` the oldest outputs
+    are dropped and the tree is rebuilt from the rest (once per eviction, between generations).
+    ``version`` changes on every change, so a drafter that walked the tree knows to walk it again.
+    """
+
+    def __init__(self, max_tokens: int = 16384, max_depth: int = 32) -> None:
+        if not 1 <= int(max_tokens) <= 1 << 20:
+            raise ValueError(f"max_tokens must be in [1, {1 << 20}], got {max_tokens!r}")
+        if not 2 <= int(max_depth) <= 256:
+            raise ValueError(f"max_depth must be in [2, 256], got {max_depth!r}")
+        self.max_tokens, self.max_depth = int(max_tokens), int(max_depth)
+        self.lock = threading.RLock()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every earlier output."""
+        with self.lock:
+            self.items: list[list[int]] = []
+            self.tree = SuffixTree(self.max_depth)
+            self.version = getattr(self, "version", 0) + 1
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(i) for i in self.items)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Remember one output (its last ``max_tokens`` tokens at most)."""
+        tokens = [int(t) for t in tokens][-self.max_tokens:]
+        if not tokens:
+            return
+        with self.lock:
+            self.items.append(tokens)
+            if self.tokens > self.max_tokens:
+                while self.tokens > self.max_tokens:
+                    self.items.pop(0)
+                self.tree = SuffixTree(self.max_depth)
+                for item in self.items:
+                    self.tree.start_sequence()
+                    self.tree.extend(item)
+            else:
+                self.tree.start_sequence()
+                self.tree.extend(tokens)
+            self.version += 1
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(item, offset in it) of index ``index`` of the tree's sequence."""
+        item = bisect.bisect_right(self.tree.starts, index) - 1
+        return item, index - self.tree.starts[item]
+
+
+class SuffixDrafter(Drafter):
+    source = "suffix"
+    accepted_source = "suffix"
+
+    def __init__(self, params: Any, *, history: Optional[SuffixHistory] = None, tree: bool = False,
+                 tracer: Any = NULL_TRACER, clock: Any = None) -> None:
+        super().__init__()
+        self.params, self.tree_mode = params, tree
+        self.history = history if params.history else None
+        self.tracer, self.clock = tracer, clock or (lambda: 0)
+        self.local = SuffixTree(params.max_depth)
+        self.prompt_len = 0
+        self._hist_states: list[tuple[int, int]] = []
+        self._hist_version = -1
+        self.accepted_from = {"prompt": 0, "output": 0, "history": 0}
+
+    # ------------------------------------------------------------------ the loop's calls
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.local = SuffixTree(self.params.max_depth)
+        self.local.extend(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self._hist_version = -1          # walk the history over the new context at the first draft
+
+    def feedback(self, proposal: Proposal, accepted: Sequence[int]) -> None:
+        self._count_accepted(proposal, accepted)
+        self._extend(accepted)
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        # 1. catch up with tokens committed without feedback (the prefill's token)
+        if len(context) > len(self.local.seq):
+            self._extend(context[len(self.local.seq):])
+        # 2. drafts from every distinct match in the prompt and output so far, and in the history
+        cands = [(d, "local") for d in self._drafts(self.local, [(n, 0) for n in self.local.open], k)]
+        hist = self.history
+        with hist.lock if hist is not None else contextlib.nullcontext():
+            if hist is not None:
+                if self._hist_version != hist.version:
+                    self._rewalk(context)
+                cands += [(d, "history") for d in self._drafts(hist.tree, self._hist_states, k)]
+            if not cands:
+                return Proposal.empty()
+            cands.sort(key=lambda c: -c[0].score)          # stable: the local text wins ties
+            # 3. the best draft, or a tree of the best drafts' nodes; where each node was copied from
+            tokens, parents, origins = merge(cands if self.tree_mode else cands[:1], self.params.tree_nodes
+                                             if self.tree_mode else k)
+            origins = [self._text(where, i) for where, i in origins]
+            if self.tracer.enabled:
+                self._trace(cands[0][0], cands[0][1], len(context), len(tokens))
+        return Proposal(TokenTree(tuple(tokens), tuple(parents)), None, [1.0] * len(tokens), origins=origins)
+
+    def _extend(self, tokens: Sequence[int]) -> None:
+        """Committed tokens: into the local tree, and one step further along the history."""
+        self.local.extend(tokens)
+        hist = self.history
+        if hist is not None and self._hist_version == hist.version:
+            with hist.lock:
+                for t in tokens:
+                    self._hist_states = hist.tree.advance(self._hist_states, int(t), self.params.max_depth)
+
+    # ------------------------------------------------------------------ drafting
+    def _drafts(self, tree: SuffixTree, states: list[tuple[int, int]], k: int) -> list[Continuation]:
+        """One draft per distinct match in ``states`` (depths ascending): chains, or trees in tree mode."""
+        p = self.params
+        out: list[Continuation] = []
+        seen_count = -1
+        for state in reversed(states):       # deepest first: the deepest match of each count wins
+            count = tree.state_count(state)
+            if count == seen_count:          # same occurrences as a deeper match: same continuations
+                continue
+            seen_count = count
+            m = tree.state_depth(state)
+            budget = min(k, int(m * p.spec_factor + p.spec_offset + 1e-6))
+            if budget < 1:
+                continue
+            draft = tree.draft_tree(state, budget, p.min_token_prob, p.tree_nodes) if self.tree_mode \
+                else tree.draft_path(state, budget, p.min_token_prob)
+            if draft.tokens:
+                out.append(draft)
+        return out
+
+    def _rewalk(self, context: Sequence[int]) -> None:
+        """Match the whole context against the history again (a new generation, or the history changed)."""
+        tree, depth = self.history.tree, self.params.max_depth
+        states: list[tuple[int, int]] = []
+        for t in context[-depth:]:      # a match is at most ``depth`` tokens long
+            states = tree.advance(states, int(t), depth)
+        self._hist_states, self._hist_version = states, self.history.version
+
+    # ------------------------------------------------------------------ where drafts came from
+    def _text(self, where: str, index: int) -> tuple[str, int, int]:
+        """(text, item, offset): which earlier text a sequence index lies in."""
+        if where == "history":
+            item, offset = self.history.locate(index)
+            return "history", item, offset
+        if index < self.prompt_len:
+            return "prompt", -1, index
+        return "output", -1, index - self.prompt_len
+
+    def _count_accepted(self, proposal: Proposal, committed: Sequence[int]) -> None:
+        node = -1
+        for t in committed:
+            node = proposal.tree.child_with(node, int(t))
+            if node is None:
+                break
+            if proposal.origins:
+                self.accepted_from[proposal.origins[node][0]] += 1
+
+    def _trace(self, draft: Continuation, where: str, position: int, nodes: int) -> None:
+        """A ``DraftSource`` event: the occurrence the first path was copied from, with the match."""
+        path = [0]
+        while True:
+            kids = [i for i, par in enumerate(draft.parents) if par == path[-1]]
+            if not kids:
+                break
+            path.append(kids[0])
+        last = path[-1]
+        seq = self.history.tree.seq if where == "history" else self.local.seq
+        copy0 = draft.where[last] - len(path) + 1                 # the first copied token of that occurrence
+        text, item, _ = self._text(where, copy0)
+        floor = self.history.tree.starts[item] if where == "history" else \
+            (0 if copy0 < self.prompt_len else self.prompt_len)
+        self.tracer.emit(source_event(
+            seq, copy0 - draft.match_len, draft.match_len, len(path), floor, step=self.clock(),
+            position=position - self.prompt_len, text=text, item=item,
+            occurrences=max(0, draft.occurrences - (where == "local")), nodes=nodes,
+            score=round(draft.score, 4), source=self.source))
+
+
+def merge(cands: list[tuple[Continuation, str]], max_nodes: int) -> tuple[list[int], list[int], list[tuple[str, int]]]:
+    """The nodes of ranked drafts as one tree of at most ``max_nodes`` nodes (a path already drafted by a
+    better draft is not repeated). Returns tokens, parents (parents first) and each node's (text, index)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    origins: list[tuple[str, int]] = []
+    index: dict[tuple[int, int], int] = {}              # (parent node, token) -> node
+    for draft, where in cands:
+        mine: list[int] = []                              # this draft's node -> merged node
+        for tok, par, at in zip(draft.tokens, draft.parents, draft.where):
+            parent = mine[par] if par >= 0 else -1
+            node = index.get((parent, tok))
+            if node is None:
+                if len(tokens) >= max_nodes:
+                    return tokens, parents, origins
+                node = index[(parent, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+                origins.append((where, at))
+            mine.append(node)
+    return tokens, parents, origins
+
+
+def source_event(seq: Sequence[int], match_start: int, match_len: int, copied: int, floor: int,
+                 **fields: Any) -> DraftSource:
+    """The ``DraftSource`` of a copy: ``seq[match_start:][:match_len]`` matched the context's end and the
+    next ``copied`` tokens were drafted. The window starts at most ``SOURCE_WINDOW`` tokens before the
+    match, never before ``floor`` (where the copied text begins), so a match reaching back across the
+    prompt/output boundary shows only its part in the copied text."""
+    copy0 = match_start + match_len
+    lo = max(match_start - SOURCE_WINDOW, floor)
+    m0 = max(match_start, lo)
+    return DraftSource(tokens=tuple(seq[lo:copy0 + copied]), match_at=m0 - lo, match_len=copy0 - m0,
+                       copied=copied, start=lo - floor, **fields)
