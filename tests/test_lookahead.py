@@ -192,21 +192,19 @@ def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypa
     distribution of 3-token outputs matches the exactly enumerated target distribution; trying a second
     candidate against the unchanged target (no residual) does not."""
     from decoding import verify as verify_mod
-    from test_speculative import _chi_square, _exact_model_distribution, _passes
+    from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _passes
     lm = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
     ids = [0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5, 0, 3, 1, 4, 2, 5]     # every token is a key with several n-grams
     params = LookaheadParams(temperature=1.0, window=2, ngram=2, guess_set=3)
     n_out, n = 3, 3000
     exact = _exact_model_distribution(lm, ids, n_out, params)
 
+    def run(gen):
+        res = lookahead(ids, ModelPair(lm), params, max_new_tokens=n_out, rng=gen)
+        return res.token_ids, sum(res.stats["accepted_lengths"])
+
     def draw():
-        counts: dict[tuple, int] = {}
-        gen, accepted = make_generator(7), 0
-        for _ in range(n):
-            res = lookahead(ids, ModelPair(lm), params, max_new_tokens=n_out, rng=gen)
-            accepted += sum(res.stats["accepted_lengths"])
-            counts[tuple(res.token_ids)] = counts.get(tuple(res.token_ids), 0) + 1
-        return counts, accepted
+        return _draw_outputs(run, n, 7)
     counts, accepted = draw()
     assert accepted > n // 4                       # candidates were really accepted, not only resampled
     stat, dof = _chi_square(counts, exact, n)

@@ -23,6 +23,7 @@ from decoding.strategies import registry
 from decoding.tracer import Tracer
 from decoding.verify import verify_sampling
 from tiny_models import ARCHS, prompt, tiny_causal
+from test_speculative import _chi_square, _passes
 
 
 def _repeats(tokens: list[int], n: int = 3) -> bool:
@@ -93,25 +94,6 @@ def _simulate(p: torch.Tensor, q: torch.Tensor, n_out: int, samples: int, seed: 
             out += draft[:v.n_accepted] + [v.next_token]
         counts[tuple(out)] = counts.get(tuple(out), 0) + 1
     return counts, bonuses
-
-
-def _chi_square(counts: dict, exact: dict, n: int) -> tuple[float, int]:
-    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
-    for key, prob in exact.items():
-        e, o = prob * n, counts.get(key, 0)
-        if e < 5:
-            pooled_obs, pooled_exp = pooled_obs + o, pooled_exp + e
-            continue
-        stat += (o - e) ** 2 / e
-        cells += 1
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        cells += 1
-    return stat, cells - 1
-
-
-def _passes(stat: float, dof: int) -> bool:
-    return stat < dof + 5 * (2 * dof) ** 0.5    # ~5 sigma above the chi-square mean
 
 
 def test_bonus_token_is_drawn_from_the_target_row_after_the_draft():

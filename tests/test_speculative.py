@@ -170,6 +170,18 @@ def _passes(stat, dof):
     return stat < dof + 5 * (2 * dof) ** 0.5   # ~5 sigma above the chi-square mean
 
 
+def _draw_outputs(run, n, seed):
+    """``n`` runs of ``run(gen) -> (token ids, accepted tokens)`` on one seeded generator: output counts
+    and the accepted tokens summed (to check that drafts really were accepted, not only resampled)."""
+    from decoding.sampling import make_generator
+    counts, gen, accepted = {}, make_generator(seed), 0
+    for _ in range(n):
+        tokens, acc = run(gen)
+        accepted += acc
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    return counts, accepted
+
+
 def test_rejection_sampling_unit_matches_target_and_catches_naive_resampling(monkeypatch):
     torch.manual_seed(0)
     V, n_out, k = 4, 3, 3

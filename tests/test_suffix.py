@@ -198,7 +198,7 @@ def test_history_changes_what_it_claims_fewer_target_forwards_on_a_repeated_requ
 def test_a_drafter_walks_the_history_again_when_it_changes_mid_generation():
     history = SuffixHistory()
     history.add([5, 6, 7, 8, 9])
-    drafter = SuffixDrafter(SuffixParams(tree=False), history=history)
+    drafter = SuffixDrafter(SuffixParams(tree=False, spec_factor=1.0), history=history)
     drafter.begin([1, 2, 5, 6])
     assert drafter.draft([1, 2, 5, 6], 8).tokens == [7, 8]     # a 2-token match drafts 2 (spec_factor 1)
     history.add([6, 7, 1, 1, 1])
@@ -269,11 +269,16 @@ def test_bundled_model_suffix_equals_greedy_with_and_without_history(bundled_pai
     ids = encode_prompt(lm.tokenizer, text, chat=True)
     ref = _greedy(bundled_pair, ids, 40)
     history = SuffixHistory()
-    runs = [suffix(ids, bundled_pair, SuffixParams(), max_new_tokens=40, context=RunContext(history=history))
-            for _ in range(2)]
     chain = suffix(ids, bundled_pair, SuffixParams(tree=False), max_new_tokens=40)
-    assert all(r.token_ids == ref for r in runs + [chain])
-    assert runs[1].target_forwards < runs[0].target_forwards < len(ref)
+    assert chain.token_ids == ref and chain.target_forwards < len(ref)     # copies from the prompt
+    # an answer the prompt does not hold: the history of the first run drafts the second
+    fresh = encode_prompt(lm.tokenizer, "Write a short poem about a lighthouse.", chat=True)
+    fresh_ref = _greedy(bundled_pair, fresh, 40)
+    runs = [suffix(fresh, bundled_pair, SuffixParams(), max_new_tokens=40, context=RunContext(history=history))
+            for _ in range(2)]
+    assert all(r.token_ids == fresh_ref for r in runs)
+    assert runs[1].target_forwards < runs[0].target_forwards
+    assert runs[1].stats["accepted_from"]["history"] > 0 == runs[0].stats["accepted_from"]["history"]
     multi = prompt_lookup(ids, bundled_pair, PromptLookupParams(max_candidates=4), max_new_tokens=40)
     assert multi.token_ids == ref
 

@@ -29,7 +29,7 @@ from decoding.sampling import make_generator
 from decoding.speculative import SpeculativeParams, speculative
 from decoding.strategies import get_strategy
 from decoding.tracer import Tracer
-from test_speculative import _chi_square, _exact_model_distribution, _passes
+from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _passes
 from tiny_models import tiny_causal
 from visualize.crosstok import crosstok_html, crosstok_view
 
@@ -288,14 +288,12 @@ def test_intersection_sampling_keeps_the_target_distribution(monkeypatch, one_th
     exact = _exact_model_distribution(target, ids, n_out, params)
     assert abs(sum(exact.values()) - 1) < 1e-4
 
+    def run(gen):
+        res = speculative(ids, ModelPair(target, helper), params, max_new_tokens=n_out, rng=gen)
+        return res.token_ids, res.stats["accepted"]
+
     def draw() -> tuple[dict, int]:
-        counts: dict[tuple, int] = {}
-        gen, accepted = make_generator(11), 0
-        for _ in range(n):
-            res = speculative(ids, ModelPair(target, helper), params, max_new_tokens=n_out, rng=gen)
-            accepted += res.stats["accepted"]
-            counts[tuple(res.token_ids)] = counts.get(tuple(res.token_ids), 0) + 1
-        return counts, accepted
+        return _draw_outputs(run, n, 11)
     counts, accepted = draw()
     assert accepted > n // 4                       # drafts really were accepted, not only resampled
     stat, dof = _chi_square(counts, exact, n)
