@@ -1,66 +1,68 @@
-"""Decoding Playground: the Gradio app. Wiring only: requests are validated and bounded in
-decoding/service.py and decoding/guards.py, decoding lives in decoding/, views in visualize/.
+"""Decoding Playground: the Gradio app. The page and its wiring only: what each event does is in
+handlers.py, requests are validated, run and bounded in decoding/service.py and decoding/guards.py,
+decoding lives in decoding/, views in visualize/ (visualize/page.py says which view shows what).
 
     python app.py [--host 127.0.0.1] [--port 7860] [--allow-any-model] [--memory-budget-gb G]
+
+Host and port: ``--host``/``--port`` when given, else ``GRADIO_SERVER_NAME``/``GRADIO_SERVER_PORT``
+(what Hugging Face Spaces sets), else 127.0.0.1:7860.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import html
-import math
 import os
-import time
-import uuid
-from typing import Any, Iterator
+from typing import Any, Optional
 
 import gradio as gr
 import yaml
 from starlette.middleware import Middleware
 
-from decoding.bench import _num as sweep_value
-from decoding.guards import BodyLimit, TraceFiles, TraceStore
-from decoding.models import (DEFAULT_MEMORY_BUDGET_GB, ModelLoadError, default_target, load_presets,
-                             set_memory_budget)
+from decoding.guards import BodyLimit
+from decoding.models import DEFAULT_MEMORY_BUDGET_GB, default_target, load_presets, set_memory_budget
 from decoding.prophet import PROPHET, has_prophet
-from decoding.runner import environment, run_comparison
-from decoding.service import (LIMITS, SESSION_FALLBACK, SETTINGS, Jobs, Prepared, build_plan,  # noqa: F401
-                              check_model_name, field_kind, needs_assistant, param_fields, parse_sweep_spec,
-                              prepare, public_message, redact_all, redact_paths)
+from decoding.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, SETTINGS, Jobs, Prepared,  # noqa: F401
+                              build_plan, check_model_name, field_kind, param_fields, parse_sweep_spec, prepare)
 from decoding.strategies import registry
-from visualize.charts import (forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart,
-                              sweep_figure, time_breakdown)
-from visualize.jacobi import has_iterations, jacobi_heatmap
-from visualize.lookahead import has_steps, lookahead_figure, lookahead_step_html
-from visualize.speculative import accepted_length_histogram, has_drafts, inspectable_positions, inspector
-from visualize.tokens import columns_html, max_step
-from visualize.traces import export_trace, import_trace
+from handlers import (HISTORIES, JOBS, STORE, TRACE_FILES, admit, advance, clear_history,  # noqa: F401
+                      import_file, inspect_position, play, race_at, race_play, race_rebase, race_tick, replay,
+                      replay_figures, run_playground, run_sweep, stop_run)
+from visualize.guide import HOW_TO_READ
+from visualize.race import SPEEDS
+from visualize.tokens import columns_html
 
-try:  # Hugging Face Spaces ZeroGPU: request a GPU for the run handler when available
-    import spaces
-    gpu = spaces.GPU
-except ImportError:
-    def gpu(fn):
-        return fn
-
-# the default comparison: speculative drafts with the bundled model's trained prophet head
-DEFAULT_STRATEGIES = ["greedy", "speculative", "prompt_lookup", "lookahead"]
+# the default comparison: the flagship (the prophet head's token trees) against greedy, prompt lookup, lookahead
+DEFAULT_STRATEGIES = ["greedy", "prophet", "prompt_lookup", "lookahead"]
 SWEEP_DEFAULTS = {"lookahead": "window=3,5,8;ngram=3,4", "speculative": "draft_tokens=1,2,4,8",
                   "prophet": "draft_tokens=1,2,3,4,6", "prompt_lookup": "draft_tokens=2,4,8,16",
-                  "jacobi": "block_size=2,4,8,16"}
+                  "suffix": "draft_tokens=4,8,16", "jacobi": "block_size=2,4,8,16"}
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
-MAX_HEATMAP_ROWS = 1024     # Jacobi iterations drawn (a real run has at most about max_new_tokens)
-EXPIRED = ("<div class='dp-muted'>This trace is no longer held by the server (it keeps the most recent "
-           "ones); run again or import the trace file.</div>")
+RACE_TICK_S = 0.1     # the wall-clock replay's frame interval
+PAGE_CSS = (".dp-help{color:#57606a;font-size:.9em;margin:0 0 -6px}.dp-help p{margin:2px 0}"
+            ".dp-clock{padding:6px 0;font-size:.95em}#columns{min-height:120px}"
+            ".dp-drafts table,.dp-drafts td{font-size:12px}.dp-la,.dp-xt,.dp-drafts{overflow-x:auto}")
 
-# Every store a request can add to is bounded (decoding/service.py, decoding/guards.py).
-JOBS = Jobs(LIMITS["jobs_per_session"], capacity=4 * LIMITS["queue_size"],
-            queued_ttl_s=LIMITS["time_limit_s"] * (LIMITS["queue_size"] + 1), count_s=LIMITS["time_limit_s"])
-TRACE_FILES = TraceFiles(LIMITS["trace_files"])
-STORE = TraceStore(LIMITS["trace_store_bytes"])
+# The run's outputs in API order (gr.State is not part of the API): step, columns, speed, timeline,
+# sources, trace file and status keep the indices they always had; new views go at the end.
+RUN_VIEWS = ("key", "step", "columns", "speed", "timeline", "sources", "download", "status", "histogram",
+             "inspect_strategy", "jacobi", "lookahead_window", "lookahead_chart", "breakdown", "leviathan",
+             "clock", "clock_readout", "tree", "lookahead_mask", "beam", "sampling", "drafts", "crosstok",
+             "inspector")
+STEP_VIEWS = ("columns", "lookahead_window", "jacobi", "drafts", "crosstok")
+STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
+
+
+class Views(dict):
+    """View name -> component. Handlers return ``{view name: value}``; ``pack`` turns that into Gradio's
+    ``{component: value}`` and refuses a name with no component, so no value lands in another's slot."""
+
+    def pack(self, values: dict) -> dict:
+        return {self[name]: value for name, value in values.items()}
+
+    def list(self, names: tuple) -> list:
+        return [self[name] for name in names if name in self]
 
 
 def example_prompts() -> dict[str, list[str]]:
@@ -85,241 +87,10 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
                            info="static KV cache; CUDA-graph replay on a GPU")
     if kind is bool:
         return gr.Checkbox(value=field.default, label=label)
-    if kind is int:
+    if kind in (int, float):
         # no precision=0: Gradio would round 2.5 and crash on NaN before our validator names the field
-        return gr.Number(value=field.default, step=1, label=label)
-    if kind is float:
-        return gr.Number(value=field.default, label=label)
+        return gr.Number(value=field.default, step=1 if kind is int else None, label=label)
     return gr.Textbox(value="" if field.default is None else str(field.default), label=label)
-
-
-# --------------------------------------------------------------------------- jobs
-def _session(request: Any) -> str:
-    return getattr(request, "session_hash", None) or SESSION_FALLBACK
-
-
-def _admission_session(request: Any) -> str:
-    """A raw API call names no session when it is queued: it is its own session (nothing to group it with)."""
-    return getattr(request, "session_hash", None) or f"anonymous-{uuid.uuid4().hex}"
-
-
-def _request_state(request: Any) -> Any:
-    """The HTTP request's state: the queue admission and the job itself see the same one."""
-    return getattr(getattr(request, "request", None), "state", None)
-
-
-def admit(request: gr.Request, *inputs: Any) -> list:
-    """Queue admission (Gradio's validator runs it before a job waits): a Stop ticket, a few per session.
-
-    A validator answers one ``gr.validate`` per input; a refusal is reported on the first.
-    """
-    fine = [gr.validate(True, "") for _ in inputs[1:]]
-    try:
-        ticket = JOBS.admit(_admission_session(request))
-    except ValueError as exc:
-        return [gr.validate(False, str(exc))] + fine
-    state = _request_state(request)
-    if state is not None:
-        state.decoding_ticket = ticket
-    return [gr.validate(True, "")] + fine
-
-
-@contextlib.contextmanager
-def job(request: Any) -> Iterator[Any]:
-    """This job's Stop flag for as long as it runs (set already if Stop was pressed while it waited)."""
-    key, flag = JOBS.start(getattr(_request_state(request), "decoding_ticket", None), _session(request))
-    try:
-        yield flag
-    finally:
-        JOBS.finish(key)
-
-
-def stop_run(request: gr.Request = None) -> tuple[str, Any]:
-    """Set this session's Stop flags. Returns the status and, when only queued jobs were stopped,
-    a new value for the hidden component whose change cancels them in the browser."""
-    running, waiting = JOBS.stop(_session(request))
-    if running:
-        return "Stopping after the current step…", gr.skip()
-    if waiting:
-        return "Stopped the queued job before it started.", time.time()
-    return "Nothing to stop.", gr.skip()
-
-
-# --------------------------------------------------------------------------- handlers
-def _error(exc: BaseException, prefix: str = "") -> gr.Error:
-    """A message for the browser: no server paths, and markup shown as text (Gradio renders it as HTML)."""
-    return gr.Error(html.escape(prefix + public_message(exc), quote=False))
-
-
-def _heatmap(results: list[dict]) -> Any:
-    result = next((r for r in results if has_iterations(r)), None)
-    if result is None:
-        return None
-    its = [e for e in result["events"] if e.get("type") == "JacobiIteration"][:MAX_HEATMAP_ROWS]
-    return jacobi_heatmap(dict(result, events=its))
-
-
-def _outputs(doc: dict, message: str, size: int, trace_path: str | None) -> tuple:
-    results = doc["results"]
-    top = max((max_step(r) for r in results), default=0)
-    key = STORE.put(doc, size, top)
-    drafted = [r for r in results if has_drafts(r)]
-    choices = [r["strategy"] for r in drafted if inspectable_positions(r)]
-    return (key, gr.update(minimum=0, maximum=max(top, 1), value=top),
-            columns_html(results, top), speed_chart(results) if results else None,
-            forward_timeline(results) if results else None, source_counts(results) if results else None,
-            trace_path, message, accepted_length_histogram(drafted) if drafted else None,
-            gr.update(choices=choices, value=choices[0] if choices else None), _heatmap(results),
-            lookahead_view(doc, top), next((lookahead_figure(r) for r in results if has_steps(r)), None),
-            time_breakdown(results) if results else None,
-            leviathan_chart(results) if any(has_prediction(r) for r in results) else None)
-
-
-def _unchanged(message: str) -> tuple:
-    """The run outputs left as they are, with a new status line (index 7)."""
-    return (gr.skip(),) * 7 + (message,) + (gr.skip(),) * 7
-
-
-def _held(key: Any) -> tuple[dict | None, int]:
-    """(document, top replay step) of this session's trace; (None, 0) when there is none or it expired."""
-    return STORE.get(key) or (None, 0)
-
-
-def _step(step: Any, top: int) -> int:
-    ok = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
-    return min(max(int(step), 0), top) if ok else 0
-
-
-def lookahead_view(doc: dict | None, step: int | None) -> str:
-    """The lookahead window and verification branch at the replay step (first lookahead column)."""
-    result = next((r for r in (doc or {}).get("results", []) if has_steps(r)), None)
-    if result is None:
-        return "<div class='dp-la'>Run the lookahead strategy to see its 2D window and verified n-grams.</div>"
-    return lookahead_step_html(result, step)
-
-
-@gpu
-def run_playground(model: str, assistant: str, strategies: list[str], prompt: str, chat: bool,
-                   max_new_tokens: float, seed: float, params: dict,
-                   progress: gr.Progress = gr.Progress(), request: gr.Request = None) -> tuple:
-    """Run the selected strategies side by side; returns the replay outputs."""
-    with job(request) as stop:
-        if stop.is_set():
-            return _unchanged("Stopped before the run started.")
-        try:
-            plan = build_plan(strategies, params or {})
-            prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), progress)
-        except (ValueError, ModelLoadError) as exc:
-            raise _error(exc) from None
-        total = len(plan) + (0 if any(n == "greedy" for n, _ in plan) else 1)
-        max_new = prep.max_new
-
-        def on_progress(index: int, name: str, done: int) -> None:
-            progress((index + done / max_new) / total, desc=f"{name}: {done}/{max_new} tokens")
-
-        results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=max_new, seed=prep.seed,
-                                 on_progress=on_progress, should_stop=stop.is_set,
-                                 time_limit_s=LIMITS["time_limit_s"])
-    rows = [r.to_dict() for r in results]
-    for row in rows:
-        row["error"] = row["error"] and redact_paths(row["error"])
-    doc = {"environment": redact_all(environment(prep.pair, prep.seed)), "prompt": prompt, "chat": chat,
-           "prompt_ids": prep.prompt_ids, "max_new_tokens": max_new, "results": rows}
-    failed = [r for r in rows if r["error"]]
-    message = f"Ran {len(rows)} strategies on {prep.model}{prep.note}."
-    if failed:
-        message += " " + "; ".join(f"{r['strategy']}: {r['error']}" for r in failed)
-    text = export_trace(doc)
-    return _outputs(doc, message, len(text), TRACE_FILES.write(text))
-
-
-@gpu
-def run_sweep(model: str, assistant: str, prompt: str, chat: bool, max_new_tokens: float, seed: float,
-              strategy: str, spec: str, progress: gr.Progress = gr.Progress(), request: gr.Request = None) -> tuple:
-    """Run one strategy over a parameter grid against one greedy reference; returns (figure, message)."""
-    with job(request) as stop:
-        if stop.is_set():
-            return gr.skip(), "Stopped before the sweep started."
-        try:
-            keys, combos, plan = parse_sweep_spec(strategy, spec)
-            prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), progress)
-        except (ValueError, ModelLoadError) as exc:
-            raise _error(exc) from None
-
-        def on_progress(index: int, name: str, done: int) -> None:
-            progress((index + done / prep.max_new) / (len(plan) + 1), desc=f"sweep point {index}: {done} tokens")
-
-        results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new, seed=prep.seed,
-                                 on_progress=on_progress, should_stop=stop.is_set,
-                                 time_limit_s=LIMITS["time_limit_s"])
-    runs = [r for r in results if not r.reference]
-    points = [{"values": [sweep_value(v) for v in combo], "speedup": r.speedup or 0.0,
-               "tokens_per_target_forward": round(len(r.token_ids) / max(r.target_forwards, 1), 3)}
-              for combo, r in zip(combos, runs) if not r.error]
-    errors = [f"{dict(zip(keys, c))}: {redact_paths(r.error)}" for c, r in zip(combos, runs) if r.error]
-    message = f"Swept {len(points)} settings of {strategy} on {prep.model}{prep.note}."
-    if errors:
-        message += " Failed: " + "; ".join(errors)
-    return sweep_figure({"strategy": strategy, "keys": keys, "points": points}), message
-
-
-def advance(key: Any, step: Any) -> tuple:
-    """One tick of the play button: the next replay step, stopping the timer at the end."""
-    _, top = _held(key)
-    nxt = _step(step, top) + 1
-    if nxt >= top:
-        return top, gr.Timer(active=False)
-    return nxt, gr.Timer(active=True)
-
-
-def play(key: Any, step: Any) -> tuple:
-    """Start playing from the current step (from 0 when at the end)."""
-    _, top = _held(key)
-    start = _step(step, top)
-    return (0 if start >= top else start), gr.Timer(active=top > 0)
-
-
-def replay(key: Any, step: Any) -> tuple[str, str]:
-    """The columns and the lookahead view at one replay step (bounded: see visualize.tokens.MAX_FRAME_ITEMS)."""
-    doc, top = _held(key)
-    if doc is None:
-        return (EXPIRED if key else columns_html([])), lookahead_view(None, None)
-    at = _step(step, top)
-    return columns_html(doc["results"], at), lookahead_view(doc, at)
-
-
-def inspect_position(key: Any, strategy: Any, position: Any) -> Any:
-    doc, _ = _held(key)
-    result = next((r for r in (doc or {}).get("results", []) if r["strategy"] == strategy), None)
-    if result is None:
-        return None
-    positions = inspectable_positions(result)
-    if not positions:
-        return None
-    ok = isinstance(position, (int, float)) and not isinstance(position, bool) and math.isfinite(position)
-    pos = int(position) if ok else 0
-    if pos not in positions:  # snap to the nearest verified position
-        pos = min(positions, key=lambda p: abs(p - pos))
-    return inspector(result, pos)
-
-
-def import_file(path: Any, request: gr.Request = None) -> tuple:
-    """Replay an uploaded trace (no model needed). The file is not exported again: its owner has it."""
-    with job(request):
-        if not isinstance(path, str) or not path:
-            raise gr.Error("trace: choose a JSON file exported from this app")
-        limit = LIMITS["upload_bytes"]
-        try:
-            size = os.path.getsize(path)
-            if size > limit:   # Gradio refuses larger uploads; this guards direct calls
-                raise ValueError(f"trace file is {size / 2**20:.1f} MB; the limit is {limit / 2**20:g} MB")
-            with open(path, "rb") as fh:
-                data = fh.read(limit + 1)
-            doc = import_trace(data, max_bytes=limit)
-        except (OSError, ValueError) as exc:
-            raise _error(exc, "trace: ") from None
-    return _outputs(doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).",
-                    len(data), None)
 
 
 # --------------------------------------------------------------------------- layout
@@ -328,6 +99,7 @@ class Playground(gr.Blocks):
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("max_file_size", LIMITS["upload_bytes"])
+        kwargs.setdefault("css", PAGE_CSS)
         app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
         # uploads get the file limit plus room for the multipart wrapping; everything else a small one
         limit = Middleware(BodyLimit, default=LIMITS["request_bytes"],
@@ -336,131 +108,285 @@ class Playground(gr.Blocks):
         return super().launch(*args, app_kwargs=app_kwargs, **kwargs)
 
 
+def _help(name: str) -> None:
+    gr.Markdown(HOW_TO_READ[name], elem_classes=["dp-help"])
+
+
+def _param_inputs(reg: dict) -> dict[tuple[str, str], Any]:
+    inputs: dict[tuple[str, str], Any] = {}
+    with gr.Accordion("Strategy parameters", open=False):
+        with gr.Row():
+            for s in reg.values():
+                fields = dataclasses.fields(s.params_cls)
+                if not fields:
+                    continue
+                with gr.Column(min_width=180):
+                    gr.Markdown(f"**{s.label or s.name}**")
+                    for f in fields:
+                        inputs[(s.name, f.name)] = _param_component(s, f)
+    return inputs
+
+
+GENERATION_LABELS = {
+    "repetition_penalty": ("repetition_penalty (1 = off)", "divides the logits of tokens already in the context"),
+    "no_repeat_ngram_size": ("no_repeat_ngram_size (0 = off)", "forbids repeating an n-gram of this size"),
+    "min_new_tokens": ("min_new_tokens (0 = off)", "no EOS before this many new tokens"),
+    "forced_bos_token_id": ("forced_bos_token_id (-1 = off)", "forces the first new token"),
+    "forced_eos_token_id": ("forced_eos_token_id (-1 = off)", "forces this token at the length limit"),
+}
+
+
+def _generation_inputs() -> list:
+    from decoding.processors import GenerationSettings
+    defaults = GenerationSettings()
+    with gr.Accordion("Generation settings (logits processors, applied to every strategy)", open=False):
+        gr.Markdown("transformers' own processors, in `generate`'s order; every lossless strategy stays "
+                    "identical to greedy under the same settings.", elem_classes=["dp-help"])
+        with gr.Row():
+            return [gr.Number(value=getattr(defaults, name), label=GENERATION_LABELS[name][0],
+                              info=GENERATION_LABELS[name][1], min_width=160) for name in GENERATION_FIELDS]
+
+
+def _race(ui: Views) -> None:
+    """The race: the columns and both replays (steps, wall clock)."""
+    ui["status"] = gr.Markdown("", elem_id="status")
+    _help("race")
+    ui["columns"] = gr.HTML(columns_html([]), elem_id="columns")
+    with gr.Row(equal_height=True):
+        ui["step"] = gr.Slider(0, 1, value=0, step=1, label="Replay step (target forward passes)", scale=6)
+        ui["play"] = gr.Button("▶ Play steps", scale=1, min_width=110)
+    with gr.Row(equal_height=True):
+        ui["clock"] = gr.Slider(0, 1, value=0, step=1, label="Replay clock (ms of each strategy's own run)",
+                                scale=4, elem_id="race-clock")
+        ui["race_speed"] = gr.Dropdown([(f"{s:g}×", s) for s in SPEEDS], value=1.0, label="Speed", scale=1,
+                                       min_width=90, elem_id="race-speed")
+        ui["race"] = gr.Button("▶ Play in real time", scale=1, min_width=150, elem_id="race-play")
+    ui["clock_readout"] = gr.HTML("", elem_id="race-readout")
+
+
+def _tabs(ui: Views) -> None:
+    """The views, one tab per question."""
+    with gr.Tabs():
+        with gr.Tab("Speed", elem_id="tab-speed"):
+            with gr.Row():
+                with gr.Column():
+                    _help("speed")
+                    ui["speed"] = gr.Plot(label="Speed", elem_id="speed-chart")
+                with gr.Column():
+                    _help("sources")
+                    ui["sources"] = gr.Plot(label="Token sources")
+            _help("timeline")
+            ui["timeline"] = gr.Plot(label="Forward passes")
+            with gr.Row():
+                with gr.Column():
+                    _help("breakdown")
+                    ui["breakdown"] = gr.Plot(label="Why (no) speedup")
+                with gr.Column():
+                    _help("leviathan")
+                    ui["leviathan"] = gr.Plot(label="Predicted vs measured speedup")
+        with gr.Tab("Drafts", elem_id="tab-drafts"):
+            with gr.Row():
+                ui["inspect_strategy"] = gr.Dropdown([], label="Strategy (inspector and draft tree)")
+                ui["inspect_pos"] = gr.Number(value=1, step=1, label="Output position (inspector)")
+            with gr.Row():
+                with gr.Column():
+                    _help("histogram")
+                    ui["histogram"] = gr.Plot(label="Accepted length per step")
+                with gr.Column():
+                    _help("inspector")
+                    ui["inspector"] = gr.Plot(label="p_target vs q_draft")
+            _help("tree")
+            ui["tree"] = gr.Plot(label="Draft tree at the replay step", elem_id="draft-tree")
+            _help("drafts")
+            ui["drafts"] = gr.HTML("", elem_id="draft-sources")
+            _help("crosstok")
+            ui["crosstok"] = gr.HTML("", elem_id="crosstok")
+        with gr.Tab("Jacobi & lookahead", elem_id="tab-jacobi"):
+            _help("jacobi")
+            ui["jacobi"] = gr.HTML("", elem_id="jacobi-view")
+            _help("lookahead_window")
+            ui["lookahead_window"] = gr.HTML("", elem_id="lookahead-window")
+            with gr.Row():
+                with gr.Column():
+                    _help("lookahead_mask")
+                    ui["lookahead_mask"] = gr.Plot(label="Lookahead attention mask", elem_id="lookahead-mask")
+                with gr.Column():
+                    _help("lookahead_chart")
+                    ui["lookahead_chart"] = gr.Plot(label="Lookahead: tokens per target forward")
+        with gr.Tab("Beam & sampling", elem_id="tab-beam"):
+            _help("beam")
+            ui["beam"] = gr.Plot(label="Beam search", elem_id="beam-tree")
+            _help("sampling")
+            ui["sampling"] = gr.Plot(label="Sampling filters", elem_id="sampling-view")
+        with gr.Tab("Sweep", elem_id="tab-sweep"):
+            _help("sweep")
+            with gr.Row():
+                ui["sweep_strategy"] = gr.Dropdown(list(SWEEP_DEFAULTS), value="lookahead", label="Sweep strategy")
+                ui["sweep_spec"] = gr.Textbox(SWEEP_DEFAULTS["lookahead"], label="Values (KEY=V1,V2[;KEY=V1,V2])")
+                ui["sweep_btn"] = gr.Button("Run sweep")
+            ui["sweep_status"] = gr.Markdown("")
+            ui["sweep_plot"] = gr.Plot(label="Sweep")
+        with gr.Tab("Trace", elem_id="tab-trace"):
+            _help("trace")
+            with gr.Row():
+                ui["download"] = gr.File(label="Trace (JSON download)", elem_id="trace-download")
+                ui["upload"] = gr.File(label="Import a trace to replay it without a model", file_types=[".json"],
+                                       type="filepath", elem_id="trace-upload")
+
+
 def build_demo() -> gr.Blocks:
     presets = load_presets()
     reg = registry()
     prompts = example_prompts()
+    ui = Views()
     with Playground(title="Decoding Playground", delete_cache=LIMITS["cache_cleanup_s"]) as demo:
-        gr.Markdown("# Decoding Playground\nRun decoding strategies on the same prompt and replay them "
-                    "token by token. Time is counted in target forward passes.")
+        gr.Markdown("# Decoding Playground\nRun decoding strategies on the same prompt, watch them race, then "
+                    "replay them token by token (by target forward passes or by wall-clock time).")
         with gr.Row():
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(label="Prompt", lines=4, value=prompts["chat"][0])
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=3, value=prompts["chat"][0])
                 with gr.Row():
                     category = gr.Dropdown(list(prompts), value="chat", label="Example category")
                     example = gr.Dropdown(prompts["chat"], value=prompts["chat"][0], label="Example prompt",
                                           allow_custom_value=True)
-            with gr.Column(scale=1):
-                model = gr.Dropdown(list(presets), value=default_target(), label="Target model",
-                                    allow_custom_value=True)   # our validator names the parameter
-                assistant = gr.Dropdown(
-                    [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
-                    value=PROPHET if has_prophet(default_target()) else "none", label="Assistant (draft) model",
-                    allow_custom_value=True)
+            with gr.Column(scale=2):
                 with gr.Row():
-                    chat = gr.Checkbox(value=True, label="Chat template")
-                    seed = gr.Number(value=0, step=1, label="Seed")
-                max_new = gr.Number(value=64, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})")
+                    model = gr.Dropdown(list(presets), value=default_target(), label="Target model",
+                                        allow_custom_value=True)   # our validator names the parameter
+                    assistant = gr.Dropdown(
+                        [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
+                        value=PROPHET if has_prophet(default_target()) else "none",
+                        label="Assistant (for Speculative)", allow_custom_value=True)
+                with gr.Row():
+                    chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
+                    seed = gr.Number(value=0, step=1, label="Seed", min_width=80)
+                    max_new = gr.Number(value=64, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})",
+                                        min_width=120)
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
                                       value=[n for n in DEFAULT_STRATEGIES if n in reg],
                                       label="Strategies (greedy is always run as the reference)")
-        param_inputs: dict[tuple[str, str], Any] = {}
-        with gr.Accordion("Strategy parameters", open=False):
-            with gr.Row():
-                for s in reg.values():
-                    fields = dataclasses.fields(s.params_cls)
-                    if not fields:
-                        continue
-                    with gr.Column(min_width=180):
-                        gr.Markdown(f"**{s.label or s.name}**")
-                        for f in fields:
-                            param_inputs[(s.name, f.name)] = _param_component(s, f)
         with gr.Row():
-            run_btn = gr.Button("Run", variant="primary")
-            stop_btn = gr.Button("Stop", variant="stop")
-        status = gr.Markdown("")
-        state = gr.State(None)          # a key into STORE, never the document itself
-        cancel_queued = gr.Number(visible=False)
+            run_btn = gr.Button("Run", variant="primary", scale=2)
+            stop_btn = gr.Button("Stop", variant="stop", scale=1)
+            clear_btn = gr.Button("Clear history", scale=1, elem_id="clear-history")
         with gr.Row():
-            step = gr.Slider(0, 1, value=0, step=1, label="Replay step (target forward passes)", scale=8)
-            play_btn = gr.Button("▶ Play", scale=1, min_width=80)
-        ticker = gr.Timer(0.4, active=False)
-        columns = gr.HTML(columns_html([]), elem_id="columns")
-        with gr.Row():
-            speed = gr.Plot(label="Speed")
-            sources = gr.Plot(label="Token sources")
-        timeline = gr.Plot(label="Forward passes")
-        with gr.Row():
-            histogram = gr.Plot(label="Accepted length per step")
             with gr.Column():
-                with gr.Row():
-                    inspect_strategy = gr.Dropdown([], label="Inspect strategy")
-                    inspect_pos = gr.Number(value=1, step=1, label="Output position")
-                inspect_plot = gr.Plot(label="p_target vs q_draft")
-        with gr.Row():
-            download = gr.File(label="Trace (JSON download)", elem_id="trace-download")
-            upload = gr.File(label="Import a trace to replay it without a model", file_types=[".json"],
-                             type="filepath", elem_id="trace-upload")
-
-        with gr.Row():
-            breakdown = gr.Plot(label="Why (no) speedup")
-            leviathan = gr.Plot(label="Predicted vs measured speedup")
-        heatmap = gr.Plot(label="Jacobi iterations")
-        with gr.Row():
-            window = gr.HTML(lookahead_view(None, None), elem_id="lookahead-window")
-            la_plot = gr.Plot(label="Lookahead: tokens per target forward")
-        outputs = [state, step, columns, speed, timeline, sources, download, status, histogram, inspect_strategy,
-                   heatmap, window, la_plot, breakdown, leviathan]
-        keys = list(param_inputs)
-        with gr.Accordion("Sweep: one strategy over a parameter range", open=False):
-            with gr.Row():
-                sweep_strategy = gr.Dropdown([n for n in SWEEP_DEFAULTS if n in reg], value="lookahead",
-                                             label="Sweep strategy")
-                sweep_spec = gr.Textbox(SWEEP_DEFAULTS["lookahead"], label="Values (KEY=V1,V2[;KEY=V1,V2])")
-                sweep_btn = gr.Button("Run sweep")
-            sweep_status = gr.Markdown("")
-            sweep_plot = gr.Plot(label="Sweep")
-
-        # Gradio injects request and progress only into positional parameters before *values
-        def _run(request: gr.Request, progress=gr.Progress(), *values):
-            fixed, params = values[:7], dict(zip(keys, values[7:]))
-            return run_playground(*fixed, params, progress=progress, request=request)
-
-        # Runs and sweeps share one worker (one model in memory at a time); each job is admitted
-        # (a Stop ticket, a bounded number per session) before it waits in the queue. Their inputs
-        # reach decoding/service.py as sent (preprocess=False), so it names every bad field itself.
-        heavy = dict(concurrency_id="generate", concurrency_limit=1, validator=admit, preprocess=False)
-        run_event = run_btn.click(_run, [model, assistant, strategies, prompt, chat, max_new, seed,
-                                         *param_inputs.values()], outputs, api_name="run", **heavy)
-        sweep_event = sweep_btn.click(run_sweep, [model, assistant, prompt, chat, max_new, seed, sweep_strategy,
-                                                  sweep_spec], [sweep_plot, sweep_status], api_name="sweep", **heavy)
-        # Stop sets this session's flags (a running job keeps its partial trace); a job still waiting in
-        # the queue is also taken out of it, through the hidden value's change and Gradio's cancels=.
-        stop_btn.click(stop_run, None, [status, cancel_queued], api_name="stop", queue=False)
-        cancel_queued.change(None, None, None, cancels=[run_event, sweep_event])
-        # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
-        # clamp their raw inputs themselves
-        light = dict(queue=False, preprocess=False)
-        step.change(replay, [state, step], [columns, window], api_name="replay", **light)
-        play_btn.click(play, [state, step], [step, ticker], **light)
-        ticker.tick(advance, [state, step], [step, ticker], **light)
-        upload.upload(import_file, upload, outputs, api_name="import_trace", concurrency_id="import",
-                      concurrency_limit=1, validator=admit)
-        sweep_strategy.change(lambda n: SWEEP_DEFAULTS.get(n, ""), sweep_strategy, sweep_spec, queue=False)
-        for trigger in (inspect_strategy.change, inspect_pos.change):
-            trigger(inspect_position, [state, inspect_strategy, inspect_pos], inspect_plot, **light)
-        category.change(lambda c: gr.update(choices=prompts.get(c, []), value=(prompts.get(c) or [""])[0]),
-                        category, example, queue=False)
-        example.change(lambda e: e, example, prompt, queue=False)
-        demo.run_event = run_event
+                param_inputs = _param_inputs(reg)
+            with gr.Column():
+                generation_inputs = _generation_inputs()
+        _race(ui)
+        _tabs(ui)
+        ui["key"] = gr.State(None)              # a key into STORE, never the document itself
+        ui["race_anchor"] = gr.State(None)      # where the wall-clock replay started: {"wall", "from"}
+        ui["playing"] = gr.State(None)          # which replay plays now: "steps", "race" or None
+        ui["ticker"] = gr.Timer(0.4, active=False)
+        ui["race_ticker"] = gr.Timer(RACE_TICK_S, active=False)
+        cancel_queued = gr.Number(visible=False)
+        _wire(ui, demo, prompts, [model, assistant, strategies, prompt, chat, max_new, seed],
+              param_inputs, generation_inputs, dict(category=category, example=example, prompt=prompt,
+                                                    run=run_btn, stop=stop_btn, clear=clear_btn,
+                                                    cancel_queued=cancel_queued))
     demo.queue(default_concurrency_limit=1, max_size=LIMITS["queue_size"])
     return demo
 
 
+def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: dict, generation_inputs: list,
+          c: dict) -> None:
+    """Every event: runs and sweeps share one queued worker; replays are unqueued and bounded."""
+    keys, n_params = list(param_inputs), len(param_inputs)
+    outputs = ui.list(RUN_VIEWS)
+
+    # Gradio injects request and progress only into positional parameters before *values
+    def _run(request: gr.Request, progress=gr.Progress(), *values):
+        params = dict(zip(keys, values[7:7 + n_params]))
+        for item in run_playground(*values[:7], params, list(values[7 + n_params:]), progress=progress,
+                                   request=request):
+            yield ui.pack(item)
+
+    def _sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
+               progress=gr.Progress(), request: gr.Request = None):
+        return run_sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec, progress=progress,
+                         request=request)
+
+    def _import(path, request: gr.Request = None):
+        return ui.pack(import_file(path, request=request))
+
+    # Runs and sweeps share one worker (one model in memory at a time); each job is admitted (a Stop
+    # ticket, a bounded number per session) before it waits in the queue. Their inputs reach
+    # decoding/service.py as sent (preprocess=False), so it names every bad field itself.
+    heavy = dict(concurrency_id="generate", concurrency_limit=1, validator=admit, preprocess=False)
+    run_event = c["run"].click(_run, [*fixed, *param_inputs.values(), *generation_inputs], outputs,
+                               api_name="run", show_progress="minimal", show_progress_on=[ui["status"]], **heavy)
+    sweep_event = ui["sweep_btn"].click(_sweep, [*fixed[:2], *fixed[3:], ui["sweep_strategy"], ui["sweep_spec"]],
+                                        [ui["sweep_plot"], ui["sweep_status"]], api_name="sweep", **heavy)
+    # Stop sets this session's flags (a running job keeps its partial trace); a job still waiting in
+    # the queue is also taken out of it, through the hidden value's change and Gradio's cancels=.
+    c["stop"].click(stop_run, None, [ui["status"], c["cancel_queued"]], api_name="stop", queue=False)
+    c["cancel_queued"].change(None, None, None, cancels=[run_event, sweep_event])
+    c["clear"].click(clear_history, None, ui["status"], api_name="clear_history", queue=False)
+    # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
+    # clamp their raw inputs themselves
+    light = dict(queue=False, preprocess=False)
+    step_views, step_figs = ui.list(STEP_VIEWS), ui.list(STEP_FIGURES)
+    def _replay(k, s, p=None):
+        values = replay(k, s)
+        if p == "race":           # a step change left over from the step replay: the race owns the columns
+            values.pop("columns")
+        return ui.pack(values)
+    ui["step"].change(_replay, [ui["key"], ui["step"], ui["playing"]], step_views, api_name="replay", **light)
+    ui["step"].change(lambda k, s, n: ui.pack(replay_figures(k, s, n)),
+                      [ui["key"], ui["step"], ui["inspect_strategy"]], step_figs, api_name="replay_figures",
+                      trigger_mode="always_last", **light)
+    # one replay plays at a time (both redraw the columns): each play button stops the other's timer and
+    # names itself in "playing", and a tick of the other replay (one already in flight) stops its timer
+    ui["play"].click(lambda k, s: (*play(k, s), gr.Timer(active=False), "steps"), [ui["key"], ui["step"]],
+                     [ui["step"], ui["ticker"], ui["race_ticker"], ui["playing"]], **light)
+    ui["ticker"].tick(lambda k, s, p: advance(k, s) if p == "steps" else (gr.skip(), gr.Timer(active=False)),
+                      [ui["key"], ui["step"], ui["playing"]], [ui["step"], ui["ticker"]], **light)
+    race_out = ui.list(("columns", "clock_readout"))
+    ui["clock"].input(lambda k, t, v: ui.pack(race_at(k, t, v)), [ui["key"], ui["clock"], ui["race_speed"]],
+                      race_out, api_name="race_at", trigger_mode="always_last", **light)
+    ui["race"].click(lambda k, t, v: ui.pack({**race_play(k, t, v), "ticker": gr.Timer(active=False),
+                                              "playing": "race"}),
+                     [ui["key"], ui["clock"], ui["race_speed"]],
+                     ui.list(("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker",
+                              "playing")), **light)
+    ui["race_ticker"].tick(lambda k, a, v, p: ui.pack(race_tick(k, a, v) if p == "race"
+                                                      else {"race_ticker": gr.Timer(active=False)}),
+                           [ui["key"], ui["race_anchor"], ui["race_speed"], ui["playing"]],
+                           ui.list(("columns", "clock_readout", "clock", "race_ticker", "playing")), **light)
+    ui["race_speed"].change(race_rebase, [ui["race_anchor"], ui["clock"]], ui["race_anchor"], **light)
+    ui["upload"].upload(_import, ui["upload"], outputs, api_name="import_trace", concurrency_id="import",
+                        concurrency_limit=1, validator=admit)
+    ui["sweep_strategy"].change(lambda n: SWEEP_DEFAULTS.get(n, ""), ui["sweep_strategy"], ui["sweep_spec"],
+                                queue=False)
+    for trigger in (ui["inspect_strategy"].change, ui["inspect_pos"].change):
+        trigger(inspect_position, [ui["key"], ui["inspect_strategy"], ui["inspect_pos"]], ui["inspector"], **light)
+    ui["inspect_strategy"].change(lambda k, s, n: ui.pack({"tree": replay_figures(k, s, n)["tree"]}),
+                                  [ui["key"], ui["step"], ui["inspect_strategy"]], ui.list(("tree",)), **light)
+    c["category"].change(lambda cat: gr.update(choices=prompts.get(cat, []), value=(prompts.get(cat) or [""])[0]),
+                         c["category"], c["example"], queue=False)
+    c["example"].change(lambda e: e, c["example"], c["prompt"], queue=False)
+    demo.run_event = run_event
+
+
+def server_address(host: Optional[str], port: Optional[int], env: Optional[dict] = None) -> tuple[str, int]:
+    """``--host``/``--port`` when given, else ``GRADIO_SERVER_NAME``/``GRADIO_SERVER_PORT``, else 127.0.0.1:7860."""
+    env = os.environ if env is None else env
+    host = host or env.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    if port is None:
+        raw = env.get("GRADIO_SERVER_PORT")
+        try:
+            port = int(raw) if raw else 7860
+        except ValueError:
+            raise SystemExit(f"GRADIO_SERVER_PORT must be a port number, got {raw!r}") from None
+    return host, port
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Decoding Playground web app")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--host", default=None, help="default: $GRADIO_SERVER_NAME, else 127.0.0.1")
+    ap.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT, else 7860")
     ap.add_argument("--allow-any-model", action="store_true",
                     help="accept any Hugging Face Hub id in the model pickers (default: presets only)")
     ap.add_argument("--memory-budget-gb", type=float,
@@ -470,7 +396,8 @@ def main() -> None:
     args = ap.parse_args()
     SETTINGS["allow_any_model"] = args.allow_any_model
     set_memory_budget(args.memory_budget_gb or None)
-    build_demo().launch(server_name=args.host, server_port=args.port)
+    host, port = server_address(args.host, args.port)
+    build_demo().launch(server_name=host, server_port=port)
 
 
 if __name__ == "__main__":

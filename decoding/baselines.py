@@ -12,7 +12,7 @@ import torch
 
 from .commit import Output
 from .context import EMPTY, RunContext
-from .events import BeamStep
+from .events import BeamStep, SamplingFilter
 from .lm import Session
 from .params import BeamParams, GreedyParams, SampleParams
 from .result import ModelPair, Result
@@ -25,8 +25,12 @@ NEG = -1.0e9  # transformers' "impossible" score in beam search
 
 def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
                     tracer: Any, choose: Callable[[torch.Tensor], int], source: str,
-                    fast: bool = False, context: Optional[RunContext] = None) -> Result:
-    """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token."""
+                    fast: bool = False, context: Optional[RunContext] = None,
+                    observe: Optional[Callable[[torch.Tensor, int, int, int], None]] = None) -> Result:
+    """One target forward per token; ``choose`` maps last-position logits ``[V]`` to a token.
+
+    ``observe(logits, token, step, position)`` is called after each choice when tracing.
+    """
     target = Session(pair.target, "target", tracer, fast=fast, max_len=len(prompt_ids) + max_new_tokens)
     out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
     proc = (context or EMPTY).processors(pair.target, prompt_ids, max_new_tokens)
@@ -36,6 +40,8 @@ def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: 
         if proc is not None:
             logits = proc(out.tokens, logits)
         token = choose(logits)
+        if observe is not None and tracer.enabled:
+            observe(logits, token, target.forwards, len(out.tokens))
         out.commit([token], target.forwards, source, [float(logits.softmax(-1)[token])] if tracer.enabled else None)
         # 2. stop on EOS or length
         if out.done:
@@ -58,8 +64,33 @@ def sample(prompt_ids: Sequence[int], pair: ModelPair, params: SampleParams, *,
         choose = lambda logits: int(torch.argmax(logits))                        # noqa: E731
     else:
         choose = lambda logits: draw(sampling_probs(logits, params), rng)        # noqa: E731
+
+    def observe(logits: torch.Tensor, token: int, step: int, position: int) -> None:
+        if not params.is_greedy:
+            tracer.emit(sampling_filter(logits, token, params, step, position))
     return _autoregressive(prompt_ids, pair, max_new_tokens, tracer, choose, "sample", fast=params.fast,
-                           context=context)
+                           context=context, observe=observe)
+
+
+SHOWN_TOKENS = 12   # tokens a SamplingFilter event records (the most probable, plus the sampled one)
+
+
+def sampling_filter(logits: torch.Tensor, token: int, params: SampleParams, step: int, position: int
+                    ) -> SamplingFilter:
+    """The distribution at one position before and after temperature, top-k and top-p (no rng used)."""
+    logits = logits.float()                                                   # [V]
+    raw = logits.softmax(-1)                                                  # [V]
+    warm = (logits / params.temperature).softmax(-1)                          # [V]
+    final = sampling_probs(logits, params)                                    # [V]
+    top = torch.topk(raw, min(SHOWN_TOKENS, raw.numel())).indices.tolist()
+    ids = top if token in top else top + [int(token)]
+
+    def at(p: torch.Tensor) -> tuple[float, ...]:
+        return tuple(round(float(p[i]), 6) for i in ids)
+    return SamplingFilter(step=step, position=position, tokens=tuple(int(i) for i in ids), p_raw=at(raw),
+                          p_temperature=at(warm), p_final=at(final), chosen=int(token),
+                          temperature=float(params.temperature), top_k=int(params.top_k),
+                          top_p=float(params.top_p), kept=int((final > 0).sum()))
 
 
 def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,

@@ -1,4 +1,5 @@
-"""Bounded resources of the web service: request bodies, trace files on disk, replay documents in memory.
+"""Bounded resources of the web service: request bodies, trace files on disk, replay documents in memory,
+suffix-decoding histories.
 
 Each of these grows with what visitors send, so each has a fixed bound that no
 sequence of requests can exceed. No Gradio here: ``BodyLimit`` is plain ASGI.
@@ -159,3 +160,93 @@ class TraceStore:
     @property
     def held_bytes(self) -> int:
         return self._held
+
+
+# --------------------------------------------------------------------------- suffix-decoding histories
+class Histories:
+    """One ``SuffixHistory`` per browser session, so one visitor's outputs never draft for another's.
+
+    Held here, server-side, keyed by the session id (never in ``gr.State``, which
+    the browser round-trips). Bounded three ways: at most ``sessions`` histories
+    (the least recently used dropped first), ``max_tokens`` tokens each (the
+    history drops its oldest outputs), and ``max_nodes`` suffix-tree nodes over
+    all of them (``trim`` drops least recently used histories until under).
+    """
+
+    def __init__(self, sessions: int, max_tokens: int, max_nodes: int,
+                 factory: Optional[Callable[[int], Any]] = None, unshared: tuple[str, ...] = ()) -> None:
+        self.sessions, self.max_tokens, self.max_nodes = sessions, max_tokens, max_nodes
+        self.unshared = unshared      # session ids that name no single visitor: they get no history
+        self._factory = factory or _suffix_history
+        self._items: "OrderedDict[str, Any]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session: Optional[str]) -> Any:
+        """This session's history (created on first use); None without a session (nothing keeps it apart)."""
+        if not session or session in self.unshared:
+            return None
+        with self._lock:
+            history = self._items.get(session)
+            if history is None:
+                history = self._items[session] = self._factory(self.max_tokens)
+                while len(self._items) > self.sessions:
+                    self._items.popitem(last=False)
+            self._items.move_to_end(session)
+            return history
+
+    def items(self, session: Optional[str]) -> Optional[list[list[int]]]:
+        """A copy of this session's earlier outputs (None: this request keeps no history)."""
+        history = self.get(session)
+        if history is None:
+            return None
+        with history.lock:
+            return [list(tokens) for tokens in history.items]
+
+    def add(self, session: Optional[str], outputs: list[list[int]]) -> None:
+        """Remember a run's outputs for this session, then keep every bound."""
+        history = self.get(session)
+        if history is not None:
+            for tokens in outputs:
+                history.add(tokens)
+        self.trim()
+
+    def clear(self, session: Optional[str]) -> int:
+        """Forget this session's earlier outputs; returns how many there were."""
+        with self._lock:
+            history = self._items.pop(session, None) if session else None
+        return len(history) if history is not None else 0
+
+    def nodes(self) -> int:
+        with self._lock:
+            return sum(len(h.tree) for h in self._items.values())
+
+    def trim(self) -> None:
+        """Drop least recently used histories while all of them together hold more than ``max_nodes`` nodes."""
+        with self._lock:
+            total = sum(len(h.tree) for h in self._items.values())
+            while total > self.max_nodes and self._items:
+                _, old = self._items.popitem(last=False)
+                total -= len(old.tree)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, session: str) -> bool:
+        return session in self._items
+
+
+def _suffix_history(max_tokens: int) -> Any:
+    from .drafting.suffix import SuffixHistory
+    return SuffixHistory(max_tokens=max_tokens)
+
+
+def history_from(items: Optional[list], max_tokens: int) -> Any:
+    """A ``SuffixHistory`` holding ``items`` (earlier outputs), or None: a run's own copy of a session's
+    history. The run drafts from the copy; the caller adds the run's outputs to the session's history,
+    so a run in another process (ZeroGPU) keeps the same contract."""
+    if items is None:
+        return None
+    history = _suffix_history(max_tokens)
+    for tokens in items:
+        history.add(tokens)
+    return history

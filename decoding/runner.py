@@ -8,8 +8,13 @@ and the exactness check, and the JSON shape written by ``--json``::
     {"environment": {...}, "prompt_ids": [...],
      "results": [{"strategy", "label", "params", "token_ids", "text", "pieces", "vocab",
                   "wall_s", "tokens_per_s", "speedup", "target_forwards",
-                  "draft_forwards", "stats", "events", "lossless",
+                  "draft_forwards", "stats", "events", "times_ms", "lossless",
                   "matches_greedy", "first_divergence", "stop_reason", "error"}]}
+
+``times_ms[i]`` is when ``events[i]`` was recorded, in milliseconds since the
+strategy's timed run started (the wall-clock race replay). A ``Live`` object
+passed to ``run_comparison`` lets another thread read the results so far and the
+running strategy's events while they are produced (the app's live race).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .context import RunContext
+from .live import Live
 from .events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
 from .params import check_max_new_tokens, params_to_dict
 from .result import ModelPair, Result
@@ -105,6 +111,7 @@ class RunResult:
     draft_forwards: int = 0
     stats: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
+    times_ms: list[float] = field(default_factory=list)   # per event: ms since the timed run started
     lossless: bool = False
     text: str = ""
     pieces: list[str] = field(default_factory=list)
@@ -154,7 +161,11 @@ def environment(pair: ModelPair, seed: int) -> dict:
 # --------------------------------------------------------------------------- hooks
 
 class HookTracer(Tracer):
-    """A tracer that also reports progress and enforces Stop / time limits at each event."""
+    """A tracer that also reports progress and enforces Stop / time limits at each event.
+
+    When recording it also stamps each event with the wall-clock milliseconds since
+    ``start()`` (``times``, parallel to ``events``), the clock of the real-time replay.
+    """
 
     def __init__(self, on_tokens: Optional[Callable[[int], None]] = None,
                  should_stop: Optional[Callable[[], bool]] = None,
@@ -162,9 +173,17 @@ class HookTracer(Tracer):
         super().__init__()
         self.on_tokens, self.should_stop, self.deadline, self.record = on_tokens, should_stop, deadline, record
         self.done = 0
+        self.times: list[float] = []
+        self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        """Restart the event clock (right before the timed run)."""
+        self.t0 = time.perf_counter()
 
     def emit(self, event: Any) -> None:
         if self.record:
+            # the time first: a reader in another thread sees no event without its time
+            self.times.append(round((time.perf_counter() - self.t0) * 1e3, 3))
             self.events.append(event)
         n = None
         if isinstance(event, TokenCommitted):
@@ -200,6 +219,8 @@ def run_one(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: Mo
     rng = make_generator(seed, pair.target.device)
     _sync(pair.target.device)
     t0 = time.perf_counter()
+    if isinstance(tr, HookTracer):
+        tr.t0 = t0               # event times count from the same instant as the wall time
     result = strategy.generate(list(prompt_ids), pair, params, max_new_tokens=max_new_tokens,
                                tracer=tr, rng=rng, context=context)
     _sync(pair.target.device)
@@ -216,13 +237,33 @@ def _first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 _WARMED: set = set()   # (target, assistant, strategy, fast) already warmed up in this process
 
 
+def _warm_up(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
+             seed: int, context: Optional[RunContext]) -> None:
+    """Allocate caches and kernels (and capture CUDA graphs) once per process and strategy, untimed.
+
+    Called right before the strategy's own timed run, so the first strategy's tokens
+    are not held back by the warm-up of the others.
+    """
+    key = (id(pair.target.model), id(pair.assistant.model) if pair.assistant else None,
+           strategy.name, bool(getattr(params, "fast", False)))
+    if key in _WARMED:
+        return
+    _WARMED.add(key)
+    try:
+        run_one(strategy, params, prompt_ids, pair, max_new_tokens=min(4, max_new_tokens),
+                seed=seed, trace=False, context=_warmup_context(context))
+    except Exception:  # the real run reports it
+        pass
+
+
 def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tuple[str, Any]], *,
                    max_new_tokens: int, seed: int = 0, warmup: bool = True, trace: bool = True,
                    reference: bool = True,
                    on_progress: Optional[Callable[[int, str, int], None]] = None,
                    should_stop: Optional[Callable[[], bool]] = None,
                    time_limit_s: Optional[float] = None,
-                   context: Optional[RunContext] = None) -> list[RunResult]:
+                   context: Optional[RunContext] = None,
+                   live: Optional[Live] = None) -> list[RunResult]:
     """Run ``runs`` = [(strategy name, params dict or params object)] on one prompt.
 
     ``context`` (generation settings, a drafting history) applies to every run, the
@@ -232,7 +273,9 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
     With ``reference`` a greedy run is added first when absent, so every result
     gets a speedup and lossless strategies an exactness verdict. A strategy that
     raises is reported in its own result's ``error``; the others still run.
-    ``on_progress(index, strategy, tokens_done)`` is called as tokens commit.
+    Strategies run one after the other (each timing stays honest), each warmed up
+    right before its own timed run. ``on_progress(index, strategy, tokens_done)``
+    is called as tokens commit; ``live`` (a :class:`Live`) exposes partial results.
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     if context is not None and context.generation is not None:
@@ -246,56 +289,39 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         greedy = get_strategy("greedy")
         plan.insert(0, (greedy, greedy.parse({}), True))
 
-    if warmup:  # 1. allocate caches and kernels (and capture CUDA graphs) once per process, untimed
-        for strategy, params, _ in plan:
-            key = (id(pair.target.model), id(pair.assistant.model) if pair.assistant else None,
-                   strategy.name, bool(getattr(params, "fast", False)))
-            if key in _WARMED:
-                continue
-            _WARMED.add(key)
-            try:
-                run_one(strategy, params, prompt_ids, pair, max_new_tokens=min(4, max_new_tokens),
-                        seed=seed, trace=False, context=_warmup_context(context))
-            except Exception:  # the real run reports it
-                pass
-
     deadline = time.perf_counter() + time_limit_s if time_limit_s else None
     tokenizer = pair.target.tokenizer
+    if live is not None:
+        live.plan([(s.name, s.label or s.name) for s, _, _ in plan], tokenizer)
     results: list[RunResult] = []
     for index, (strategy, params, is_ref) in enumerate(plan):
-        # 2. one timed run per strategy, each with its own seeded generator
         hook = None
-        if trace or on_progress or should_stop or deadline:
+        if trace or on_progress or should_stop or deadline or live:
             hook = HookTracer(on_tokens=(lambda n, i=index, s=strategy.name: on_progress(i, s, n))
                               if on_progress else None,
-                              should_stop=should_stop, deadline=deadline, record=trace)
+                              should_stop=should_stop, deadline=deadline, record=trace or live is not None)
         rr = RunResult(strategy.name, strategy.label or strategy.name, params_to_dict(params), [],
                        0.0, 0, lossless=strategy.lossless and not getattr(params, "temperature", 0),
                        reference=is_ref)
-        t0 = time.perf_counter()
-        try:
-            result, rr.wall_s, rr.events = run_one(strategy, params, prompt_ids, pair,
-                                                   max_new_tokens=max_new_tokens, seed=seed,
-                                                   tracer=hook if hook is not None else NULL_TRACER,
-                                                   context=context)
-            rr.token_ids, rr.target_forwards = list(result.token_ids), result.target_forwards
-            rr.draft_forwards, rr.stats, rr.stop_reason = result.draft_forwards, dict(result.stats), result.stop_reason
-        except Cancelled as exc:
-            rr.wall_s, rr.error, rr.stop_reason = time.perf_counter() - t0, str(exc), "cancelled"
-            rr.events = list(hook.events) if hook else []
-            rr.token_ids = _committed_tokens(rr.events)
-        except Exception as exc:  # isolate failures: the other columns still show
-            rr.wall_s = time.perf_counter() - t0
-            rr.error = f"{type(exc).__name__}: {exc}"
-            rr.stop_reason = "error"
-            if isinstance(exc, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        if warmup:   # 1. warm this strategy up (once per process), untimed
+            if live is not None:
+                live.begin(rr, None, warming=True)
+            _warm_up(strategy, params, prompt_ids, pair, max_new_tokens, seed, context)
+        if live is not None:
+            live.begin(rr, hook, warming=False)
+        # 2. one timed run per strategy, each with its own seeded generator
+        _timed_run(rr, strategy, params, prompt_ids, pair, max_new_tokens, seed, hook, context)
+        if not trace:
+            rr.events, rr.times_ms = [], []
         if tokenizer is not None:
             rr.text = tokenizer.decode(rr.token_ids, skip_special_tokens=True)
             rr.pieces = token_pieces(tokenizer, rr.token_ids)
             ids = _event_token_ids(rr.events) | set(rr.token_ids)
             rr.vocab = {i: tokenizer.decode([i]) for i in sorted(ids)}
         results.append(rr)
+        if live is not None:
+            _compare_to_greedy(results)      # the finished columns show their speedup and verdict
+            live.finish(rr)
         if rr.error and rr.stop_reason == "cancelled" and should_stop is not None and should_stop():
             break
     _compare_to_greedy(results)
@@ -303,6 +329,30 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         if r.matches_greedy is False:
             _explain_divergence(r, results, prompt_ids, pair, max_new_tokens, context)
     return results
+
+
+def _timed_run(rr: RunResult, strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair,
+               max_new_tokens: int, seed: int, hook: Optional[HookTracer], context: Optional[RunContext]) -> None:
+    """Run one strategy into ``rr``: tokens, counts, events and their times, or its error."""
+    t0 = time.perf_counter()
+    try:
+        result, rr.wall_s, rr.events = run_one(strategy, params, prompt_ids, pair,
+                                               max_new_tokens=max_new_tokens, seed=seed,
+                                               tracer=hook if hook is not None else NULL_TRACER,
+                                               context=context)
+        rr.token_ids, rr.target_forwards = list(result.token_ids), result.target_forwards
+        rr.draft_forwards, rr.stats, rr.stop_reason = result.draft_forwards, dict(result.stats), result.stop_reason
+    except Cancelled as exc:
+        rr.wall_s, rr.error, rr.stop_reason = time.perf_counter() - t0, str(exc), "cancelled"
+        rr.events = list(hook.events) if hook else []
+        rr.token_ids = _committed_tokens(rr.events)
+    except Exception as exc:  # isolate failures: the other columns still show
+        rr.wall_s = time.perf_counter() - t0
+        rr.error = f"{type(exc).__name__}: {exc}"
+        rr.stop_reason = "error"
+        if isinstance(exc, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    rr.times_ms = list(hook.times[:len(rr.events)]) if hook is not None and hook.record else []
 
 
 def _warmup_context(context: Optional[RunContext]) -> Optional[RunContext]:

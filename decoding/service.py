@@ -25,8 +25,11 @@ from .bench import _num as sweep_value
 from .bench import parse_sweep
 from .models import load_model, load_presets
 from .params import check_max_new_tokens
+from .processors import GenerationSettings
 from .prophet import PROPHET, has_prophet, make_pair
-from .runner import encode_prompt
+from .context import RunContext
+from .live import Live
+from .runner import encode_prompt, environment, run_comparison
 from .strategies import registry
 
 # --------------------------------------------------------------------------- limits (one place)
@@ -44,6 +47,9 @@ LIMITS: dict[str, Any] = {
     "trace_files": 64,            # exported trace files kept on disk
     "trace_store_bytes": 512 * 2**20,   # memory for the replay documents of all sessions
     "cache_cleanup_s": (300, 1800),     # Gradio's delete_cache: every 5 min, files older than 30 min
+    "history_sessions": 64,       # browser sessions whose suffix-decoding history is kept (least recent dropped)
+    "history_tokens": 2048,       # earlier output tokens one session's history keeps (oldest outputs dropped)
+    "history_nodes": 1_000_000,   # suffix-tree nodes over all histories (about 300 bytes each)
 }
 SETTINGS = {"allow_any_model": False}
 SESSION_FALLBACK = "local"   # direct calls (tests, scripts) have no browser session
@@ -132,6 +138,33 @@ def check_seed(seed: Any) -> int:
     return int(seed)
 
 
+GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationSettings))
+
+
+def generation_settings(values: Any) -> GenerationSettings:
+    """The shared logits-processor settings from the form, in ``GENERATION_FIELDS`` order (None: the default).
+
+    Raises ValueError naming the field: ``generation settings: repetition_penalty must be in (0, 10], got 0``.
+    """
+    if isinstance(values, dict):
+        values = [values.get(name) for name in GENERATION_FIELDS]
+    if not isinstance(values, (list, tuple)) or len(values) != len(GENERATION_FIELDS):
+        raise ValueError(f"generation settings: expected {len(GENERATION_FIELDS)} values "
+                         f"({', '.join(GENERATION_FIELDS)})")
+    kinds = typing.get_type_hints(GenerationSettings)
+    given = {}
+    for name, value in zip(GENERATION_FIELDS, values):
+        if value is None or value == "":
+            continue
+        if kinds[name] is int and isinstance(value, float) and value.is_integer():
+            value = int(value)      # a number field sends 2.0 for 2
+        given[name] = value
+    try:
+        return GenerationSettings(**given)
+    except ValueError as exc:
+        raise ValueError(f"generation settings: {exc}") from None
+
+
 def needs_assistant(plan: list[tuple[str, Any]]) -> bool:
     reg = registry()
     return any(reg[name].needs_assistant for name, _ in plan)
@@ -149,11 +182,14 @@ class Prepared:
 
 
 def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-            needs_assistant: bool, progress: Any = None, load: Callable[[str], Any] = load_model) -> Prepared:
+            needs_assistant: bool, progress: Any = None, load: Callable[[str], Any] = load_model,
+            generation: Optional[GenerationSettings] = None, plan: Optional[list] = None) -> Prepared:
     """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError.
 
     The assistant (a model or the prophet head) is loaded only when a strategy
-    of the request drafts with it.
+    of the request drafts with it. ``generation`` (already range-checked) is
+    checked against the target model (token ids within its vocabulary); ``plan``
+    against what the target ships (the prophet strategy needs its head).
     """
     presets = load_presets()
     model = check_model_name(model, "model", presets)
@@ -169,6 +205,9 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     if needs_assistant and assistant == PROPHET and not has_prophet(model):
         raise ValueError(f"assistant: no prophet head is shipped for {model!r}; choose 'none' or an "
                          f"assistant model for the strategies that draft")
+    if any(name == "prophet" for name, _ in plan or ()) and not has_prophet(model):
+        raise ValueError(f"strategies: no prophet head is shipped for {model!r}; untick Prophet head "
+                         f"(or train one with python -m decoding.train_prophet)")
     if progress is not None:
         progress(0, desc=f"loading {model}")
     target = load(model)
@@ -181,6 +220,11 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     else:
         pair = make_pair(target, assistant, load)
         note = " (speculative drafts with the target's trained prophet head)" if assistant == PROPHET else ""
+    if generation is not None:
+        try:
+            generation.check_for(target)
+        except ValueError as exc:
+            raise ValueError(f"generation settings: {exc}") from None
     prompt_ids = encode_prompt(target.tokenizer, prompt, chat=chat and target.chat)
     if len(prompt_ids) > LIMITS["prompt_tokens"]:
         raise ValueError(f"prompt is {len(prompt_ids)} tokens; the limit is {LIMITS['prompt_tokens']}")
@@ -209,6 +253,75 @@ def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], 
         except ValueError as exc:
             raise ValueError(f"sweep values: {exc}") from None
     return keys, combos, plan
+
+
+# --------------------------------------------------------------------------- running a request
+def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: threading.Event,
+                      context: Optional[RunContext] = None, time_limit_s: Optional[float] = None,
+                      poll_s: float = 0.2, quiet_s: float = 1.0) -> Any:
+    """Run the comparison in a worker thread; yield ``("live", Live.snapshot())`` while it runs, then
+    ``("done", [RunResult])``.
+
+    A snapshot is yielded every ``poll_s`` when something changed (a token, a new
+    strategy), else every ``quiet_s``. Strategies still run one after the other,
+    so their timings are what each gets alone. Closing the generator early (the
+    browser left) sets ``stop`` and waits for the run to end at its next event.
+    """
+    live, box = Live(), {}
+
+    def work() -> None:
+        try:
+            box["results"] = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new,
+                                            seed=prep.seed, should_stop=stop.is_set, time_limit_s=time_limit_s,
+                                            context=context, live=live)
+        except BaseException as exc:    # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="decoding-run", daemon=True)
+    thread.start()
+    last, shown = None, 0.0
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+            if not thread.is_alive():
+                break
+            snap = live.snapshot()
+            running = snap["running"] or {}
+            sig = (len(snap["done"]), running.get("strategy"), running.get("warming"),
+                   len(running.get("events") or ()))
+            if sig != last or time.monotonic() - shown >= quiet_s:
+                last, shown = sig, time.monotonic()
+                yield "live", snap
+    finally:
+        if thread.is_alive():
+            stop.set()
+            thread.join()
+    if "error" in box:
+        raise box["error"]
+    yield "done", box["results"]
+
+
+def run_document(results: list, prep: Prepared, prompt: str, chat: bool,
+                 generation: Optional[GenerationSettings] = None) -> tuple[dict, str]:
+    """The trace document of a finished run (server paths redacted) and its status line."""
+    rows = [r.to_dict() for r in results]
+    for row in rows:
+        row["error"] = row["error"] and redact_paths(row["error"])
+    doc = {"environment": redact_all(environment(prep.pair, prep.seed)), "prompt": prompt, "chat": chat,
+           "prompt_ids": prep.prompt_ids, "max_new_tokens": prep.max_new, "results": rows}
+    if generation is not None:
+        doc["generation"] = dataclasses.asdict(generation)
+    failed = [r for r in rows if r["error"]]
+    message = f"Ran {len(rows)} strategies on {prep.model}{prep.note}."
+    if failed:
+        message += " " + "; ".join(f"{r['strategy']}: {r['error']}" for r in failed)
+    return doc, message
+
+
+def history_outputs(rows: list[dict]) -> list[list[int]]:
+    """Outputs a session's history keeps from a run: those of suffix runs that drafted from history."""
+    return [list(r["token_ids"]) for r in rows if r.get("strategy") == "suffix" and not r.get("error")
+            and (r.get("params") or {}).get("history") and r.get("token_ids")]
 
 
 # --------------------------------------------------------------------------- what leaves the server
@@ -311,6 +424,12 @@ class Jobs:
     def finish(self, key: int) -> None:
         with self._lock:
             self._tickets.pop(key, None)
+
+    def flag(self, key: Any) -> threading.Event:
+        """The Stop flag of a started job (a fresh, unset one for a key this table does not hold)."""
+        with self._lock:
+            ticket = self._tickets.get(key) if isinstance(key, int) else None
+            return ticket.flag if ticket is not None else threading.Event()
 
     def stop(self, session: str) -> tuple[int, int]:
         """Set the Stop flags of ``session``'s jobs; returns (running, waiting) counts."""

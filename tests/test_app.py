@@ -37,8 +37,16 @@ def test_real_run_side_by_side(client):
     assert all(r["error"] is None and r["token_ids"] for r in doc["results"])
     assert out["html"].count("class='dp-col'") == 3 and "dp-tok" in out["html"]
     # the replay slider's handler redraws every column at an earlier step (state kept in the session)
-    frame, _window = client.predict(1, api_name="/replay")
+    views = client.predict(1, api_name="/replay")
+    assert len(views) == len(app.STEP_VIEWS)              # columns, lookahead window, Jacobi, drafts, cross-tokenizer
+    frame = views[app.STEP_VIEWS.index("columns")]
     assert frame.count("step 1 / ") == 3
+    # the wall-clock replay: at 0 ms nothing is committed yet, at the end every column is finished
+    start, readout = client.predict(0, 1.0, api_name="/race_at")
+    assert start.count("class='dp-col") == 3 and "<span class='dp-tok" not in start and "t = 0.00 s" in readout
+    end, readout = client.predict(10**9, 1.0, api_name="/race_at")
+    assert end.count("class='dp-col dp-finished'") == 3 and "finished: 1." in readout
+    assert all(len(r["times_ms"]) == len(r["events"]) for r in doc["results"])
 
 
 BAD = [
@@ -126,7 +134,8 @@ def _raw_call(app_url: str, data: list) -> str:
 ])
 def test_non_json_values_sent_over_raw_http_are_refused(app_url, client, index, value, message):
     # json.dumps writes NaN / Infinity literals, which gradio_client refuses to send
-    data = [BUNDLED, "none", ["greedy"], "Say hi.", True, 4, 0] + [None] * len(app.param_fields())
+    data = [BUNDLED, "none", ["greedy"], "Say hi.", True, 4, 0] + [None] * len(app.param_fields()) \
+        + [None] * len(app.GENERATION_FIELDS)
     data[index] = value
     stream = _raw_call(app_url, data)
     assert "event: error" in stream and "event: complete" not in stream
@@ -265,3 +274,27 @@ def test_an_oversized_trace_is_reported_with_its_real_size(tmp_path):
         fh.truncate(50 * 2**20)                 # a sparse 50 MB file: nothing is written to disk
     with pytest.raises(gr.Error, match=re.escape("trace: trace file is 50.0 MB; the limit is 20 MB")):
         app.import_file(str(big))
+
+
+def _history_drafts(doc: dict) -> int:
+    """DraftSource events of the suffix run that copied from the session's history."""
+    suffix = next(r for r in doc["results"] if r["strategy"] == "suffix")
+    return sum(1 for e in suffix["events"] if e["type"] == "DraftSource" and e.get("text") == "history")
+
+
+def test_suffix_history_is_kept_per_browser_session_and_can_be_cleared(app_url):
+    """Issue 16: one visitor's outputs never draft for another's; "Clear history" forgets them."""
+    from gradio_client import Client
+    a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    prompt = "List the days of the week, separated by commas."
+    first = run(a, ["suffix"], prompt=prompt, max_new=24)["doc"]
+    second = run(a, ["suffix"], prompt=prompt, max_new=24)["doc"]
+    other = run(b, ["suffix"], prompt=prompt, max_new=24)["doc"]
+    forwards = lambda doc: next(r["target_forwards"] for r in doc["results"] if r["strategy"] == "suffix")  # noqa: E731
+    assert _history_drafts(first) == 0 and _history_drafts(second) > 0       # A drafts from its own history
+    assert forwards(second) < forwards(first)
+    assert _history_drafts(other) == 0 and forwards(other) == forwards(first)  # B starts with nothing of A's
+    assert a.predict(api_name="/clear_history").startswith("Cleared this session's history (2 earlier outputs).")
+    again = run(a, ["suffix"], prompt=prompt, max_new=24)["doc"]
+    assert _history_drafts(again) == 0 and forwards(again) == forwards(first)
+    assert _history_drafts(run(b, ["suffix"], prompt=prompt, max_new=24)["doc"]) > 0   # B kept its own

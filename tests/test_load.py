@@ -165,7 +165,8 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
     answers: dict[str, str] = {}
 
     def attack(name: str, api: str, prompt_chars: int) -> None:
-        data = ([BUNDLED, "none", ["greedy"], "P", True, 4, 0] + values if api == "run"
+        data = ([BUNDLED, "none", ["greedy"], "P", True, 4, 0] + values + [None] * len(app.GENERATION_FIELDS)
+                if api == "run"
                 else [BUNDLED, "none", "P", True, 4, 0, "lookahead", "window=2"])
         head, tail = json.dumps({"data": data}).encode().split(b'"P"')
         seconds, answers[name] = _raw_run(app_url, api, head + b'"', b"p" * 2**16, prompt_chars // 2**16,
@@ -229,8 +230,13 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     print(f"\n[stop] 5000 Stops from other sessions in {storm:.1f} s ({held} job tickets held throughout); "
           f"the real Stop returned the partial trace ({stopped['strategy']}: {len(stopped['token_ids'])} tokens) "
           f"in {honoured:.2f} s")
-    assert 0 < len(stopped["token_ids"]) < 512
-    assert all(r["stop_reason"] == "cancelled" or r["strategy"] == "greedy" for r in results)
+    # the stopped strategy returns its partial trace (beam search commits its tokens only at the end, so on a
+    # slow machine where the storm outlasts greedy and sampling the Stop may land on it with events but no tokens)
+    assert stopped["events"] and len(stopped["token_ids"]) < 512
+    assert stopped["token_ids"] or stopped["strategy"] == "beam"
+    # the strategies before it finished normally; none after it ran
+    index = results.index(stopped)
+    assert results[-1] is stopped and all(r["error"] is None for r in results[:index])
     # issue #18 asks for a Stop honoured within 1 s (measured 0.62 s with the machine at load 6); the assertion
     # keeps a margin for a busy CI machine, the printed figure is the one to record
     assert honoured < 3.0

@@ -144,3 +144,67 @@ def test_every_strategy_writes_a_trace_that_imports():
     assert lookahead.lookahead_figure(la).data and "dp-window" in lookahead.lookahead_step_html(la, 3)
     drafted = next(r for r in rs if speculative.inspectable_positions(r))
     assert speculative.inspector(drafted, speculative.inspectable_positions(drafted)[0]).data
+
+
+def test_times_ms_one_per_event_non_decreasing_within_the_wall_time(pair):
+    results = run_comparison(prompt(8), pair, [("sample", {"temperature": 0.9, "top_k": 5}), ("beam", {}),
+                                               ("lookahead", {})], max_new_tokens=16, seed=1)
+    for r in results:
+        assert r.error is None and len(r.times_ms) == len(r.events) > 0, r.strategy
+        assert all(0 <= a <= b for a, b in zip(r.times_ms, r.times_ms[1:])), r.strategy
+        assert r.times_ms[-1] <= r.wall_s * 1e3 + 1.0, r.strategy        # the same clock as the wall time
+        assert r.to_dict()["times_ms"] == r.times_ms
+    sample = results[1]
+    filters = [e for e in sample.events if type(e).__name__ == "SamplingFilter"]
+    assert len(filters) == len(sample.token_ids)                         # one sampling view per position
+    untraced = run_comparison(prompt(8), pair, [("greedy", {})], max_new_tokens=4, trace=False, reference=False)
+    assert untraced[0].events == [] and untraced[0].times_ms == []
+
+
+def test_live_exposes_tokens_before_the_run_ends(pair, monkeypatch):
+    """Another thread reads the running strategy's committed tokens while it still runs."""
+    import threading
+    import time
+    from decoding.baselines import greedy
+    from decoding.live import Live
+
+    gate, seen = threading.Event(), {}
+
+    def paused(prompt_ids, pair, params, tracer=None, **kw):
+        class Pausing:                       # forwards every event, pausing after the 5th committed token
+            enabled = True
+
+            def emit(self, event):
+                tracer.emit(event)
+                if type(event).__name__ == "TokenCommitted" and event.position == 4:
+                    gate.wait(30)
+        return greedy(prompt_ids, pair, params, tracer=Pausing() if tracer.enabled else tracer, **kw)
+    _register(monkeypatch, Strategy("paused", GreedyParams, paused, lossless=True))
+    live = Live()
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("r", run_comparison(
+        prompt(8), pair, [("paused", {})], max_new_tokens=12, warmup=False, live=live)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            snap = live.snapshot()
+            running = snap["running"] or {}
+            if running.get("strategy") == "paused" and len(running.get("token_ids") or ()) == 5:
+                seen = snap
+                break
+            time.sleep(0.01)
+    finally:
+        gate.set()
+        worker.join(60)
+    assert seen, "the running strategy's tokens were never visible while it ran"
+    assert [r["strategy"] for r in seen["done"]] == ["greedy"] and seen["waiting"] == []
+    running = seen["running"]
+    assert running["running"] is True and not running["warming"]
+    assert len(running["times_ms"]) == len(running["events"])
+    final = out["r"]
+    assert running["token_ids"] == final[1].token_ids[:5]                 # what it showed is what it made
+    if pair.target.tokenizer is not None:                                 # the tiny models have none
+        assert all(str(t) in running["vocab"] for t in running["token_ids"])
+    end = live.snapshot()
+    assert end["running"] is None and [r["strategy"] for r in end["done"]] == ["greedy", "paused"]

@@ -44,12 +44,13 @@ def expected():
 
 
 def run_data(model=BUNDLED, assistant="none", strategies=("greedy",), prompt="Say hi.", chat=True, max_new=3,
-             seed=0, params=None) -> list:
+             seed=0, params=None, generation=None) -> list:
     values = [None] * len(app.param_fields())
     for (s, f), v in (params or {}).items():
         values[app.param_fields().index((s, f))] = v
+    settings = [(generation or {}).get(name) for name in app.GENERATION_FIELDS]   # None: the default
     strategies = list(strategies) if isinstance(strategies, tuple) else strategies
-    return [model, assistant, strategies, prompt, chat, max_new, seed, *values]
+    return [model, assistant, strategies, prompt, chat, max_new, seed, *values, *settings]
 
 
 def sweep_data(strategy="lookahead", spec="window=2", prompt="Say hi.", max_new=3, model=BUNDLED) -> list:

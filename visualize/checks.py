@@ -185,6 +185,16 @@ def _check_tree(e: dict) -> None:
         parent = node
 
 
+def _check_filter(e: dict) -> None:
+    """A SamplingFilter holds one probability in [0, 1] per token in each of its distributions."""
+    n = len(e["tokens"])
+    for key in ("p_raw", "p_temperature", "p_final"):
+        if len(e[key]) not in (0, n):
+            raise Invalid(f".{key} must be empty or hold one probability per token")
+        if any(not 0.0 <= p <= 1.0 for p in e[key]):
+            raise Invalid(f".{key} must hold probabilities in [0, 1]")
+
+
 def _check_event(e: Any) -> int:
     """Validate one event dict in place (missing fields get their defaults); returns its number count."""
     if not isinstance(e, dict):
@@ -212,6 +222,8 @@ def _check_event(e: Any) -> int:
         e.setdefault(key, list(default) if isinstance(default, tuple) else default)
     if name == "DraftTree":
         _check_tree(e)
+    elif name == "SamplingFilter":
+        _check_filter(e)
     elif name == "DraftProposed" and len(e["q"]) not in (0, len(e["tokens"])):
         raise Invalid(".q must be empty or hold one probability per drafted token")
     return items
@@ -285,6 +297,19 @@ def _stats_check(v: Any) -> int:
 
 
 _token_ids = _list_check(_int_check(0, MAX_ID), MAX_TOKENS)
+MAX_TIME_MS = 1e9             # an event time: about 11 days after its run started
+MAX_EVENT_TIMES = 200_000     # as many as a trace may hold events
+
+
+def _times_check(v: Any) -> int:
+    """``times_ms``: one finite time in [0, MAX_TIME_MS] per event (checked against ``events`` by check_result)."""
+    n = _list_check(_float_check, MAX_EVENT_TIMES)(v)
+    for i, t in enumerate(v):
+        if not 0 <= t <= MAX_TIME_MS:
+            raise Invalid(f"[{i}] must be a time in [0, {MAX_TIME_MS:g}] ms, got {_short(t)}")
+    return n
+
+
 RESULT_FIELDS: dict[str, Check] = {
     "strategy": _text_check(64), "label": _text_check(128),
     "params": _mapping_check(_scalar, 64), "token_ids": _token_ids, "text": _text_check(MAX_DOC_TEXT),
@@ -297,11 +322,13 @@ RESULT_FIELDS: dict[str, Check] = {
     "lossless": _bool_check, "reference": _bool_check, "matches_greedy": _optional(_bool_check),
     "stop_reason": _optional(_text_check(64)), "error": _optional(_text_check(MAX_TEXT)),
     "upgraded_from": _mapping_check(_scalar, 8),      # what visualize.legacy renamed in a version-1 trace
+    "times_ms": _times_check,                         # per event, ms since the run started (the race replay)
 }
 REQUIRED = ("strategy", "token_ids", "events")
 DOC_FIELDS: dict[str, Check] = {
     "prompt": _text_check(MAX_DOC_TEXT), "chat": _bool_check, "prompt_ids": _token_ids,
     "max_new_tokens": _int_check(0, MAX_STEP), "environment": _mapping_check(lambda v: 0, 64),
+    "generation": _mapping_check(_optional(_float_check), 16),   # the logits processors' settings
 }
 
 
@@ -323,4 +350,7 @@ def check_result(r: Any) -> dict:
                 raise at(exc, f".{key}") from None
             clean[key] = r[key]
     clean["events"] = r["events"]
+    if len(clean.get("times_ms") or ()) not in (0, len(r["events"])):
+        raise Invalid(f".times_ms must be empty or hold one time per event ({len(r['events'])}), "
+                      f"got {len(clean['times_ms'])}")
     return clean

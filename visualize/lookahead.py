@@ -140,8 +140,11 @@ def lookahead_figure(result: dict) -> Any:
                 hovertext=[html.escape(repr(r["text"])) for r in rows])
     fig.add_scatter(x=xs, y=[r["pool_size"] for r in rows], name="pool size", yaxis="y2",
                     mode="lines", line={"color": LEGEND["beam"][1]})
+    # the legend goes above the plot: on the right it would sit on top of the pool-size axis and clip it
     fig.update_layout(title="Lookahead: tokens committed per target forward", barmode="stack",
-                      xaxis_title="step (target forwards)", yaxis_title="tokens",
-                      yaxis2={"title": "pool size", "overlaying": "y", "side": "right"},
-                      height=320, template="plotly_white", margin=dict(l=40, r=50, t=50, b=40))
+                      xaxis_title="step (target forwards)", yaxis={"title": "tokens", "automargin": True},
+                      yaxis2={"title": "pool size", "overlaying": "y", "side": "right", "automargin": True,
+                              "rangemode": "tozero"},
+                      legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+                      height=340, template="plotly_white", margin=dict(l=50, r=70, t=80, b=50))
     return fig

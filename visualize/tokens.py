@@ -60,20 +60,52 @@ def max_step(result: dict) -> int:
     return max((int(e.get("step", 0)) for e in result.get("events", ())), default=0)
 
 
+def event_times(result: dict) -> list[float]:
+    """When each event happened, in ms since the strategy's run started.
+
+    The runner records ``times_ms`` (one per event); a trace without them (older
+    versions) falls back to the cumulative time of its forward passes, so each
+    event is placed after the forwards recorded before it.
+    """
+    events = result.get("events") or ()
+    times = result.get("times_ms")
+    if isinstance(times, list) and len(times) == len(events) and all(number(t, None) is not None for t in times):
+        return [float(t) for t in times]
+    out, clock = [], 0.0
+    for e in events:
+        if e.get("type") == "ForwardPass":
+            clock += max(number(e.get("ms")) or 0.0, 0.0)
+        out.append(clock)
+    return out
+
+
+def duration_ms(result: dict) -> float:
+    """How long the strategy ran: its wall time, else the time of its last event."""
+    wall = number(result.get("wall_s"), None)
+    if wall is not None and wall > 0:
+        return wall * 1e3
+    times = event_times(result)
+    return times[-1] if times else 0.0
+
+
 def _vocab_text(result: dict, token: int) -> str:
     return result.get("vocab", {}).get(str(token), f"<{token}>")
 
 
-def token_items(result: dict, step: int | None = None) -> list[dict]:
-    """Ordered items to draw at ``step``: committed tokens and rejected drafts.
+def token_items(result: dict, step: int | None = None, at_ms: float | None = None) -> list[dict]:
+    """Ordered items to draw at ``step`` (or at ``at_ms`` of the run's wall clock): committed
+    tokens and rejected drafts.
 
     Each item: {"text", "token", "source", "position", "prob", "step", "struck"}.
     """
     pieces = result.get("pieces") or []
     committed: dict[int, dict] = {}
     rejected: dict[int, list[dict]] = {}
-    for e in result.get("events", ()):
+    times = event_times(result) if at_ms is not None else None
+    for i, e in enumerate(result.get("events", ())):
         if step is not None and e.get("step", 0) > step:
+            continue
+        if times is not None and times[i] > at_ms:
             continue
         kind = e.get("type")
         if kind == "TokenCommitted":
@@ -91,7 +123,7 @@ def token_items(result: dict, step: int | None = None) -> list[dict]:
         items.extend(rejected.get(pos, []))
         if pos in committed:
             items.append(committed[pos])
-    if step is None and not committed and result.get("token_ids"):
+    if step is None and at_ms is None and not committed and result.get("token_ids"):
         # a trace without events (or a failed run) still shows its tokens
         for pos, tok in enumerate(result["token_ids"]):
             text = pieces[pos] if 0 <= pos < len(pieces) else _vocab_text(result, tok)
@@ -109,9 +141,10 @@ def _prob_text(prob: Any) -> str:
     return "" if number(prob, None) is None else f", p={prob:.3f}"
 
 
-def tokens_html(result: dict, step: int | None = None, limit: int | None = None) -> str:
-    """The tokens at ``step`` as coloured spans; with ``limit``, only the newest ``limit`` items."""
-    items = token_items(result, step)
+def tokens_html(result: dict, step: int | None = None, limit: int | None = None,
+                at_ms: float | None = None) -> str:
+    """The tokens at ``step`` (or ``at_ms``) as coloured spans; with ``limit``, only the newest ``limit`` items."""
+    items = token_items(result, step, at_ms)
     hidden = len(items) - limit if limit is not None and len(items) > limit else 0
     spans = [f"<span class='dp-muted'>… {hidden} earlier items not shown …</span> "] if hidden else []
     for it in items[hidden:]:
@@ -166,18 +199,54 @@ def stats_html(result: dict) -> str:
     return f"<div class='dp-stats'>{body}</div><div class='dp-verdict'>{verdict_html(result)}</div>"
 
 
-def column_html(result: dict, step: int | None = None, limit: int | None = None) -> str:
+def _clock_line(result: dict, top: int, at_ms: float) -> tuple[str, bool]:
+    """The step line of a column at ``at_ms`` of the wall-clock replay, and whether it has finished."""
+    times, events = event_times(result), result.get("events") or ()
+    shown = max((int(e.get("step", 0)) for e, t in zip(events, times) if t <= at_ms), default=0)
+    total = duration_ms(result)
+    done = at_ms >= total
+    line = f"step {shown} / {top} · {min(at_ms, total) / 1e3:.2f} s of {total / 1e3:.2f} s"
+    return line + (" · <b class='dp-flag'>finished</b>" if done else ""), done
+
+
+def _live_line(result: dict) -> str:
+    if result.get("waiting"):
+        return "waiting for its turn"
+    if result.get("warming"):
+        return "<b class='dp-now'>warming up</b> (untimed)"
+    n = len(result.get("token_ids") or ())
+    return (f"<b class='dp-now'>running now</b> · {n} token{'s' * (n != 1)} · "
+            f"{number(result.get('elapsed_s')) or 0.0:.1f} s")
+
+
+def column_html(result: dict, step: int | None = None, limit: int | None = None,
+                at_ms: float | None = None) -> str:
+    """One strategy's column at ``step`` (or at ``at_ms`` of the wall-clock replay).
+
+    A live result (``"running"`` or ``"waiting"`` set, ``decoding.live.Live``) is drawn
+    as it stands, marked, without final statistics.
+    """
     title = html.escape(str(result.get("label") or result.get("strategy", "?")))
     if result.get("reference"):
         title += " <small>(reference)</small>"
     params = ", ".join(f"{k}={v}" for k, v in (result.get("params") or {}).items())
     top = max_step(result)
-    shown = top if step is None else min(step, top)
-    return (f"<div class='dp-col' data-strategy='{html.escape(str(result.get('strategy', '')), quote=True)}'>"
+    live = bool(result.get("running") or result.get("waiting"))
+    state, footer = "", stats_html(result)
+    if live:
+        line = _live_line(result)
+        state, footer = (" dp-waiting" if result.get("waiting") else " dp-running"), ""
+    elif at_ms is not None:
+        line, done = _clock_line(result, top, at_ms)
+        state, footer = (" dp-finished", footer) if done else ("", "")
+    else:
+        line = f"step {top if step is None else min(step, top)} / {top}"
+    body = "" if result.get("waiting") else tokens_html(result, None if live else step, limit, at_ms)
+    return (f"<div class='dp-col{state}' data-strategy='{html.escape(str(result.get('strategy', '')), quote=True)}'>"
             f"<div class='dp-title'>{title}</div>"
             f"<div class='dp-params'>{html.escape(params) or '&nbsp;'}</div>"
-            f"<div class='dp-step'>step {shown} / {top}</div>"
-            f"<div class='dp-tokens'>{tokens_html(result, step, limit)}</div>{stats_html(result)}</div>")
+            f"<div class='dp-step'>{line}</div>"
+            f"<div class='dp-tokens'>{body}</div>{footer}</div>")
 
 
 CSS = """
@@ -192,6 +261,8 @@ CSS = """
 .dp-stats small{color:#57606a;font-size:.75em}.dp-verdict{margin-top:6px;font-size:.85em}
 .dp-good{color:#1a7f37;font-weight:600}.dp-bad{color:#cf222e;font-weight:600}
 .dp-legend{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0}.dp-chip{padding:2px 8px;border-radius:4px;font-size:.85em;color:#1f2328}
+.dp-running{border:2px solid #0072B2;box-shadow:0 0 0 3px rgba(0,114,178,.15)}.dp-now{color:#0072B2}
+.dp-waiting{opacity:.55}.dp-finished{border:2px solid #009E73}.dp-flag{color:#1a7f37}
 """
 
 
@@ -214,12 +285,14 @@ TOKEN_CSS = (f".dp-tok{{background:{_tint('#999999')};border-bottom:3px solid #9
                        for k, (_, c) in LEGEND.items()))
 
 
-def columns_html(results: list[dict], step: int | None = None, max_items: int = MAX_FRAME_ITEMS) -> str:
-    """All strategies side by side at one replay step, at most ``max_items`` tokens over all columns."""
+def columns_html(results: list[dict], step: int | None = None, max_items: int = MAX_FRAME_ITEMS,
+                 at_ms: float | None = None) -> str:
+    """All strategies side by side at one replay step (or at ``at_ms`` of the wall clock),
+    at most ``max_items`` tokens over all columns."""
     if not results:
         return "<div class='dp-muted'>Run a comparison (or import a trace) to see it here.</div>"
     used = _sources(results)
     legend = legend_html([k for k in LEGEND if k in used])
     per_column = max(MIN_COLUMN_ITEMS, max_items // len(results))
-    cols = "".join(column_html(r, step, per_column) for r in results)
+    cols = "".join(column_html(r, step, per_column, at_ms) for r in results)
     return f"<style>{CSS}{TOKEN_CSS}</style>{legend}<div class='dp-grid'>{cols}</div>"

@@ -1,0 +1,146 @@
+"""Which view shows what, for a run document: the app's page as pure functions. Never imports torch.
+
+A document is what the app keeps per run (``{"results": [RunResult.to_dict()], ...}``).
+Each function returns ``{view name: value}`` (HTML strings and plotly figures);
+``app.py`` maps the names onto its components, so a view cannot land in another
+view's slot. Views whose strategy did not run get a one-line placeholder saying
+which strategy draws them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import plotly.graph_objects as go
+
+from .beams import beam_figure, has_beams
+from .charts import forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart, time_breakdown
+from .jacobi import has_iterations, jacobi_view
+from .lookahead import has_steps, lookahead_figure, lookahead_step_html
+from .masks import mask_figure
+from .race import clock_html, race_length_ms
+from .sampling import has_filters, sampling_figure
+from .speculative import accepted_length_histogram, has_drafts, inspectable_positions, inspector
+from .tokens import columns_html, max_step
+from .trees import draft_steps, tree_figure
+
+try:   # issue 16 / 19 views: present once their engineers' modules are
+    from .drafts import draft_sources, sources_html
+except ImportError:   # pragma: no cover - the module ships with suffix decoding
+    draft_sources = sources_html = None
+try:
+    from .crosstok import crosstok_view
+except ImportError:   # pragma: no cover - the module ships with cross-tokenizer drafting
+    crosstok_view = None
+
+MAX_JACOBI_ROWS = 1024   # Jacobi iterations drawn (a real run has at most about max_new_tokens)
+
+
+def placeholder(text: str, height: int = 220) -> Any:
+    """An empty figure whose title says what to run to fill it."""
+    fig = go.Figure()
+    fig.update_layout(title=text, height=height, template="plotly_white",
+                      xaxis={"visible": False}, yaxis={"visible": False})
+    return fig
+
+
+def _note(text: str) -> str:
+    return f"<div class='dp-muted'>{text}</div>"
+
+
+def _first(doc: Optional[dict], test: Callable[[dict], bool]) -> Optional[dict]:
+    return next((r for r in (doc or {}).get("results", []) if test(r)), None)
+
+
+def top_step(doc: Optional[dict]) -> int:
+    return max((max_step(r) for r in (doc or {}).get("results", [])), default=0)
+
+
+def drafted(doc: Optional[dict]) -> list[str]:
+    """Strategies with drafts to inspect (p/q inspector, draft tree), in column order."""
+    return [r["strategy"] for r in (doc or {}).get("results", [])
+            if has_drafts(r) or inspectable_positions(r) or draft_steps(r)]
+
+
+def chart_views(doc: dict) -> dict[str, Any]:
+    """The figures drawn once per run: speed, sources, timeline, breakdown, prediction, histogram, lookahead."""
+    results = doc.get("results") or []
+    drafts = [r for r in results if has_drafts(r)]
+    la = _first(doc, has_steps)
+    return {
+        "speed": speed_chart(results), "sources": source_counts(results), "timeline": forward_timeline(results),
+        "breakdown": time_breakdown(results),
+        "leviathan": leviathan_chart(results) if any(has_prediction(r) for r in results) else
+        placeholder("Run a drafting strategy (Prophet head, Speculative, Prompt lookup, Suffix) for the prediction"),
+        "histogram": accepted_length_histogram(drafts) if drafts else
+        placeholder("Run a drafting strategy to see how many drafted tokens were accepted"),
+        "lookahead_chart": lookahead_figure(la) if la else placeholder("Tick Lookahead and run to see its steps"),
+    }
+
+
+def step_html(doc: Optional[dict], step: Optional[int]) -> dict[str, str]:
+    """The HTML views at one replay step: the columns, the lookahead window, Jacobi, copied drafts, cross-tokenizer."""
+    results = (doc or {}).get("results") or []
+    top = top_step(doc)
+    la, jc = _first(doc, has_steps), _first(doc, has_iterations)
+    views = {"columns": columns_html(results, step),
+             "lookahead_window": lookahead_step_html(la, step) if la else
+             _note("Tick Lookahead and run to see its 2D window and the n-grams it verified."),
+             "jacobi": _jacobi(jc, step, top) if jc else
+             _note("Tick Jacobi and run to see its iterations, one row per target forward.")}
+    if sources_html is not None:
+        copied = _first(doc, lambda r: bool(draft_sources(r)))
+        views["drafts"] = sources_html(copied, step) if copied else _note(
+            "Suffix decoding and prompt lookup record where each draft was copied from; run one to see it.")
+    if crosstok_view is not None:
+        views["crosstok"] = crosstok_view(doc, step)
+    return views
+
+
+def _jacobi(result: dict, step: Optional[int], top: int) -> str:
+    kept, seen = [], 0
+    for e in result["events"]:
+        if e.get("type") == "JacobiIteration":
+            seen += 1
+            if seen > MAX_JACOBI_ROWS:
+                continue
+        kept.append(e)
+    return jacobi_view(dict(result, events=kept), None if step is None or step >= top else step)
+
+
+def step_figures(doc: Optional[dict], step: Optional[int], strategy: Any = None) -> dict[str, Any]:
+    """The figures at one replay step: the draft tree (of ``strategy``), the lookahead mask, beams, sampling."""
+    names = drafted(doc)
+    chosen = strategy if strategy in names else (names[0] if names else None)
+    tree_of = _first(doc, lambda r: r["strategy"] == chosen) if chosen else None
+    la, bm, sm = _first(doc, has_steps), _first(doc, has_beams), _first(doc, has_filters)
+    return {
+        "tree": tree_figure(tree_of, step) if tree_of else
+        placeholder("Run a drafting strategy (Prophet head draws a token tree) to see its drafts"),
+        "lookahead_mask": mask_figure(la, step) if la else placeholder("Tick Lookahead and run to see its mask"),
+        "beam": beam_figure(bm, step) if bm else placeholder("Tick Beam search and run to see its beams"),
+        "sampling": sampling_figure(sm, step=step) if sm else
+        placeholder("Tick Sampling (temperature > 0) and run to see one position's distribution"),
+    }
+
+
+def inspector_view(doc: Optional[dict], strategy: Any, position: Any) -> Optional[Any]:
+    """p_target vs q_draft at the verified position nearest ``position`` of ``strategy``."""
+    result = _first(doc, lambda r: r["strategy"] == strategy)
+    positions = inspectable_positions(result) if result else []
+    if not positions:
+        return placeholder("No verified position recorded for this strategy") if result else None
+    ok = isinstance(position, (int, float)) and not isinstance(position, bool) and position == position \
+        and abs(position) < 1e12
+    pos = int(position) if ok else 0
+    if pos not in positions:   # snap to the nearest verified position
+        pos = min(positions, key=lambda p: abs(p - pos))
+    return inspector(result, pos)
+
+
+def race_views(doc: Optional[dict], at_ms: float, speed: Optional[float]) -> dict[str, str]:
+    """The wall-clock replay at ``at_ms``: the columns and the clock readout."""
+    results = (doc or {}).get("results") or []
+    total = race_length_ms(results)
+    return {"columns": columns_html(results, at_ms=min(max(at_ms, 0.0), total)),
+            "clock": clock_html(at_ms, total, speed, results)}
