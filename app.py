@@ -112,6 +112,15 @@ def _help(name: str) -> None:
     gr.Markdown(HOW_TO_READ[name], elem_classes=["dp-help"])
 
 
+def _plot_pair(ui: "Views", *plots: tuple[str, dict]) -> None:
+    """Plots side by side, each under its how-to-read line: ``(view name, gr.Plot keyword arguments)``."""
+    with gr.Row():
+        for name, kwargs in plots:
+            with gr.Column():
+                _help(name)
+                ui[name] = gr.Plot(**kwargs)
+
+
 def _param_inputs(reg: dict) -> dict[tuple[str, str], Any]:
     inputs: dict[tuple[str, str], Any] = {}
     with gr.Accordion("Strategy parameters", open=False):
@@ -168,33 +177,18 @@ def _tabs(ui: Views) -> None:
     """The views, one tab per question."""
     with gr.Tabs():
         with gr.Tab("Speed", elem_id="tab-speed"):
-            with gr.Row():
-                with gr.Column():
-                    _help("speed")
-                    ui["speed"] = gr.Plot(label="Speed", elem_id="speed-chart")
-                with gr.Column():
-                    _help("sources")
-                    ui["sources"] = gr.Plot(label="Token sources")
+            _plot_pair(ui, ("speed", dict(label="Speed", elem_id="speed-chart")),
+                       ("sources", dict(label="Token sources")))
             _help("timeline")
             ui["timeline"] = gr.Plot(label="Forward passes")
-            with gr.Row():
-                with gr.Column():
-                    _help("breakdown")
-                    ui["breakdown"] = gr.Plot(label="Why (no) speedup")
-                with gr.Column():
-                    _help("leviathan")
-                    ui["leviathan"] = gr.Plot(label="Predicted vs measured speedup")
+            _plot_pair(ui, ("breakdown", dict(label="Why (no) speedup")),
+                       ("leviathan", dict(label="Predicted vs measured speedup")))
         with gr.Tab("Drafts", elem_id="tab-drafts"):
             with gr.Row():
                 ui["inspect_strategy"] = gr.Dropdown([], label="Strategy (inspector and draft tree)")
                 ui["inspect_pos"] = gr.Number(value=1, step=1, label="Output position (inspector)")
-            with gr.Row():
-                with gr.Column():
-                    _help("histogram")
-                    ui["histogram"] = gr.Plot(label="Accepted length per step")
-                with gr.Column():
-                    _help("inspector")
-                    ui["inspector"] = gr.Plot(label="p_target vs q_draft")
+            _plot_pair(ui, ("histogram", dict(label="Accepted length per step")),
+                       ("inspector", dict(label="p_target vs q_draft")))
             _help("tree")
             ui["tree"] = gr.Plot(label="Draft tree at the replay step", elem_id="draft-tree")
             _help("drafts")
@@ -206,13 +200,8 @@ def _tabs(ui: Views) -> None:
             ui["jacobi"] = gr.HTML("", elem_id="jacobi-view")
             _help("lookahead_window")
             ui["lookahead_window"] = gr.HTML("", elem_id="lookahead-window")
-            with gr.Row():
-                with gr.Column():
-                    _help("lookahead_mask")
-                    ui["lookahead_mask"] = gr.Plot(label="Lookahead attention mask", elem_id="lookahead-mask")
-                with gr.Column():
-                    _help("lookahead_chart")
-                    ui["lookahead_chart"] = gr.Plot(label="Lookahead: tokens per target forward")
+            _plot_pair(ui, ("lookahead_mask", dict(label="Lookahead attention mask", elem_id="lookahead-mask")),
+                       ("lookahead_chart", dict(label="Lookahead: tokens per target forward")))
         with gr.Tab("Beam & sampling", elem_id="tab-beam"):
             _help("beam")
             ui["beam"] = gr.Plot(label="Beam search", elem_id="beam-tree")

@@ -30,6 +30,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from .treeshape import depth_first, merge_paths, reorder
+
 
 @dataclass(frozen=True)
 class TokenTree:
@@ -67,35 +69,17 @@ class TokenTree:
         The first path occupies nodes ``0..len-1``; later paths keep their order
         among siblings (the order the drafter ranked them in).
         """
-        tokens: list[int] = []
-        parents: list[int] = []
-        index: dict[tuple[int, int], int] = {}        # (parent, token) -> node
-        for path in paths:
-            parent = -1
-            for tok in path:
-                node = index.get((parent, int(tok)))
-                if node is None:
-                    node = index[(parent, int(tok))] = len(tokens)
-                    tokens.append(int(tok))
-                    parents.append(parent)
-                parent = node
+        tokens, parents = merge_paths(paths)
         built = cls(tuple(tokens), tuple(parents))
         return built.reordered(built.depth_first())
 
     def reordered(self, order: Sequence[int]) -> "TokenTree":
         """The same tree with nodes listed in ``order`` (which must list parents first)."""
-        new = {old: i for i, old in enumerate(order)}
-        return TokenTree(tuple(self.tokens[o] for o in order),
-                         tuple(-1 if self.parents[o] < 0 else new[self.parents[o]] for o in order))
+        tokens, parents = reorder(self.tokens, self.parents, order)
+        return TokenTree(tuple(tokens), tuple(parents))
 
     def depth_first(self) -> list[int]:
-        order: list[int] = []
-        stack = list(reversed(self._kids[-1]))
-        while stack:
-            node = stack.pop()
-            order.append(node)
-            stack.extend(reversed(self._kids[node]))
-        return order
+        return depth_first(self.parents)
 
     def subtree(self, keep: Iterable[int]) -> tuple["TokenTree", list[int]]:
         """The nodes in ``keep`` (closed under ancestors) in their original order, and their old indices."""

@@ -84,6 +84,19 @@ def test_a_near_tie_stays_on_the_default_kernel():
     assert kernel_choice.decide(timings)[shape] == ("default",) * 3 + ("packed",) * 3
 
 
+def test_one_kernel_per_bucket_for_the_whole_model_even_where_one_shape_alone_prefers_the_other():
+    """Isolated per-shape timings mixed the kernels inside a forward, which lost in whole forwards: the
+    model-wide sum decides each bucket, for every layer."""
+    small, big = (64, 64), (64, 4096)
+    timings = {}
+    for b in range(len(kernels.BUCKETS)):
+        timings[(small, b, "default")], timings[(small, b, "packed")] = 1.0, 1.2      # small alone: default
+        timings[(big, b, "default")], timings[(big, b, "packed")] = 10.0, 5.0         # the model: packed
+    assert kernel_choice.decide(timings) == {small: ("packed",) * 6, big: ("packed",) * 6}
+    timings[(big, 0, "packed")] = 11.0                                               # 1 row: default overall
+    assert kernel_choice.decide(timings)[small] == ("default",) + ("packed",) * 5
+
+
 def test_the_decision_is_cached_reread_and_invalidated_by_a_new_key(tmp_path, monkeypatch):
     path = tmp_path / "kernels.json"
     first = FakeTimer()

@@ -37,6 +37,16 @@ def _request(client: Client, prompt: str, seed: int, max_new: int = TOKENS, stra
         return {"doc": json.load(fh), "status": out[6]}
 
 
+def _wait_for_tokens(job, timeout: float = 120) -> None:
+    """Until the submitted run is under way (its progress reports generated tokens)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = job.status()
+        if status.progress_data and "tokens" in (status.progress_data[-1].desc or ""):
+            return
+        time.sleep(0.2)
+
+
 def test_sixteen_concurrent_clients_get_their_own_results(app_url):
     lm = load_model(BUNDLED)
     prompts = [f"Give me word number {i} of a list of fruit." for i in range(CLIENTS)]
@@ -86,13 +96,7 @@ def test_stop_returns_the_partial_trace_and_frees_the_worker(app_url):
     values = [None] * len(app.param_fields())
     job = slow.submit(BUNDLED, "none", ["greedy"], "Write a very long story about a lighthouse.", True, 400, 0,
                       *values, api_name="/run")
-    # wait until the run is under way (the first tokens are being generated)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        status = job.status()
-        if status.progress_data and "tokens" in (status.progress_data[-1].desc or ""):
-            break
-        time.sleep(0.2)
+    _wait_for_tokens(job)
     time.sleep(1.0)
     t_stop = time.perf_counter()
     slow.predict(api_name="/stop")
@@ -201,12 +205,7 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     plan = ["greedy", "sample", "beam", "prompt_lookup", "jacobi", "lookahead"]   # minutes of work
     job = slow.submit(BUNDLED, "none", plan, "Write a very long story about a lighthouse.", True, 512, 0,
                       *values, api_name="/run")
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        status = job.status()
-        if status.progress_data and "tokens" in (status.progress_data[-1].desc or ""):
-            break
-        time.sleep(0.2)
+    _wait_for_tokens(job)
     held = len(app.JOBS)
 
     def stranger(i: int) -> str:

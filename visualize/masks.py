@@ -15,6 +15,8 @@ from typing import Any, Optional, Sequence
 
 import plotly.graph_objects as go
 
+from decoding.treeshape import depth_first, merge_paths, reorder  # pure Python; no torch
+
 from .lookahead import step_at
 from .tokens import LEGEND, plot_text
 
@@ -31,29 +33,8 @@ KINDS = {            # code: (legend text, colour)
 
 def paths_tree(paths: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
     """(tokens, parents) of paths merged by common prefix, nodes in depth-first order (``TokenTree.from_paths``)."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    index: dict[tuple[int, int], int] = {}
-    for path in paths:
-        parent = -1
-        for tok in path:
-            node = index.get((parent, int(tok)))
-            if node is None:
-                node = index[(parent, int(tok))] = len(tokens)
-                tokens.append(int(tok))
-                parents.append(parent)
-            parent = node
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        kids.setdefault(p, []).append(i)
-    order: list[int] = []
-    stack = list(reversed(kids.get(-1, [])))
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(reversed(kids.get(node, [])))
-    new = {old: i for i, old in enumerate(order)}
-    return [tokens[o] for o in order], [-1 if parents[o] < 0 else new[parents[o]] for o in order]
+    tokens, parents = merge_paths(paths)
+    return reorder(tokens, parents, depth_first(parents))
 
 
 def step_layout(pending: int, parents: Sequence[int], levels: int, width: int
