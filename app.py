@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import threading
 from typing import Any, Optional
 
 import gradio as gr
@@ -23,7 +24,8 @@ from decoding.guards import BodyLimit
 from decoding.models import DEFAULT_MEMORY_BUDGET_GB, default_target, load_presets, set_memory_budget
 from decoding.prophet import PROPHET, has_prophet
 from decoding.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, SETTINGS, Jobs, Prepared,  # noqa: F401
-                              build_plan, check_model_name, field_kind, param_fields, parse_sweep_spec, prepare)
+                              build_plan, check_model_name, field_kind, param_fields, parse_sweep_spec, preload_default,
+                              prepare)
 from decoding.strategies import registry
 from handlers import (HISTORIES, JOBS, STORE, TRACE_FILES, admit, advance, clear_history,  # noqa: F401
                       import_file, inspect_position, play, race_at, race_play, race_rebase, race_tick, replay,
@@ -382,10 +384,14 @@ def main() -> None:
                     default=os.environ.get(MEMORY_BUDGET_ENV, str(DEFAULT_MEMORY_BUDGET_GB)),
                     help=f"evict least recently used models beyond this much memory (default "
                          f"{DEFAULT_MEMORY_BUDGET_GB:g}, or ${MEMORY_BUDGET_ENV}; 0 = no cap)")
+    ap.add_argument("--no-preload", action="store_true",
+                    help="do not load the default model in the background at start")
     args = ap.parse_args()
     SETTINGS["allow_any_model"] = args.allow_any_model
     set_memory_budget(args.memory_budget_gb or None)
     host, port = server_address(args.host, args.port)
+    if not args.no_preload:      # the first Run finds the default model (and its head) loaded
+        threading.Thread(target=preload_default, name="preload", daemon=True).start()
     build_demo().launch(server_name=host, server_port=port)
 
 

@@ -23,10 +23,10 @@ from typing import Any, Callable, Optional
 
 from .bench import _num as sweep_value
 from .bench import parse_sweep
-from .models import load_model, load_presets
+from .models import default_target, load_model, load_presets
 from .params import check_max_new_tokens
 from .processors import GenerationSettings
-from .prophet import PROPHET, has_prophet, make_pair
+from .prophet import PROPHET, has_prophet, make_pair, prophet_for
 from .context import RunContext
 from .live import Live
 from .runner import encode_prompt, environment, run_comparison
@@ -229,6 +229,20 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     if len(prompt_ids) > LIMITS["prompt_tokens"]:
         raise ValueError(f"prompt is {len(prompt_ids)} tokens; the limit is {LIMITS['prompt_tokens']}")
     return Prepared(pair, prompt_ids, max_new, seed, model, note)
+
+
+def preload_default(load: Callable[[str], Any] = load_model) -> Optional[str]:
+    """Load the default target and its prophet head into the in-process caches (the app calls this in a
+    background thread at start, so a visitor's first Run does not wait for the load). Returns the model
+    name, or None when it could not be loaded (the first Run then reports why)."""
+    name = default_target()
+    try:
+        target = load(name)
+        if has_prophet(name):
+            prophet_for(target)
+    except Exception:               # noqa: BLE001: a Run will load it again and name the error
+        return None
+    return name
 
 
 def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], list[tuple[str, Any]]]:

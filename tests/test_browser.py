@@ -32,10 +32,11 @@ TIMINGS: dict = {}
 
 # Installed before a Run click: notes when the first token span appears in #columns, whether a column
 # was marked running then and whether the run's final status was already shown; and the order in which
-# columns first get marked finished in the wall-clock replay.
+# columns first get marked finished in the wall-clock replay (counted only after the columns were seen
+# with none finished, so a replay that never restarted records nothing).
 WATCH = """() => {
   const t0 = performance.now();
-  window.dpWatch = {first: null, runningThen: null, doneThen: null, finished: []};
+  window.dpWatch = {first: null, runningThen: null, doneThen: null, reset: false, finished: [], finishedAt: {}};
   const status = () => (document.querySelector('#status') || {}).innerText || '';
   const obs = new MutationObserver(() => {
     const w = window.dpWatch;
@@ -44,9 +45,13 @@ WATCH = """() => {
       w.runningThen = !!document.querySelector('#columns .dp-running');
       w.doneThen = /Ran \\d+ strategies/.test(status());
     }
-    document.querySelectorAll('#columns .dp-col.dp-finished').forEach(c => {
+    const cols = document.querySelectorAll('#columns .dp-col');
+    const done = document.querySelectorAll('#columns .dp-col.dp-finished');
+    if (!w.reset && cols.length && !done.length) w.reset = true;   // finishes count from a fresh start
+    if (!w.reset) return;
+    done.forEach(c => {
       const s = c.getAttribute('data-strategy');
-      if (!w.finished.includes(s)) w.finished.push(s);
+      if (!w.finished.includes(s)) { w.finished.push(s); w.finishedAt[s] = performance.now() - t0; }
     });
   });
   obs.observe(document.body, {childList: true, subtree: true, characterData: true});
@@ -196,23 +201,33 @@ def test_default_comparison_live_race_replays_tabs_export_and_import(page, tmp_p
                            timeout=120_000)
     page.locator("#columns").screenshot(path=str(SHOTS / "race-replay.png"))
     readout = page.locator("#race-readout").inner_text()
-    # KNOWN ISSUE: in some runs the race timer stalls before the last column finishes (seen in 2 of 4
-    # clean-clone runs, not yet understood); the test records how far it got instead of waiting for all four
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    try:
+    try:                                              # the replay plays to the end: every column finishes
         page.wait_for_function("document.querySelectorAll('#columns .dp-col.dp-finished').length === 4",
                                timeout=60_000)
     except PlaywrightTimeout:
-        print("\n[race] the replay stalled with", page.locator("#columns .dp-col.dp-finished").count(),
-              "of 4 columns finished")
-    order = page.evaluate("window.dpWatch.finished")
-    assert order, "no column finished during the wall-clock replay"
+        pytest.fail(f"the wall-clock replay did not reach its end: "
+                    f"{page.locator('#columns .dp-col.dp-finished').count()} of 4 columns finished, "
+                    f"readout {page.locator('#race-readout').inner_text()!r}, "
+                    f"first column {page.locator('#columns .dp-col .dp-step').first.inner_text()!r}, "
+                    f"watch {page.evaluate('window.dpWatch')}")
+    watch = page.evaluate("window.dpWatch")
+    assert watch["reset"] and len(watch["finished"]) == 4, watch
     exported = _export(page, tmp_path)
     doc = json.loads(exported.read_text(encoding="utf-8"))
-    by_time = [r["strategy"] for r in sorted(doc["results"], key=lambda r: r["wall_s"])]
-    assert order[0] == by_time[0], (order, by_time)      # the fastest strategy finishes first on screen
-    assert order == by_time, (order, by_time)
-    fastest = next(r["label"] for r in doc["results"] if r["strategy"] == by_time[0])
+    wall = {r["strategy"]: r["wall_s"] for r in doc["results"]}
+    # columns finish on screen in the order of their measured wall times, up to the replay's frame:
+    # one timer tick (0.1 s) at 4x covers 0.4 s of race time, so runs closer than that may share a frame
+    frame_s = 4 * 0.1 * 2
+    order = watch["finished"]
+    for earlier, later in zip(order, order[1:]):
+        assert wall[earlier] <= wall[later] + frame_s, (order, wall)
+    slowest = max(wall, key=wall.get)
+    assert order[-1] == slowest or wall[slowest] - wall[order[-1]] <= frame_s, (order, wall)
+    span_ms = watch["finishedAt"][order[-1]] - watch["finishedAt"][order[0]]
+    race_span_ms = (max(wall.values()) - min(wall.values())) * 1e3 / 4
+    assert span_ms >= race_span_ms - 1000, (span_ms, race_span_ms)   # played in time, not jumped to the end
+    fastest = next(r["label"] for r in doc["results"] if r["strategy"] == min(wall, key=wall.get))
     assert re.search(r"finished: 1\. " + re.escape(fastest), readout), readout
     assert all(len(r["times_ms"]) == len(r["events"]) for r in doc["results"])
 

@@ -59,7 +59,7 @@ def _reachable(host: str, port: int) -> bool:
 def _launch(env_extra: dict, args: list[str], port: int):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIO_SERVER_")}
     env.update(HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", **env_extra)
-    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "app.py", *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "app.py", "--no-preload", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -107,3 +107,20 @@ def test_host_and_port_flags_win_over_the_environment():
             assert not _reachable(outside, port)
     finally:
         _stop(proc)
+
+
+def test_preload_loads_the_default_model_and_its_head_and_never_raises():
+    """app.py's background preload: the default target and its prophet head land in the in-process caches
+    (a visitor's first Run then starts generating at once); a loader that fails is reported as None."""
+    from decoding import prophet
+    from decoding.models import cached_models, default_target
+    from decoding.service import preload_default
+    assert preload_default() == default_target()
+    assert default_target() in cached_models()
+    assert any(key[0].endswith(f"{default_target()}.safetensors") for key in prophet._LOADED)
+    calls = []
+
+    def broken(name):
+        calls.append(name)
+        raise OSError("no weights here")
+    assert preload_default(load=broken) is None and calls == [default_target()]

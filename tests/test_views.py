@@ -74,6 +74,26 @@ def test_fastest_column_finishes_first_and_the_clock_says_so():
     assert "data-ms='600'" in views["clock"] and views["columns"].count("class='dp-col dp-finished'") == 2
 
 
+def test_a_fractional_run_length_ends_on_a_whole_slider_value_and_play_at_the_end_restarts():
+    """The clock slider holds whole ms: the race's end must be one of its values (else the slowest column
+    never shows finished, and ▶ after a run 'replays' from just short of the end: the race jumps to its end)."""
+    import handlers
+    slow = dict(SLOW, wall_s=0.6004)                 # 600.4 ms: round() would put the slider at 600 < end
+    fast = dict(FAST, wall_s=0.2)
+    results = [slow, fast]
+    total = race_length_ms(results)
+    assert total == 601 and total == round(total)
+    end = race_views({"results": results}, round(total), 1.0)
+    assert end["columns"].count("class='dp-col dp-finished'") == 2
+    key = handlers.STORE.put({"results": results}, 1000, 6)
+    for clock_at_end in (round(total), total, 10_000):
+        started = handlers.race_play(key, clock_at_end, 4.0)
+        assert started["clock"] == 0 and started["race_anchor"]["from"] == 0, clock_at_end
+        assert started["columns"].count("class='dp-col dp-finished'") == 0
+    mid = handlers.race_play(key, 300, 4.0)          # from the middle it goes on from there
+    assert mid["clock"] == 300 and mid["race_anchor"]["from"] == 300
+
+
 def test_clock_values_from_the_browser_are_clamped():
     assert clamp_ms(-5, 100) == 0 and clamp_ms(1e12, 100) == 100 and clamp_ms(float("nan"), 100) == 0
     assert clamp_ms("12", 100) == 0 and clamp_ms(True, 100) == 0 and clamp_ms(42.5, 100) == 42.5

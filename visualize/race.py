@@ -14,6 +14,7 @@ the rest waiting.
 from __future__ import annotations
 
 import html
+import math
 from typing import Any, Optional
 
 from .tokens import columns_html, duration_ms, number
@@ -22,8 +23,12 @@ SPEEDS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)   # replay speed factors offered (1 = r
 
 
 def race_length_ms(results: list[dict]) -> float:
-    """How long the replay lasts: the slowest strategy's run."""
-    return max((duration_ms(r) for r in results), default=0.0)
+    """How long the replay lasts: the slowest strategy's run, rounded up to a whole millisecond.
+
+    The clock slider holds whole milliseconds; a fractional length would leave its last value just
+    short of the end (the slowest column never shown finished, and ▶ replaying from there instead of 0).
+    """
+    return float(math.ceil(max((duration_ms(r) for r in results), default=0.0)))
 
 
 def finish_order(results: list[dict]) -> list[tuple[str, float]]:
