@@ -319,12 +319,17 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
     # clamp their raw inputs themselves
     light = dict(queue=False, preprocess=False)
     step_views, step_figs = ui.list(STEP_VIEWS), ui.list(STEP_FIGURES)
+    # "playing" names who owns the columns: the wall-clock race keeps them after it ends (a step change
+    # left over from the step replay, delivered late on a busy server, must not redraw them); the
+    # visitor moving the step slider, or ▶ Play steps, gives them back to the step replay
     def _replay(k, s, p=None):
         values = replay(k, s)
-        if p == "race":           # a step change left over from the step replay: the race owns the columns
+        if p == "race":
             values.pop("columns")
         return ui.pack(values)
     ui["step"].change(_replay, [ui["key"], ui["step"], ui["playing"]], step_views, api_name="replay", **light)
+    ui["step"].input(lambda k, s: ui.pack({**replay(k, s), "playing": None}), [ui["key"], ui["step"]],
+                     [*step_views, ui["playing"]], **light)
     ui["step"].change(lambda k, s, n: ui.pack(replay_figures(k, s, n)),
                       [ui["key"], ui["step"], ui["inspect_strategy"]], step_figs, api_name="replay_figures",
                       trigger_mode="always_last", **light)

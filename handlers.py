@@ -300,7 +300,8 @@ def race_play(key: Any, at_ms: Any, speed: Any) -> dict:
 
 def race_tick(key: Any, anchor: Any, speed: Any) -> dict:
     """One frame of the wall-clock replay: real elapsed time times the speed factor since the anchor
-    (``playing`` goes back to None at the end, so the step slider redraws the columns again)."""
+    (``playing`` stays "race" at the end: the race keeps the columns until the visitor moves the step
+    slider or plays the steps)."""
     doc, _ = _held(key)
     stopped = {"race_ticker": gr.Timer(active=False), "playing": None}
     if doc is None or not isinstance(anchor, dict):
@@ -311,7 +312,7 @@ def race_tick(key: Any, anchor: Any, speed: Any) -> dict:
         return stopped
     now = clamp_ms(start + (time.monotonic() - wall) * 1e3 * _speed(speed), total)
     return {**race_at(key, now, speed), "clock": round(now), "race_ticker": gr.Timer(active=now < total),
-            "playing": "race" if now < total else None}
+            "playing": "race"}
 
 
 def race_rebase(anchor: Any, at_ms: Any) -> Any:

@@ -211,6 +211,8 @@ def test_default_comparison_live_race_replays_tabs_export_and_import(page, tmp_p
                     f"readout {page.locator('#race-readout').inner_text()!r}, "
                     f"first column {page.locator('#columns .dp-col .dp-step').first.inner_text()!r}, "
                     f"watch {page.evaluate('window.dpWatch')}")
+    page.wait_for_timeout(1500)                      # the race keeps the columns after its end (a late step
+    assert page.locator("#columns .dp-col.dp-finished").count() == 4     # replay frame must not redraw them)
     watch = page.evaluate("window.dpWatch")
     assert watch["reset"] and len(watch["finished"]) == 4, watch
     exported = _export(page, tmp_path)

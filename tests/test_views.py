@@ -92,6 +92,15 @@ def test_a_fractional_run_length_ends_on_a_whole_slider_value_and_play_at_the_en
         assert started["columns"].count("class='dp-col dp-finished'") == 0
     mid = handlers.race_play(key, 300, 4.0)          # from the middle it goes on from there
     assert mid["clock"] == 300 and mid["race_anchor"]["from"] == 300
+    # the last frame stops the timer and the race keeps the columns ("playing" stays "race"): a step
+    # replay frame delivered late must not redraw them; before the end the timer runs on
+    end_frame = handlers.race_tick(key, {"wall": 0.0, "from": 0.0}, 4.0)
+    assert end_frame["playing"] == "race" and end_frame["clock"] == total
+    assert end_frame["race_ticker"].active is False
+    assert end_frame["columns"].count("class='dp-col dp-finished'") == 2
+    import time
+    running = handlers.race_tick(key, {"wall": time.monotonic(), "from": 0.0}, 1.0)
+    assert running["playing"] == "race" and running["race_ticker"].active is True and running["clock"] < total
 
 
 def test_clock_values_from_the_browser_are_clamped():
