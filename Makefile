@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-history bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -73,6 +73,11 @@ bench-suffix: setup
 
 # Suffix decoding's history over multi-turn sessions (presets/multiturn.yaml): cold (no history) against
 # warm (the earlier turns' outputs), with greedy and prompt lookup, one run.
+# The grounded prompts served by one process: suffix drafts also from the other prompts' outputs (leave-one-out).
+bench-suffix-history: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py grounded-history --repeats 3 --max-new-tokens 64 \
+	    --json benchmarks/results/bench-cpu-suffix-history.json
+
 bench-multiturn: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py multiturn --repeats 3 --max-new-tokens 96 \
 	    --json benchmarks/results/bench-cpu-multiturn.json

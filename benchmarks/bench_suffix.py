@@ -1,6 +1,7 @@
 """Suffix decoding against prompt lookup (one run), and its history over a multi-turn session (one run).
 
     python benchmarks/bench_suffix.py grounded [--repeats 3] [--max-new-tokens 64] [--json OUT]
+    python benchmarks/bench_suffix.py grounded-history [--repeats 3] [--max-new-tokens 64] [--json OUT]
     python benchmarks/bench_suffix.py multiturn [--repeats 3] [--max-new-tokens 96] [--json OUT]
 
 ``grounded``: the input-grounded prompts (three code edits, three summaries) through
@@ -9,6 +10,14 @@ multi-candidate), transformers' ``generate`` greedy and prompt lookup, interleav
 warm-up, median over repeats. Prints the usual table, then per prompt suffix / prompt lookup
 (tok/s) and its median over prompts (issue 16's goal: >= 1.2), and suffix / ``generate``'s
 prompt lookup.
+
+``grounded-history``: the same six prompts, served by one process one after another, as the
+CLI and the benchmarks keep the suffix history (issue 16: "it covers the requests of one
+process"). Each prompt's *warm* suffix run drafts also from the outputs of the **other** five
+prompts (leave-one-out: the process has served them; its own output is never in its history,
+so no request copies itself). Greedy, our prompt lookup, ``generate``'s prompt lookup, suffix
+cold (no history) and suffix warm, interleaved per prompt after a warm-up, median over repeats.
+Prints per prompt warm / our prompt lookup, cold / our prompt lookup, warm / ``generate``'s.
 
 ``multiturn``: the sessions of ``presets/multiturn.yaml`` (one document asked about four
 times, one function edited four times), every turn a separate request. One process-wide
@@ -64,6 +73,69 @@ def grounded(pair: ModelPair, args: argparse.Namespace) -> dict:
     for k, v in doc["ratios"].items():
         print(f"median over prompts, {k}: {v['median']:.3f}")
     return doc
+
+
+def grounded_history(pair: ModelPair, args: argparse.Namespace) -> dict:
+    strategies = {n: get_strategy(n) for n in ("greedy", "prompt_lookup", "suffix")}
+    params = {n: s.parse({}) for n, s in strategies.items()}
+    device = pair.target.device
+    prompts = bench.load_prompt_set(categories=GROUNDED)[:args.turns or None]
+    ids = [encode_prompt(pair.target.tokenizer, text, chat=pair.target.chat) for _, text in prompts]
+
+    def run(name: str, i: int, history: SuffixHistory | None):
+        if name == "hf_prompt_lookup":
+            return bench.hf_generate(pair.target, ids[i], args.max_new_tokens, prompt_lookup_num_tokens=10)   # as run_bench
+        strategy = "suffix" if name.startswith("suffix") else name
+        return strategies[strategy].generate(ids[i], pair, params[strategy], max_new_tokens=args.max_new_tokens,
+                                             tracer=NULL_TRACER,
+                                             context=RunContext(history=history) if history else None)
+    reference = [run("greedy", i, None).token_ids for i in range(len(ids))]
+
+    def others(i: int) -> SuffixHistory:
+        """The history of a process that served every other prompt (its greedy output) before this one."""
+        h = SuffixHistory()
+        for j, out in enumerate(reference):
+            if j != i:
+                h.add(out)
+        return h
+    methods = ("greedy", "prompt_lookup", "hf_prompt_lookup", "suffix_cold", "suffix_warm")
+    for m in methods:                                   # warm-up, untimed
+        run(m, 0, others(0) if m == "suffix_warm" else None)
+    times: dict[tuple, list[float]] = {}
+    outputs: dict[tuple, object] = {}
+    for _ in range(args.repeats):
+        for i in range(len(ids)):
+            for m in methods:
+                hist = others(i) if m == "suffix_warm" else None
+                res, secs = timed(lambda: run(m, i, hist), device)
+                times.setdefault((i, m), []).append(secs)
+                outputs[(i, m)] = res
+    rows = []
+    print("| prompt | warm / our PL | cold / our PL | warm / generate's PL | tokens / forward: PL, cold, warm "
+          "| accepted from history | = greedy |\n|---|---|---|---|---|---|---|")
+    for i, (_, text) in enumerate(prompts):
+        n = len(reference[i])
+        rate = {m: n / median(times[(i, m)]) for m in methods}
+        tpf = {m: n / outputs[(i, m)].target_forwards for m in ("prompt_lookup", "suffix_cold", "suffix_warm")}
+        same = all((outputs[(i, m)] if m == "hf_prompt_lookup" else outputs[(i, m)].token_ids) == reference[i]
+                   for m in methods)
+        row = {"prompt": text[:80], "tokens": n, "tok_s": rate, "tokens_per_target_forward": tpf,
+               "warm_over_pl": rate["suffix_warm"] / rate["prompt_lookup"],
+               "cold_over_pl": rate["suffix_cold"] / rate["prompt_lookup"],
+               "warm_over_hf_pl": rate["suffix_warm"] / rate["hf_prompt_lookup"],
+               "speedup_vs_greedy": {m: rate[m] / rate["greedy"] for m in methods},
+               "from_history": outputs[(i, "suffix_warm")].stats.get("accepted_from", {}).get("history", 0),
+               "identical_to_greedy": same}
+        rows.append(row)
+        print(f"| {text[:40]!r} | {row['warm_over_pl']:.3f} | {row['cold_over_pl']:.3f} | "
+              f"{row['warm_over_hf_pl']:.3f} | {tpf['prompt_lookup']:.2f}, {tpf['suffix_cold']:.2f}, "
+              f"{tpf['suffix_warm']:.2f} | {row['from_history']} | {'yes' if same else 'NO'} |")
+    summary = {k: statistics.median(r[k] for r in rows) for k in ("warm_over_pl", "cold_over_pl", "warm_over_hf_pl")}
+    summary["speedup_vs_greedy_geomean"] = {m: bench.geomean([r["speedup_vs_greedy"][m] for r in rows])
+                                            for m in methods}
+    for k, v in summary.items():
+        print(f"{k}: {v if isinstance(v, dict) else round(v, 3)}")
+    return {"rows": rows, "summary": summary, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens}
 
 
 def sessions(path: Path) -> list[tuple[str, int, str]]:
@@ -134,7 +206,7 @@ def _print_turns(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("grounded", "multiturn"))
+    ap.add_argument("mode", choices=("grounded", "grounded-history", "multiturn"))
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -143,7 +215,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     pair = ModelPair(load_model(args.target))
-    doc = grounded(pair, args) if args.mode == "grounded" else multiturn(pair, args)
+    doc = {"grounded": grounded, "grounded-history": grounded_history, "multiturn": multiturn}[args.mode](pair, args)
     doc["environment"] = environment(pair, 0)
     write_json(args.json, doc)
 

@@ -35,9 +35,12 @@ from .base import Proposal
 
 
 # (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` on the project's 2-vCPU
-# machine (BENCHMARKS.md). GPU: EAGLE-2's published setting (top-k 10, 60 nodes), not measured here: no GPU
-# was lent to the session that built trees, and a wide verify forward costs about one narrow one there.
-TREE_DEFAULTS = {"cpu": (4, 16), "cuda": (10, 60)}
+# machine with the per-bucket kernel choice (BENCHMARKS.md): top-k 4 with 12 nodes was the fastest on
+# 8 prompts (geomean 1.63x greedy; 16 nodes 1.59x, within noise; 24-32 nodes 1.33-1.46x: the wider
+# verify forward costs more than its extra accepted tokens). GPU: EAGLE-2's published setting (top-k 10,
+# 60 nodes), not measured here: no GPU was lent to the sessions that built trees, and a wide verify
+# forward costs about one narrow one there.
+TREE_DEFAULTS = {"cpu": (4, 12), "cuda": (10, 60)}
 
 
 def tree_shape(params: Any, device: Any) -> tuple[int, int]:
