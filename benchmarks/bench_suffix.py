@@ -86,9 +86,13 @@ def grounded_history(pair: ModelPair, args: argparse.Namespace) -> dict:
         if name == "hf_prompt_lookup":
             return bench.hf_generate(pair.target, ids[i], args.max_new_tokens, prompt_lookup_num_tokens=10)   # as run_bench
         strategy = "suffix" if name.startswith("suffix") else name
-        return strategies[strategy].generate(ids[i], pair, params[strategy], max_new_tokens=args.max_new_tokens,
+        chosen = params[name] if name in params else params[strategy]
+        return strategies[strategy].generate(ids[i], pair, chosen, max_new_tokens=args.max_new_tokens,
                                              tracer=NULL_TRACER,
                                              context=RunContext(history=history) if history else None)
+    extra = [f"suffix_warm[history_min_match={v}]" for v in args.compare_min_match]
+    for name, v in zip(extra, args.compare_min_match):
+        params[name] = strategies["suffix"].parse({"history_min_match": v})
     reference = [run("greedy", i, None).token_ids for i in range(len(ids))]
 
     def others(i: int) -> SuffixHistory:
@@ -98,15 +102,16 @@ def grounded_history(pair: ModelPair, args: argparse.Namespace) -> dict:
             if j != i:
                 h.add(out)
         return h
-    methods = ("greedy", "prompt_lookup", "hf_prompt_lookup", "suffix_cold", "suffix_warm")
+    methods = ("greedy", "prompt_lookup", "hf_prompt_lookup", "suffix_cold", "suffix_warm", *extra)
+    warm = [m for m in methods if m.startswith("suffix_warm")]
     for m in methods:                                   # warm-up, untimed
-        run(m, 0, others(0) if m == "suffix_warm" else None)
+        run(m, 0, others(0) if m in warm else None)
     times: dict[tuple, list[float]] = {}
     outputs: dict[tuple, object] = {}
     for _ in range(args.repeats):
         for i in range(len(ids)):
             for m in methods:
-                hist = others(i) if m == "suffix_warm" else None
+                hist = others(i) if m in warm else None
                 res, secs = timed(lambda: run(m, i, hist), device)
                 times.setdefault((i, m), []).append(secs)
                 outputs[(i, m)] = res
@@ -116,10 +121,13 @@ def grounded_history(pair: ModelPair, args: argparse.Namespace) -> dict:
     for i, (_, text) in enumerate(prompts):
         n = len(reference[i])
         rate = {m: n / median(times[(i, m)]) for m in methods}
-        tpf = {m: n / outputs[(i, m)].target_forwards for m in ("prompt_lookup", "suffix_cold", "suffix_warm")}
+        tpf = {m: n / outputs[(i, m)].target_forwards for m in ("prompt_lookup", "suffix_cold", *warm)}
         same = all((outputs[(i, m)] if m == "hf_prompt_lookup" else outputs[(i, m)].token_ids) == reference[i]
                    for m in methods)
         row = {"prompt": text[:80], "tokens": n, "tok_s": rate, "tokens_per_target_forward": tpf,
+               **{f"{m}_over_pl": rate[m] / rate["prompt_lookup"] for m in extra},
+               "drafted_nodes_per_forward": {m: outputs[(i, m)].stats.get("drafted_nodes", 0)
+                                             / outputs[(i, m)].target_forwards for m in warm + ["suffix_cold"]},
                "warm_over_pl": rate["suffix_warm"] / rate["prompt_lookup"],
                "cold_over_pl": rate["suffix_cold"] / rate["prompt_lookup"],
                "warm_over_hf_pl": rate["suffix_warm"] / rate["hf_prompt_lookup"],
@@ -130,7 +138,12 @@ def grounded_history(pair: ModelPair, args: argparse.Namespace) -> dict:
         print(f"| {text[:40]!r} | {row['warm_over_pl']:.3f} | {row['cold_over_pl']:.3f} | "
               f"{row['warm_over_hf_pl']:.3f} | {tpf['prompt_lookup']:.2f}, {tpf['suffix_cold']:.2f}, "
               f"{tpf['suffix_warm']:.2f} | {row['from_history']} | {'yes' if same else 'NO'} |")
-    summary = {k: statistics.median(r[k] for r in rows) for k in ("warm_over_pl", "cold_over_pl", "warm_over_hf_pl")}
+        for m in extra:
+            print(f"|   {m}: / our PL {row[m + '_over_pl']:.3f}, tokens / forward {tpf[m]:.2f}, drafted nodes / "
+                  f"forward {row['drafted_nodes_per_forward'][m]:.1f} (warm default "
+                  f"{row['drafted_nodes_per_forward']['suffix_warm']:.1f}) |")
+    summary = {k: statistics.median(r[k] for r in rows)
+               for k in ("warm_over_pl", "cold_over_pl", "warm_over_hf_pl", *(f"{m}_over_pl" for m in extra))}
     summary["speedup_vs_greedy_geomean"] = {m: bench.geomean([r["speedup_vs_greedy"][m] for r in rows])
                                             for m in methods}
     for k, v in summary.items():
@@ -211,6 +224,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--sessions", default=str(ROOT / "presets" / "multiturn.yaml"))
+    ap.add_argument("--compare-min-match", type=int, nargs="*", default=[],
+                    help="grounded-history: also run suffix warm with these history_min_match values")
     ap.add_argument("--turns", type=int, default=0, help="smoke test: only the first N prompts or turns (0: all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -34,8 +34,10 @@ class SuffixParams(SamplingParams):
     of the ``tree_nodes`` most probable continuations (a chain of the most frequent one otherwise;
     models without custom 4D mask support always get chains). ``max_depth``: the longest match
     the suffix trees index. ``history``: also draft from earlier outputs when the run has a
-    history (``RunContext.history``), and add this output to it. The defaults come from a
-    deterministic sweep on the six input-grounded benchmark prompts (BENCHMARKS.md).
+    history (``RunContext.history``), and add this output to it. ``history_min_match``: the
+    shortest match in the history that may draft (a match of a token or two into unrelated
+    earlier text mostly widens the verify forward). The defaults come from deterministic sweeps on
+    the six input-grounded benchmark prompts (BENCHMARKS.md).
     """
     temperature: float = 0.0
     draft_tokens: int = 16
@@ -46,6 +48,7 @@ class SuffixParams(SamplingParams):
     tree_nodes: int = 12
     max_depth: int = 32
     history: bool = True
+    history_min_match: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,6 +60,7 @@ class SuffixParams(SamplingParams):
         check_number("tree_nodes", self.tree_nodes, 1, MAX_TREE_NODES, integer=True)
         check_number("max_depth", self.max_depth, 2, 256, integer=True)
         check_bool("history", self.history)
+        check_number("history_min_match", self.history_min_match, 1, 256, integer=True)
         if self.spec_factor == 0 and self.spec_offset < 1:
             raise ValueError("spec_factor 0 with spec_offset below 1 never drafts: raise spec_factor "
                              f"(in [0, 16]) or spec_offset (in [-16, {MAX_DRAFT}])")

@@ -208,6 +208,30 @@ def test_a_drafter_walks_the_history_again_when_it_changes_mid_generation():
     assert proposal.tokens == [7, 8] and proposal.origins[0][0] == "history"
 
 
+def test_history_min_match_keeps_short_history_matches_out_of_the_draft():
+    """A match of one token into unrelated earlier text drafts with history_min_match 1 and not with 2;
+    a longer match drafts with both; the local text is never held to it."""
+    history = SuffixHistory()
+    history.add([9, 6, 40, 41, 42])              # shares one token (6) with the context's end
+    history.add([1, 5, 6, 30, 31, 32])           # shares "5 6" (a 2-token match)
+    ctx = [2, 3, 5, 6]
+
+    def draft(min_match: int, context=ctx):
+        d = SuffixDrafter(SuffixParams(tree=True, spec_factor=2.0, min_token_prob=0.0,
+                                       history_min_match=min_match), history=history, tree=True)
+        d.begin(context)
+        return d.draft(context, 8)
+    loose, strict, stricter = draft(1), draft(2), draft(3)
+    assert 40 in loose.tokens and 30 in loose.tokens
+    assert 40 not in strict.tokens and strict.tokens[:3] == [30, 31, 32]   # only the 2-token match
+    assert len(strict.tokens) < len(loose.tokens)
+    assert stricter.tokens == []                                         # no 3-token match anywhere
+    local = draft(3, [7, 8, 6, 7, 8])             # "7 8" recurs in the context itself: the local tree drafts
+    assert local.tokens[:1] == [6] and all(o[0] != "history" for o in local.origins)
+    with pytest.raises(ValueError, match="history_min_match"):
+        SuffixParams(history_min_match=0)
+
+
 # --------------------------------------------------------------------------- exactness
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])

@@ -125,7 +125,8 @@ class SuffixDrafter(Drafter):
             if hist is not None:
                 if self._hist_version != hist.version:
                     self._rewalk(context)
-                cands += [(d, "history") for d in self._drafts(hist.tree, self._hist_states, k)]
+                cands += [(d, "history") for d in self._drafts(hist.tree, self._hist_states, k,
+                                                                self.params.history_min_match)]
             if not cands:
                 return Proposal.empty()
             cands.sort(key=lambda c: -c[0].score)          # stable: the local text wins ties
@@ -147,17 +148,21 @@ class SuffixDrafter(Drafter):
                     self._hist_states = hist.tree.advance(self._hist_states, int(t), self.params.max_depth)
 
     # ------------------------------------------------------------------ drafting
-    def _drafts(self, tree: SuffixTree, states: list[tuple[int, int]], k: int) -> list[Continuation]:
-        """One draft per distinct match in ``states`` (depths ascending): chains, or trees in tree mode."""
+    def _drafts(self, tree: SuffixTree, states: list[tuple[int, int]], k: int,
+                min_match: int = 1) -> list[Continuation]:
+        """One draft per distinct match in ``states`` (depths ascending) at least ``min_match`` tokens
+        long: chains, or trees in tree mode."""
         p = self.params
         out: list[Continuation] = []
         seen_count = -1
         for state in reversed(states):       # deepest first: the deepest match of each count wins
+            m = tree.state_depth(state)
+            if m < min_match:                # shallower ones follow: none is long enough
+                break
             count = tree.state_count(state)
             if count == seen_count:          # same occurrences as a deeper match: same continuations
                 continue
             seen_count = count
-            m = tree.state_depth(state)
             budget = min(k, int(m * p.spec_factor + p.spec_offset + 1e-6))
             if budget < 1:
                 continue
