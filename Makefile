@@ -71,13 +71,13 @@ bench-suffix: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py grounded --repeats 3 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-suffix.json
 
-# Suffix decoding's history over multi-turn sessions (presets/multiturn.yaml): cold (no history) against
-# warm (the earlier turns' outputs), with greedy and prompt lookup, one run.
 # The grounded prompts served by one process: suffix drafts also from the other prompts' outputs (leave-one-out).
 bench-suffix-history: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py grounded-history --repeats 3 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-suffix-history.json
 
+# Suffix decoding's history over multi-turn sessions (presets/multiturn.yaml): cold (no history) against
+# warm (the earlier turns' outputs), with greedy and prompt lookup, one run.
 bench-multiturn: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py multiturn --repeats 3 --max-new-tokens 96 \
 	    --json benchmarks/results/bench-cpu-multiturn.json

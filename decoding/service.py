@@ -26,7 +26,7 @@ from .bench import parse_sweep
 from .models import default_target, load_model, load_presets
 from .params import check_max_new_tokens
 from .processors import GenerationSettings
-from .prophet import PROPHET, has_prophet, make_pair, prophet_for
+from .prophet import PROPHET, has_prophet, make_pair
 from .context import RunContext
 from .live import Live
 from .runner import encode_prompt, environment, run_comparison
@@ -236,10 +236,8 @@ def preload_default(load: Callable[[str], Any] = load_model) -> Optional[str]:
     background thread at start, so a visitor's first Run does not wait for the load). Returns the model
     name, or None when it could not be loaded (the first Run then reports why)."""
     name = default_target()
-    try:
-        target = load(name)
-        if has_prophet(name):
-            prophet_for(target)
+    try:                            # the pair prepare() builds for the default comparison (head included)
+        make_pair(load(name), PROPHET if has_prophet(name) else None, load)
     except Exception:               # noqa: BLE001: a Run will load it again and name the error
         return None
     return name
