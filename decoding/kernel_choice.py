@@ -41,6 +41,7 @@ BUDGET_S = 6.0                           # no new repeat starts after this long
 MARGIN = 0.02
 VERSION = 3                              # bump when the timing method changes: old decisions re-measure
 KEEP_ENTRIES = 8                         # machines remembered per cache file
+SHARED_FILES = 32                        # files kept in the shared folder (models not converted by us)
 
 Timer = Callable[[PackedLinear, str, torch.Tensor], float]
 
@@ -174,6 +175,28 @@ def cache_file(models_root: Path, name: str, converted: bool) -> Path:
     return models_root.parent / "kernels" / f"{slug}.json"
 
 
+def prune_shared(folder: Path, keep: int = SHARED_FILES) -> list[Path]:
+    """Delete all but the ``keep`` most recently written decision files of the shared folder.
+
+    Every local directory or Hub model gets its own file there (``cache_file``), so a
+    process that loads many of them would grow the folder without bound. Returns what it deleted.
+    """
+    def mtime(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+    files = sorted(folder.glob("*.json"), key=mtime, reverse=True)
+    gone = []
+    for old in files[keep:]:
+        try:
+            old.unlink()
+            gone.append(old)
+        except OSError:
+            pass
+    return gone
+
+
 def _read(path: Path) -> list:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -241,6 +264,8 @@ def configure(model: nn.Module, mode: str = "auto", *, name: str = "model", file
     if file is not None:
         try:
             write_cache(file, key, choice)
+            if file.name != "kernels.json":           # the shared folder (cache_file): bounded
+                prune_shared(file.parent)
         except OSError:
             pass                                      # a read-only cache: decide again next time
     return choice

@@ -28,6 +28,10 @@ when it freezes a CPU model) but not public API, so every call falls back to
 prophet through the frozen LM head), or when an input is not a CPU tensor of
 the packed dtype. Applying a table checks one layer's packed output against
 ``F.linear`` before it swaps anything.
+
+``HalfLinear`` (end of this file) is for draft-only modules such as the prophet
+head: FBGEMM's float16-weight GEMM, half the bytes per draft step. Never for a
+model whose logits decide a committed token.
 """
 
 from __future__ import annotations
@@ -280,3 +284,74 @@ def label(model: nn.Module) -> str:
         span = f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
         parts.append(f"{kernel} {span}")
     return "mixed: " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- half-precision weights for drafters
+
+class HalfLinear(nn.Module):
+    """``nn.Linear`` whose weights are read as float16 (FBGEMM's prepacked fp16 GEMM), float32 in and out.
+
+    For drafters only: a draft token never decides what is committed (the target's
+    verification does), so a draft head may round its weights to float16. Half the
+    bytes matter on a CPU: the prophet's layer and draft-vocabulary head are ~36 MB
+    in float32, more than a 32 MB L3 holds, and the target's forward evicts them
+    between steps; in float16 they stay cached across a tree's expansions. Like
+    ``PackedLinear``, the float32 ``weight``/``bias`` stay the module's parameters
+    (``state_dict`` unchanged) and every call falls back to ``F.linear`` when
+    gradients are needed or the input is not a float32 CPU tensor.
+    """
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        object.__setattr__(self, "packed", torch.ops.quantized.linear_prepack_fp16(
+            linear.weight.detach().float(), None if linear.bias is None else linear.bias.detach().float()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or (
+                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        lead = x.shape[:-1]
+        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features), self.packed)
+        return y.reshape(*lead, self.out_features)
+
+    def unpacked(self) -> nn.Linear:
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        plain.weight, plain.bias = self.weight, self.bias
+        return plain
+
+
+_HALF_OK: list = []
+
+
+def half_available() -> bool:
+    """Whether this build runs FBGEMM's fp16 linear (x86 CPUs), checked once against ``F.linear``."""
+    if not _HALF_OK:
+        try:
+            layer = nn.Linear(64, 48)
+            x = torch.randn(3, 64)
+            with torch.no_grad():
+                got, want = HalfLinear(layer)(x), F.linear(x, layer.weight, layer.bias)
+            _HALF_OK.append(bool(torch.allclose(got, want, atol=1e-2, rtol=1e-2)))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            _HALF_OK.append(False)
+    return _HALF_OK[0]
+
+
+def half_linears(model: nn.Module) -> int:
+    """Every float32 CPU linear layer of ``model`` on float16 weights (``HalfLinear``); how many were swapped.
+
+    Only for draft-only modules (see ``HalfLinear``). Does nothing on other devices or
+    dtypes, or on a build without FBGEMM. The model must stay frozen afterwards.
+    """
+    if not half_available():
+        return 0
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) in (nn.Linear, PackedLinear) and child.weight.device.type == "cpu" \
+                    and child.weight.dtype == torch.float32:
+                setattr(parent, name, HalfLinear(child.unpacked() if isinstance(child, PackedLinear) else child))
+                swapped += 1
+    return swapped

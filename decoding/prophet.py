@@ -180,6 +180,7 @@ class Prophet(nn.Module):
         full_to_draft[self.vocab] = torch.arange(len(self.vocab), device=device)
         self.full_to_draft = full_to_draft
         self._packed_head: Optional[nn.Module] = None
+        self.kernels = "default"                # how the inference linears run (``pack``)
 
     @property
     def device(self) -> torch.device:
@@ -198,15 +199,24 @@ class Prophet(nn.Module):
             return self._packed_head(feature)
         return feature @ self.head.to(feature.dtype).T
 
-    def pack(self) -> int:
-        """Prepacked oneDNN kernels for inference on the CPU (see ``decoding/kernels.py``); 0 when unavailable."""
+    def pack(self, half: bool = True) -> int:
+        """Inference kernels on the CPU (see ``decoding/kernels.py``); how many layers were swapped (0: none).
+
+        ``half``: float16 weights (``kernels.HalfLinear``) where the build has FBGEMM. The
+        head only drafts, so rounding its weights changes at most which tokens are
+        proposed, never what is committed; it halves the bytes a draft step reads.
+        Otherwise oneDNN's packed float32 kernels.
+        """
         from . import kernels
-        swapped = kernels.pack_linears(self)
+        use_half = half and self.dtype == torch.float32 and self.device.type == "cpu" and kernels.half_available()
+        swapped = kernels.half_linears(self) if use_half else kernels.pack_linears(self)
         if swapped:
             head = nn.Linear(self.config.hidden, len(self.vocab), bias=False, device="meta")
             head.weight = nn.Parameter(self.head.to(self.dtype), requires_grad=False)
             # a plain attribute, as PackedLinear.packed: a submodule would add its weight to state_dict()
-            object.__setattr__(self, "_packed_head", kernels.PackedLinear(head))
+            object.__setattr__(self, "_packed_head",
+                               kernels.HalfLinear(head) if use_half else kernels.PackedLinear(head))
+            self.kernels = "fp16-weights" if use_half else "onednn-packed"
         return swapped
 
     def _fuse(self, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

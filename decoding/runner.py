@@ -145,6 +145,8 @@ def environment(pair: ModelPair, seed: int) -> dict:
         "device": str(pair.target.device), "dtype": str(pair.target.dtype).replace("torch.", ""),
         "target": pair.target.describe(),
         "assistant": pair.assistant.describe() if pair.assistant else None,
+        "prophet": {"kernels": pair.prophet.kernels, "dtype": str(pair.prophet.dtype).replace("torch.", "")}
+        if pair.prophet is not None else None,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -300,7 +302,7 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
             hook = HookTracer(on_tokens=(lambda n, i=index, s=strategy.name: on_progress(i, s, n))
                               if on_progress else None,
                               should_stop=should_stop, deadline=deadline, record=trace or live is not None)
-        rr = RunResult(strategy.name, strategy.label or strategy.name, params_to_dict(params), [],
+        rr = RunResult(strategy.name, strategy.label or strategy.name, shown_params(params, pair), [],
                        0.0, 0, lossless=strategy.lossless and not getattr(params, "temperature", 0),
                        reference=is_ref)
         if warmup:   # 1. warm this strategy up (once per process), untimed
@@ -329,6 +331,15 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         if r.matches_greedy is False:
             _explain_divergence(r, results, prompt_ids, pair, max_new_tokens, context)
     return results
+
+
+def shown_params(params: Any, pair: ModelPair) -> dict:
+    """The parameters as the run uses them: a tree's 0 (= the device's default shape) resolved to its numbers."""
+    values = params_to_dict(params)
+    if values.get("tree") and "tree_topk" in values and "tree_nodes" in values:
+        from .drafting.dynamic import tree_shape
+        values["tree_topk"], values["tree_nodes"] = tree_shape(params, pair.target.device)
+    return values
 
 
 def _timed_run(rr: RunResult, strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair,

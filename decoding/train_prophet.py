@@ -59,6 +59,36 @@ TOPICS = [
     "the ocean", "artificial intelligence", "healthy eating", "the solar system", "electricity",
     "friendship", "remote work", "cats", "dogs", "mountains", "rivers", "the brain", "money",
     "democracy", "the weather", "music theory", "video games", "meditation", "running", "cities",
+    # a wider second set (more data for a GPU run: every template x topic pair is a prompt)
+    "tides", "rainbows", "lightning", "glaciers", "deserts", "coral reefs", "penguins", "whales", "ants",
+    "butterflies", "wolves", "elephants", "octopuses", "bacteria", "viruses", "antibiotics", "the kidneys",
+    "the lungs", "muscles", "bones", "vitamins", "caffeine", "sugar", "exercise", "stress", "memory",
+    "dreams", "emotions", "habits", "motivation", "happiness", "creativity", "curiosity", "kindness",
+    "the Industrial Revolution", "ancient Egypt", "the Vikings", "the Renaissance", "the Cold War",
+    "the Silk Road", "the Aztecs", "medieval castles", "the Titanic", "the Wright brothers",
+    "the telephone", "the steam engine", "the light bulb", "photography", "cinema", "radio", "television",
+    "smartphones", "computers", "robots", "self-driving cars", "drones", "3D printing", "virtual reality",
+    "cloud computing", "cybersecurity", "passwords", "encryption", "open source software", "databases",
+    "programming", "algorithms", "the binary number system", "prime numbers", "fractions", "geometry",
+    "probability", "statistics", "algebra", "calculus", "infinity", "the number zero", "maps", "compasses",
+    "airplanes", "trains", "bicycles", "ships", "rockets", "satellites", "Mars", "Jupiter", "the sun",
+    "stars", "galaxies", "the Big Bang", "comets", "eclipses", "the seasons", "wind power", "nuclear energy",
+    "batteries", "magnets", "light", "sound", "heat", "friction", "atoms", "molecules", "chemical reactions",
+    "acids and bases", "water", "salt", "plastic", "glass", "steel", "paper", "cotton", "wool", "chocolate",
+    "cheese", "rice", "pasta", "tea", "spices", "fermentation", "vegetarian cooking", "farming", "soil",
+    "trees", "flowers", "mushrooms", "cactus plants", "forests", "wetlands", "islands", "caves", "lakes",
+    "pollution", "plastic waste", "composting", "water saving", "architecture", "bridges", "skyscrapers",
+    "museums", "libraries", "schools", "universities", "homework", "exams", "reading", "writing poetry",
+    "storytelling", "mythology", "fairy tales", "comics", "painting", "sculpture", "dance", "theatre",
+    "opera", "the piano", "the violin", "drums", "rock music", "classical music", "hip hop", "podcasts",
+    "journalism", "advertising", "marketing", "small businesses", "startups", "taxes", "inflation",
+    "banks", "credit cards", "budgeting", "saving for retirement", "insurance", "renting an apartment",
+    "moving house", "job interviews", "teamwork", "leadership", "negotiation", "email etiquette",
+    "volunteering", "charity", "elections", "the United Nations", "human rights", "laws", "courts",
+    "football", "basketball", "tennis", "swimming", "cycling", "yoga", "hiking", "camping", "fishing",
+    "birdwatching", "photography for beginners", "travel", "airports", "hotels", "festivals", "holidays",
+    "birthdays", "weddings", "pets", "horses", "parrots", "goldfish", "hamsters", "first aid",
+    "the common cold", "allergies", "hand washing", "dentists", "eyesight", "hearing", "posture",
 ]
 CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "computes the factorial of n",
@@ -68,14 +98,38 @@ CODE_TASKS = [
     "converts Celsius to Fahrenheit", "reads a file and counts its lines", "finds the GCD of two numbers",
     "flattens a nested list", "counts word frequencies in a text", "implements binary search",
     "validates an email address", "computes the sum of the digits of a number", "transposes a matrix",
+    "checks whether two strings are anagrams", "counts the words in a sentence",
+    "finds the second largest number in a list", "converts a decimal number to binary",
+    "checks whether a year is a leap year", "capitalizes the first letter of every word",
+    "returns the intersection of two lists", "computes the power of a number without a library",
+    "finds the most common element in a list", "splits a list into chunks of size n",
+    "reverses the words in a sentence", "removes whitespace from both ends of a string",
+    "checks whether a list is sorted", "rotates a list by k positions", "generates a random password",
+    "computes the median of a list", "parses a date string", "counts the occurrences of a character",
+    "builds a dictionary from two lists", "sums the even numbers in a list", "finds all divisors of a number",
+    "implements a stack", "implements a queue", "computes the area of a circle", "checks for balanced brackets",
+    "converts a string to title case", "finds the longest word in a sentence", "multiplies two matrices",
+    "implements bubble sort", "computes the least common multiple of two numbers",
 ]
-LANGS = ["Python", "JavaScript", "C", "Java", "Rust", "Go", "SQL", "Bash"]
-TARGET_LANGS = ["French", "Spanish", "German", "Italian", "Portuguese"]
+LANGS = ["Python", "JavaScript", "C", "Java", "Rust", "Go", "SQL", "Bash",
+    "TypeScript", "C++", "Ruby", "Kotlin", "Swift", "PHP",
+]
+TARGET_LANGS = ["French", "Spanish", "German", "Italian", "Portuguese",
+    "Dutch", "Swedish", "Polish",
+]
 SENTENCES = [
     "The weather is nice today.", "I would like a cup of tea, please.", "Where is the train station?",
     "My brother plays the guitar every evening.", "We are going to the beach tomorrow.",
     "This book is very interesting.", "Can you help me with my homework?", "The cat is sleeping on the sofa.",
     "I have been learning to cook this year.", "The museum opens at nine o'clock.",
+    "The children are playing in the garden.", "I forgot my umbrella at home.",
+    "How much does this jacket cost?", "She works at a hospital near the river.",
+    "Please close the window, it is cold.", "Our neighbours have a new puppy.",
+    "I usually drink coffee in the morning.", "The shop closes at six in the evening.",
+    "We watched a film last night.", "Could you speak more slowly, please?",
+    "My favourite season is autumn.", "The bus was late again this morning.",
+    "I need to buy bread and milk.", "They are planning a trip to the mountains.",
+    "Thank you for your help yesterday.",
 ]
 PASSAGES = [
     "The city council met on Tuesday to discuss the new park. Residents asked for more trees, a playground "
@@ -88,30 +142,67 @@ PASSAGES = [
     "and loss of habitat, and farmers are trying new ways to protect them.",
     "The library will close for two weeks in August for repairs. During that time, books can be returned "
     "at the community centre, and the online catalogue will stay open.",
+    "A local bakery started giving its unsold bread to a food bank every evening. In six months it donated "
+    "more than two thousand loaves, and two other shops in the street have now joined the scheme.",
+    "Engineers tested a new kind of road surface that stays cooler in summer. Early results show the "
+    "surface is up to ten degrees cooler than normal asphalt, but it costs about twice as much to lay.",
+    "The school changed its timetable so that classes start an hour later. Teachers report that students "
+    "are more awake in the morning, and attendance in the first lesson has improved.",
+    "A small town replaced its street lights with LED lamps. The town now spends forty percent less on "
+    "electricity for lighting, and residents say the streets feel safer at night.",
+    "Scientists tracked a group of sea turtles with satellite tags. The turtles swam thousands of "
+    "kilometres between their feeding grounds and the beaches where they were born.",
 ]
 # everyday requests: advice, recommendations, comparisons, short messages (the chat style users type)
 SKILLS = ["cooking", "drawing", "writing", "running", "saving money", "studying", "focusing at work",
           "public speaking", "playing the piano", "taking photos", "keeping plants alive", "waking up early",
-          "staying calm", "making friends in a new city", "learning to swim", "organizing my desk"]
+          "staying calm", "making friends in a new city", "learning to swim", "organizing my desk",
+    "cooking rice", "typing faster", "reading more books", "sleeping better", "drinking more water",
+    "learning chess", "speaking French", "budgeting", "writing emails", "painting with watercolours",
+    "doing push-ups", "remembering names", "meditating", "baking bread", "managing stress", "cycling to work",
+    "keeping a journal", "negotiating a salary", "learning to code", "eating less sugar",
+]
 OCCASIONS = ["a weekend camping trip", "a beach holiday", "a job interview", "a birthday party", "a long flight",
              "a winter city break", "a picnic", "a first day at a new job", "a rainy Sunday", "a family dinner",
-             "a road trip", "a wedding", "a ski trip", "a museum visit"]
+             "a road trip", "a wedding", "a ski trip", "a museum visit",
+    "a hiking day", "a school trip", "a baby shower", "a housewarming party", "a business trip",
+    "a music festival", "a day at the zoo", "a train journey", "a sleepover", "a garden party",
+]
 PAIRS = [("a virus", "a bacterium"), ("a lake", "a pond"), ("tea", "coffee"), ("a town", "a city"),
          ("speed", "velocity"), ("a comet", "an asteroid"), ("baking soda", "baking powder"),
          ("a crocodile", "an alligator"), ("a list", "a tuple"), ("RAM", "storage"), ("a loan", "a gift"),
-         ("a hurricane", "a tornado"), ("a fruit", "a vegetable"), ("renting", "buying a home")]
+         ("a hurricane", "a tornado"), ("a fruit", "a vegetable"), ("renting", "buying a home"),
+    ("weather", "climate"), ("a cold", "the flu"), ("a rabbit", "a hare"), ("a moth", "a butterfly"),
+    ("a sea", "an ocean"), ("a frog", "a toad"), ("latitude", "longitude"), ("an alligator", "a caiman"),
+    ("a debit card", "a credit card"), ("a meteor", "a meteorite"), ("a violin", "a viola"),
+    ("affect", "effect"), ("a hill", "a mountain"), ("a laptop", "a tablet"), ("jam", "jelly"),
+    ("a poem", "a song"),
+]
 BUSINESSES = ["a coffee shop by the sea", "a bike repair shop", "a bookshop for children", "a vegan food truck",
               "a dog-walking service", "a pottery studio", "a tea room", "a small gym", "a flower stall",
-              "an ice cream parlour", "a podcast about history", "a board game cafe"]
+              "an ice cream parlour", "a podcast about history", "a board game cafe",
+    "a bakery in a small village", "a bicycle rental shop", "a language school", "a plant shop",
+    "a second-hand clothes shop", "a pet grooming salon", "a cooking class", "a cleaning service",
+]
 ANIMAL_FACTS = ["dogs wag their tails", "birds sing in the morning", "fish swim in schools", "bees dance",
                 "owls hunt at night", "cows lie down before rain", "dolphins sleep", "squirrels bury nuts",
-                "frogs croak", "horses sleep standing up", "geese fly in a V shape", "zebras have stripes"]
+                "frogs croak", "horses sleep standing up", "geese fly in a V shape", "zebras have stripes",
+    "cats purr", "leaves change colour in autumn", "camels have humps", "giraffes have long necks",
+    "bats hang upside down", "salmon swim upstream", "chameleons change colour", "penguins cannot fly",
+]
 SOCIAL = ["say no to extra work", "ask my neighbour to turn down the music", "thank a colleague for help",
           "apologize for being late", "remind a friend about money they owe me", "ask for a day off",
           "congratulate a friend on a new job", "end a long phone call", "invite coworkers to lunch",
-          "tell a guest the party is over", "ask a teacher for more time on homework"]
+          "tell a guest the party is over", "ask a teacher for more time on homework",
+    "ask my boss for feedback", "decline a wedding invitation", "tell a friend I need some space",
+    "ask a shop for a refund", "welcome a new colleague", "ask my landlord to fix the heating",
+    "say goodbye to my team", "cancel a dinner with friends", "ask for a discount", "introduce myself to a neighbour",
+]
 MEALS = ["a quick breakfast", "a cheap lunch", "a vegetarian dinner", "a healthy snack", "a dessert without sugar",
-         "a meal for a cold evening", "something with rice and eggs", "a lunch I can take to work"]
+         "a meal for a cold evening", "something with rice and eggs", "a lunch I can take to work",
+    "a soup for a rainy day", "a breakfast without eggs", "a salad that is filling", "a snack for a long hike",
+    "a dinner for two", "a meal with lentils", "a dish for a potluck", "a meal I can cook in ten minutes",
+]
 LIMITS = ["", " Keep it short.", " Answer in one sentence.", " Use three bullet points.", " Be brief.",
           " Answer in two sentences.", " Explain it simply."]
 
@@ -127,35 +218,49 @@ TEMPLATES = {
     "message": ["Give me a polite way to {so}.{lim}", "How do I {so} without being rude?{lim}",
                 "Write a short message to {so}.", "Help me {so}.{lim}"],
     "explain": ["Explain {t} in simple terms.", "What is {t}?", "How does {t} work?",
+                "What should a beginner know about {t}?{lim}", "Describe {t} in a few sentences.",
+                "What is the history of {t}?{lim}", "Why do people care about {t}?{lim}",
                 "Can you tell me about {t}?", "Why is {t} important?", "Give me a short overview of {t}.",
                 "Explain {t} to a ten-year-old.", "What are the main facts about {t}?"],
     "list": ["List five interesting facts about {t}.", "Give me three tips about {t}.",
+             "What are three things everyone should know about {t}?", "List some questions to ask about {t}.",
              "What are the pros and cons of {t}?", "Name some common misconceptions about {t}.",
              "List the key ideas someone should know about {t}."],
     "write": ["Write a short poem about {t}.", "Write a short story involving {t}.",
               "Write a paragraph describing {t}.", "Write a haiku about {t}.",
               "Write a tweet about {t}.", "Write an email to a friend about {t}."],
     "chat": ["Hi! Can you help me learn about {t}?", "I'm curious about {t}. Where should I start?",
+             "Can you explain {t} to me?{lim}", "What is the most important thing about {t}?{lim}",
+             "My friend told me about {t}. What is it?{lim}",
              "What do you think about {t}?", "Tell me something surprising about {t}.",
              "I have a test on {t} tomorrow. Any advice?"],
     "code": ["Write a {l} function that {c}.", "How do I write code in {l} that {c}?",
+             "Give me {l} code that {c}.",
              "Show me a {l} program that {c}, with comments.", "Write a {l} snippet that {c} and explain it."],
     "math": ["What is {a} + {b}?", "What is {a} times {b}?", "Solve for x: {a}x + {b} = {c2}.",
              "If a train travels {a} km in {b} hours, what is its average speed?",
              "What is {a} percent of {b}?", "Is {a} a prime number? Explain.",
              "A shop sells apples for {b} cents each. How much do {a} apples cost?"],
-    "translate": ["Translate into {tl}: {s}", "How do you say \"{s}\" in {tl}?"],
+    "translate": ["Translate into {tl}: {s}", "How do you say \"{s}\" in {tl}?", "Translate to {tl}: {s}"],
     "summarize": ["Summarize this text in one sentence: {p}", "Give the main point of this passage: {p}",
                   "Summarize: {p}"],
 }
 
 
+# the most of the prompts one kind may take: math's templates have numbers, so without a cap a large
+# request would be mostly arithmetic once the other kinds run out of distinct prompts
+KIND_SHARE = {"math": 0.12}
+
+
 def build_prompts(n: int, seed: int = 0, exclude: frozenset = frozenset()) -> list[str]:
-    """``n`` distinct prompts drawn round-robin over the task kinds (deterministic for a seed)."""
+    """Up to ``n`` distinct prompts drawn round-robin over the task kinds (deterministic for a seed);
+    fewer when the templates run out of distinct prompts."""
     rng = random.Random(seed)
     kinds = list(TEMPLATES)
     seen: set[str] = set()
     out: list[str] = []
+    taken = dict.fromkeys(kinds, 0)
+    cap = {kind: max(1, math.ceil(KIND_SHARE.get(kind, 1.0) * n)) for kind in kinds}
     for i in itertools.count():
         if len(out) >= n or i > 50 * n + 1000:
             break
@@ -167,9 +272,10 @@ def build_prompts(n: int, seed: int = 0, exclude: frozenset = frozenset()) -> li
                           h=rng.choice(SKILLS), o=rng.choice(OCCASIONS), bz=rng.choice(BUSINESSES),
                           af=rng.choice(ANIMAL_FACTS), so=rng.choice(SOCIAL), m=rng.choice(MEALS),
                           lim=rng.choice(LIMITS), **dict(zip("xy", rng.choice(PAIRS))))
-        if text not in seen and text not in exclude:
+        if text not in seen and text not in exclude and taken[kind] < cap[kind]:
             seen.add(text)
             out.append(text)
+            taken[kind] += 1
     return out
 
 
@@ -340,6 +446,16 @@ def evaluate(prophet: Prophet, data: Answers, batch: int = 16) -> dict:
     return {"top1": [round(x, 4) for x in top1], "accept_chain": [round(x, 4) for x in accept], "alpha": alpha}
 
 
+def lr_factor(step: int, steps: int, time_used: float, start_step: int = 0) -> float:
+    """Warm-up over 50 steps, then cosine from 1 to 0.1 over the run's progress: the step count or the share
+    of the ``--train-minutes`` budget used, whichever is further along (on a fast device the time cap
+    may end the run long before ``--steps``, and the rate should still have decayed by then). A resumed
+    run's time share counts from its own start, on top of the steps already done."""
+    warm = min(1.0, (step + 1) / 50)
+    done = max(step / steps, start_step / steps + (1 - start_step / steps) * time_used) if steps else 1.0
+    return warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+
+
 def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Namespace,
           out_dir: Path, start_step: int = 0, optim_state: Optional[dict] = None) -> dict:
     from tqdm import tqdm
@@ -347,19 +463,21 @@ def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Na
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     if optim_state:
         opt.load_state_dict(optim_state)
-    sched = lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
+    bf16 = bf16_is_native(prophet.device) if args.bf16 is None else bool(args.bf16)
+    t_begin = time.time()
+    deadline = t_begin + args.train_minutes * 60
     gen = torch.Generator().manual_seed(args.seed + start_step)
-    deadline = time.time() + args.train_minutes * 60
     log = {}
     bar = tqdm(range(start_step, args.steps), desc="prophet training", unit="step", initial=start_step,
                total=args.steps)
     step = start_step
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = args.lr * sched(step)
+            group["lr"] = args.lr * lr_factor(step, args.steps, (time.time() - t_begin) / (args.train_minutes * 60),
+                                              start_step)
         idx = torch.randint(len(train_set), (args.batch,), generator=gen)
         hidden, tokens = (t.to(prophet.device) for t in train_set.batch(idx))
-        with torch.autocast(prophet.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(prophet.device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, correct, counted = unrolled_loss(prophet, hidden, tokens, train_set.depth, args.kl, args.feat)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -394,6 +512,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from --out-dir/checkpoint.pt")
     p.add_argument("--export", type=Path, default=None, help="write the shipped fp16 safetensors here")
     p.add_argument("--prompts", type=int, default=2000, help="training prompts to generate for")
+    p.add_argument("--prompt-offset", type=int, default=0,
+                   help="skip this many prompts of the deterministic sequence first (fresh prompts for a second "
+                        "round of data after an earlier run used the first ones)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a shipped prophet weights file (its config, draft vocabulary and weights) "
+                        "instead of the target's last layers: continue training an exported head on new data")
     p.add_argument("--gen-batch", type=int, default=32)
     p.add_argument("--max-new", type=int, default=96)
     p.add_argument("--gen-minutes", type=float, default=60.0, help="stop generating data after this long")
@@ -410,14 +534,44 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--train-minutes", type=float, default=60.0)
     p.add_argument("--batch", type=int, default=8, help="answers per step (every position of each is an anchor)")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                   help="bfloat16 autocast for the training steps (weights and evaluation stay float32)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bfloat16 autocast for the training steps (weights and evaluation stay float32); "
+                        "default: on where bfloat16 matrix products are native (a CUDA GPU with bfloat16, a "
+                        "CPU with AVX-512 BF16 or AMX), off elsewhere: on an AVX2-only CPU they fall back to "
+                        "a slow reference GEMM (measured: about 40x slower per step)")
     p.add_argument("--kl", type=float, default=0.5, help="weight of KL to the target's draft-vocab distribution")
     p.add_argument("--feat", type=float, default=1.0, help="weight of the feature regression")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction of responses held out")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
+
+
+def bf16_is_native(device: torch.device) -> bool:
+    """Whether bfloat16 matrix products run on native kernels on ``device`` (the ``--bf16`` default)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
+def initial_checkpoint(path: Path, lm: Any) -> dict:
+    """A shipped weights file as a step-0 checkpoint (no optimizer state): ``--init-from``."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    if not Path(path).is_file():
+        raise SystemExit(f"--init-from {path}: no such file")
+    with safe_open(str(path), framework="pt") as fh:
+        config = json.loads(fh.metadata()["config"])
+    if config.get("hidden") != lm.model.config.hidden_size or config.get("target_vocab") != lm.vocab_size:
+        raise SystemExit(f"--init-from {path}: trained for {config.get('target')!r}, not {lm.name!r}")
+    tensors = load_file(str(path))
+    vocab = tensors.pop("draft_vocab")
+    return {"step": 0, "model": {k: v.float() for k, v in tensors.items()}, "config": config, "vocab": vocab}
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -428,10 +582,16 @@ def main(argv: Optional[list[str]] = None) -> dict:
     torch.manual_seed(args.seed)
     t_start = time.time()
     lm = load_model(args.target, device=args.device, dtype=torch.float32)
+    if args.bf16 is None:
+        args.bf16 = bf16_is_native(lm.device)
+    print(f"training under {'bfloat16 autocast' if args.bf16 else 'float32'} on {lm.device}")
     data_dir = args.data_dir or default_data_dir(args.target)
     # 1-2. prompts and the target's greedy responses with hidden states
     if not args.skip_data:
-        prompts = build_prompts(args.prompts, seed=args.seed)
+        if args.prompts < 1 or args.prompt_offset < 0:
+            raise SystemExit(f"--prompts must be >= 1 and --prompt-offset >= 0; got {args.prompts}, "
+                             f"{args.prompt_offset}")
+        prompts = build_prompts(args.prompt_offset + args.prompts, seed=args.seed)[args.prompt_offset:]
         generate_data(lm, prompts, data_dir, batch=args.gen_batch, max_new=args.max_new, minutes=args.gen_minutes)
     t_data = time.time() - t_start
     records = load_records(data_dir)
@@ -448,6 +608,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out_dir / "checkpoint.pt"
     ckpt = torch.load(ckpt_path) if args.resume and ckpt_path.is_file() else None
+    if ckpt and args.init_from:
+        raise SystemExit("--resume and --init-from both name a starting point; pick one")
+    if args.init_from:
+        ckpt = initial_checkpoint(args.init_from, lm)
     if ckpt:
         config = ProphetConfig(**ckpt["config"])
         vocab = ckpt["vocab"]
@@ -464,12 +628,14 @@ def main(argv: Optional[list[str]] = None) -> dict:
     print(f"prophet: {prophet.num_trainable()} trainable parameters, draft vocab {len(vocab)} "
           f"(held-out token coverage {coverage:.3f})")
     t0 = time.time()
+    if args.init_from:
+        print(f"starting from {args.init_from}: held-out {json.dumps(evaluate(prophet, Answers(held, args.depth)))}")
     log = train(prophet, Answers(train_records, args.depth), Answers(held, args.depth), args, args.out_dir,
-                start_step=ckpt["step"] if ckpt else 0, optim_state=ckpt["optim"] if ckpt else None)
+                start_step=ckpt["step"] if ckpt else 0, optim_state=ckpt.get("optim") if ckpt else None)
     summary = {"target": args.target, "train_responses": len(train_records), "train_tokens": n_tokens,
                "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),
                "data_seconds": round(t_data), "train_seconds": round(time.time() - t0), **log,
-               "device": str(lm.device), "threads": torch.get_num_threads()}
+               "device": str(lm.device), "threads": torch.get_num_threads(), "bf16": bool(args.bf16)}
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
     if args.export:

@@ -168,3 +168,24 @@ def test_the_environment_names_the_cpu_and_the_kernel_of_each_bucket():
     assert [b["kernel"] for b in env["target"]["kernel_buckets"]] == ["default"] * 2 + ["onednn-packed"] * 4
     assert env["target"]["kernel_choice"]["source"] == "measured"
     json.dumps(env)
+
+
+def test_the_shared_folder_keeps_only_the_newest_decisions(tmp_path):
+    """Local directories and Hub models each get a file in the shared folder: it must stay bounded."""
+    import os
+    from decoding.kernel_choice import SHARED_FILES, cache_file
+    shared = cache_file(tmp_path / "models", "/some/local/dir", converted=False).parent
+    shared.mkdir(parents=True)
+    for i in range(SHARED_FILES + 5):                      # older files first
+        f = shared / f"old-{i:03d}.json"
+        f.write_text("{}")
+        os.utime(f, (1_000_000 + i, 1_000_000 + i))
+    path = cache_file(tmp_path / "models", "/one/more/dir", converted=False)
+    configure(tiny_causal("llama").model, "auto", name="/one/more/dir", file=path, timer=FakeTimer())
+    left = sorted(p.name for p in shared.glob("*.json"))
+    assert len(left) == SHARED_FILES and path.name in left           # the new decision is kept
+    assert "old-000.json" not in left and f"old-{SHARED_FILES + 4:03d}.json" in left   # the oldest went
+    # a converted model's own kernels.json is never pruned by the shared rule
+    own = cache_file(tmp_path / "models", "bundled", converted=True)
+    configure(tiny_causal("llama").model, "auto", name="bundled", file=own, timer=FakeTimer())
+    assert own.is_file() and len(list(shared.glob("*.json"))) == SHARED_FILES

@@ -177,3 +177,52 @@ def test_bundled_model_on_each_kernel_setting():
     for got in (a, c):
         assert torch.allclose(got, b, rtol=1e-3, atol=1e-3)
         assert torch.equal(got.argmax(-1), b.argmax(-1))
+
+
+# --------------------------------------------------------------------------- float16 draft weights
+
+half = pytest.mark.skipif(not kernels.half_available(), reason="this PyTorch build has no FBGEMM fp16 linear")
+
+
+@half
+def test_half_linear_reads_float16_weights_and_keeps_the_float32_parameters():
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 40)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    fast = kernels.HalfLinear(layer)
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        got = fast(x)
+        want = nn.functional.linear(x, layer.weight, layer.bias)
+        rounded = nn.functional.linear(x, layer.weight.half().float(), layer.bias)
+    assert got.shape == (2, 3, 40) and got.dtype == torch.float32
+    # the weights really are read as float16: the result is the rounded weights', not the float32 ones'
+    assert torch.allclose(got, rounded, atol=1e-4) and not torch.equal(got, want)
+    assert (got - want).abs().max() < 1e-2
+    assert set(fast.state_dict()) == set(state) and all(torch.equal(fast.state_dict()[k], v) for k, v in state.items())
+    xg = torch.randn(3, 64, requires_grad=True)          # training through it: F.linear with autograd
+    fast(xg).sum().backward()
+    assert xg.grad is not None
+
+
+@half
+def test_a_prophet_on_float16_weights_drafts_close_to_float32_and_stays_lossless():
+    """A draft head may round its weights (it never decides what is committed): the drafts may move,
+    the output may not."""
+    import copy
+    lm = tiny_causal("llama", seed=0, scale=8.0)
+    head = random_prophet(lm)
+    fp32 = copy.deepcopy(head).eval()
+    assert head.eval().pack() > 0 and head.kernels == "fp16-weights"
+    assert sum(isinstance(m, kernels.HalfLinear) for m in head.modules()) >= 7
+    feats = torch.randn(5, lm.model.config.hidden_size)
+    with torch.no_grad():
+        a, b = head.draft_logits(feats), fp32.draft_logits(feats)
+    assert (a - b).abs().max() < 2e-2 * float(b.abs().max()) and not torch.equal(a, b)
+    ids = prompt(12)
+    want = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=16).token_ids
+    for tree in (False, True):
+        got = prophet(ids, ModelPair(lm, prophet=head), ProphetParams(tree=tree), max_new_tokens=16)
+        assert got.token_ids == want
+    from decoding.runner import environment
+    assert environment(ModelPair(lm, prophet=head), 0)["prophet"] == {"kernels": "fp16-weights", "dtype": "float32"}

@@ -263,12 +263,63 @@ def test_training_command_smoke(tmp_path, keep_threads):
                     "--depth", "2", "--vocab", "64", "--held-out", "0.34", "--threads", "1",
                     "--export", str(tmp_path / "w" / "p.safetensors")])
     assert summary["steps_done"] == 2 and summary["train_tokens"] > 0
+    from decoding.train_prophet import bf16_is_native
+    assert summary["bf16"] is bf16_is_native(torch.device("cpu"))   # default: only where bf16 GEMMs are native
     assert set(summary["alpha"]) == {1, 2} and len(summary["top1"]) == 2
     assert (out / "checkpoint.pt").is_file() and (tmp_path / "w" / "p.safetensors").is_file()
     resumed = main(["--data-dir", str(tmp_path / "data"), "--out-dir", str(out), "--skip-data", "--resume",
                     "--steps", "3", "--batch", "4", "--eval-every", "1", "--depth", "2", "--held-out", "0.34",
                     "--threads", "1"])
     assert resumed["steps_done"] == 3
+
+
+def test_bf16_autocast_is_on_by_default_only_where_it_is_native(monkeypatch):
+    """On an AVX2-only CPU a bfloat16 GEMM falls back to a reference loop (a training step took 13.8 s
+    instead of 0.4 s): the default follows the hardware, an explicit flag wins."""
+    from decoding import train_prophet
+    assert train_prophet.parse_args([]).bf16 is None
+    assert train_prophet.parse_args(["--bf16"]).bf16 is True and train_prophet.parse_args(["--no-bf16"]).bf16 is False
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
+    assert train_prophet.bf16_is_native(torch.device("cpu")) is False
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
+    assert train_prophet.bf16_is_native(torch.device("cpu")) is True
+
+
+def test_training_continues_a_shipped_head_on_fresh_prompts(tmp_path, keep_threads, monkeypatch):
+    """--init-from starts from an exported head (its weights, config and draft vocabulary, not the
+    target's layers or a vocabulary rebuilt from the new data); --prompt-offset skips the prompts an
+    earlier round used."""
+    from safetensors.torch import load_file
+    from decoding import train_prophet
+    from decoding.models import load_model
+    first = tmp_path / "w" / "p.safetensors"
+    common = ["--out-dir", str(tmp_path / "out"), "--gen-batch", "3", "--max-new", "6", "--batch", "4",
+              "--eval-every", "1", "--depth", "2", "--held-out", "0.34", "--threads", "1"]
+    train_prophet.main(["--data-dir", str(tmp_path / "d1"), "--prompts", "3", "--steps", "1", "--vocab", "64",
+                        "--export", str(first)] + common)
+    shipped = load_file(str(first))
+    ckpt = train_prophet.initial_checkpoint(first, load_model(train_prophet.parse_args([]).target))
+    assert torch.equal(ckpt["vocab"], shipped["draft_vocab"]) and ckpt["step"] == 0
+    assert all(torch.equal(v, shipped[k].float()) for k, v in ckpt["model"].items())
+
+    seen: list[list[str]] = []
+    real = train_prophet.generate_data
+    monkeypatch.setattr(train_prophet, "generate_data", lambda lm, prompts, *a, **k: (seen.append(prompts),
+                                                                                       real(lm, prompts, *a, **k)))
+    second = tmp_path / "w2" / "p.safetensors"
+    train_prophet.main(["--data-dir", str(tmp_path / "d2"), "--prompts", "3", "--prompt-offset", "3",
+                        "--steps", "1", "--init-from", str(first), "--export", str(second)] + common)
+    assert seen == [train_prophet.build_prompts(6)[3:]]
+    assert set(seen[0]).isdisjoint(train_prophet.build_prompts(3))
+    again = load_file(str(second))
+    assert torch.equal(again["draft_vocab"], shipped["draft_vocab"])        # kept, not rebuilt (default 4096)
+    assert any(not torch.equal(again[k], shipped[k]) for k in shipped if k != "draft_vocab")   # it trained
+    with pytest.raises(SystemExit, match="pick one"):
+        train_prophet.main(["--data-dir", str(tmp_path / "d2"), "--skip-data", "--resume", "--steps", "2",
+                            "--init-from", str(first)] + common)
+    with pytest.raises(SystemExit, match="no such file"):
+        train_prophet.main(["--data-dir", str(tmp_path / "d2"), "--skip-data", "--steps", "2",
+                            "--init-from", str(tmp_path / "missing.safetensors")] + common)
 
 
 def test_training_prompts_never_include_the_benchmark_prompts():

@@ -209,3 +209,15 @@ def test_live_exposes_tokens_before_the_run_ends(pair, monkeypatch):
         assert all(str(t) in running["vocab"] for t in running["token_ids"])
     end = live.snapshot()
     assert end["running"] is None and [r["strategy"] for r in end["done"]] == ["greedy", "paused"]
+
+
+def test_the_shown_tree_shape_is_the_one_the_run_used():
+    """A tree's 0 means "the device's default shape": the column shows the numbers, not the 0."""
+    from decoding.drafting.dynamic import TREE_DEFAULTS
+    pair = ModelPair(tiny_causal("llama", seed=0, scale=8.0), tiny_causal("llama", seed=1, scale=8.0))
+    runs = [("speculative", {"tree": True}), ("speculative", {"tree": True, "tree_topk": 3, "tree_nodes": 5}),
+            ("speculative", {"tree": False})]
+    results = run_comparison(prompt(8), pair, runs, max_new_tokens=6, seed=0)
+    shapes = [(r.params.get("tree_topk"), r.params.get("tree_nodes")) for r in results[1:]]
+    assert shapes == [TREE_DEFAULTS["cpu"], (3, 5), (0, 0)]
+    assert all(r.matches_greedy for r in results[1:])
