@@ -184,7 +184,9 @@ def test_save_and_load_round_trip(tmp_path):
     tok = torch.tensor([[3, 4, 7, 8, 9], [5, 6, 1, 2, 3]])
     a, _ = head.forward_train(h, tok, 3)
     b, _ = again.forward_train(h, tok, 3)
-    assert torch.allclose(a, b, atol=0.05)      # fp16 storage (and fp16 draft weights on the CPU)
+    # fp16 storage, and fp16 draft weights on the CPU: rounding compounds over the unrolled steps, but stays
+    # far below what a wrong or shuffled weight gives (differences of the logits' own size, ~0.5)
+    assert (a - b).abs().mean() < 0.01 and (a - b).abs().max() < 0.15
 
 
 @pytest.mark.parametrize("context", [True, False])
