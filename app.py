@@ -96,10 +96,38 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
 
 
 # --------------------------------------------------------------------------- layout
+class SnapshotSet(set):
+    """A set whose iteration walks a copy taken under the GIL.
+
+    Gradio's cache cleaner (``delete_cache``) iterates each component's set of cached files in a worker thread
+    while requests add to it. One "Set changed size during iteration" ends its cleanup loop for the life of the
+    server, and the cache then grows without bound: CI saw 33 copies left where 8 were allowed."""
+
+    def __iter__(self):
+        return iter(set.copy(self))
+
+
 class Playground(gr.Blocks):
-    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise."""
+    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise, and makes the sets
+    of cached files safe for Gradio's cleaner to walk while requests add to them."""
+
+    def guard_temp_files(self) -> int:
+        """Swap every cached-file set for a :class:`SnapshotSet` (same contents, same sharing); returns how many."""
+        swapped: dict[int, SnapshotSet] = {}
+
+        def safe(files: set) -> set:
+            if isinstance(files, SnapshotSet):
+                return files
+            return swapped.setdefault(id(files), SnapshotSet(files))
+        for block in self.blocks.values():
+            if isinstance(getattr(block, "temp_files", None), set):
+                block.temp_files = safe(block.temp_files)
+        self.upload_file_set = safe(self.upload_file_set)
+        self.temp_file_sets = [safe(files) for files in self.temp_file_sets]
+        return len(swapped)
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
+        self.guard_temp_files()
         kwargs.setdefault("max_file_size", LIMITS["upload_bytes"])
         kwargs.setdefault("css", PAGE_CSS)
         app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})

@@ -268,6 +268,37 @@ def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
     assert gradio_copies <= 8
 
 
+def test_cache_cleaner_survives_files_added_while_it_walks(tmp_path, monkeypatch):
+    """CI once saw Gradio's cleaner die on "Set changed size during iteration" (a request cached a file while
+    it walked the set) and never run again. With the app's sets it finishes and removes the old files."""
+    from gradio import route_utils
+    demo = app.build_demo()
+    assert demo.guard_temp_files() > 0 and demo.guard_temp_files() == 0     # swapped once, then left alone
+    component = next(b for b in demo.blocks.values() if getattr(b, "temp_files", None) is not None)
+    assert any(files is component.temp_files for files in demo.temp_file_sets)    # still the same shared set
+    old = [tmp_path / f"old{i}.json" for i in range(4)]
+    for path in old:
+        path.write_text("{}")
+        component.temp_files.add(str(path))
+    real_remove, landed = os.remove, []
+
+    def remove_while_a_request_lands(path):          # a request caches a new file mid-walk
+        fresh = tmp_path / f"new{len(landed)}.json"
+        fresh.write_text("{}")
+        component.temp_files.add(str(fresh))
+        landed.append(str(fresh))
+        real_remove(path)
+    monkeypatch.setattr(route_utils.os, "remove", remove_while_a_request_lands)
+    route_utils.delete_files_created_by_app(demo, None)
+    assert not any(p.exists() for p in old) and len(landed) == len(old)
+    assert set(landed) <= component.temp_files and not {str(p) for p in old} & component.temp_files
+    # the control: the plain set Gradio starts with fails exactly this way
+    component.temp_files = plain = set(landed)
+    demo.temp_file_sets = [plain]
+    with pytest.raises(RuntimeError, match="changed size"):
+        route_utils.delete_files_created_by_app(demo, None)
+
+
 def test_replay_of_a_huge_imported_trace_is_bounded(app_url, tmp_path):
     from gradio_client import handle_file
     from visualize.traces import export_trace
