@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-history bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -70,6 +70,10 @@ bench-prompt-lookup: setup
 bench-suffix: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_suffix.py grounded --repeats 3 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-suffix.json
+
+# How far any copying drafter could go on the same prompts (perfect chooser; deterministic, no timing).
+bench-suffix-bound: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/suffix_bound.py --json benchmarks/results/suffix-bound.json
 
 # The grounded prompts served by one process: suffix drafts also from the other prompts' outputs (leave-one-out).
 bench-suffix-history: setup

@@ -410,3 +410,38 @@ def test_the_drafting_cost_is_counted_and_the_tree_is_built_once():
     assert drafter.ms > 0 and res.stats["cost_ratio"] > 0
     # the local tree grew by exactly the committed tokens: incremental, never rebuilt
     assert drafter.local.seq == ids + res.token_ids
+
+
+# --------------------------------------------------------------------------- the copying bound (benchmarks/suffix_bound.py)
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=2, max_size=30), st.lists(st.integers(0, 4), min_size=1, max_size=12))
+def test_copy_bounds_match_brute_force(context, coming):
+    from benchmarks.suffix_bound import copy_run, match_run
+    substrings = {tuple(context[i:j]) for i in range(len(context)) for j in range(i + 1, len(context) + 1)}
+    assert copy_run(context, coming) == max([n for n in range(len(coming) + 1)
+                                             if n == 0 or tuple(coming[:n]) in substrings])
+    follows = [context[i + 1:] for i in range(len(context) - 1) if context[i] == context[-1]]
+    best = max([n for f in follows for n in range(len(coming) + 1) if f[:n] == coming[:n]] + [0])
+    assert match_run(context, coming) == best <= copy_run(context, coming)
+
+
+def test_no_match_based_drafter_beats_the_match_bound():
+    """The bound BENCHMARKS.md quotes against issue 16's goal must hold for our drafters: prompt lookup and suffix
+    decoding (no history, any tree) need at least as many target forwards as the perfect chooser, and the wide
+    suffix tree gets close to it on repetitive text (a bound far above every drafter would prove nothing)."""
+    from benchmarks.suffix_bound import match_run, replay
+    target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
+    pair = ModelPair(target)
+    for seed in (1, 2, 3):
+        ids = prompt(7, seed) * 3
+        ref = _greedy(pair, ids, 40)
+        bound = replay(ids, ref, match_run)
+        runs = [prompt_lookup(ids, pair, PromptLookupParams(max_candidates=4), max_new_tokens=40)]
+        for nodes in (1, 12, 64):
+            params = SuffixParams(tree=nodes > 1, tree_nodes=nodes, spec_factor=16.0, min_token_prob=0.0,
+                                  history=False)
+            runs.append(suffix(ids, pair, params, max_new_tokens=40))
+        for res in runs:
+            assert res.token_ids == ref and res.target_forwards >= bound, (seed, res.target_forwards, bound)
+        assert runs[-1].target_forwards <= bound + 1, (seed, runs[-1].target_forwards, bound)
