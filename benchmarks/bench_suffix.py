@@ -57,18 +57,23 @@ def grounded(pair: ModelPair, args: argparse.Namespace) -> dict:
                method("suffix[tree=false]", "suffix", tree=False),
                bench.Method("hf_greedy", None, anchor="hf_greedy"),
                bench.Method("hf_prompt_lookup", None, anchor="hf_prompt_lookup")]
+    variants = []
+    for spec in args.suffix_variant:                  # e.g. "edit_tokens=0" or "edit_tokens=8,tree_nodes=16"
+        values = dict(item.split("=", 1) for item in spec.split(","))
+        variants.append(f"suffix[{spec}]")
+        methods.append(bench.Method(variants[-1], "suffix", get_strategy("suffix").parse(values), lossless=True))
     prompts = bench.load_prompt_set(categories=GROUNDED)[:args.turns or None]
     doc = bench.run_bench(pair, prompts, methods, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     print(bench.markdown_table(doc["summary"], "all"))
     rate = {(r["prompt"], r["method"]): r["tok_s"] for r in doc["rows"]}
-    ratios = {"suffix / prompt_lookup": [], "suffix / hf_prompt_lookup": []}
-    print("\n| prompt | suffix / prompt_lookup | suffix / hf_prompt_lookup |\n|---|---|---|")
+    columns = [(m, base) for m in ["suffix", *variants] for base in ("prompt_lookup", "hf_prompt_lookup")]
+    ratios = {f"{m} / {base}": [] for m, base in columns}
+    print("\n| prompt | " + " | ".join(ratios) + " |\n|---|" + "---|" * len(ratios))
     for _, text in prompts:
         key = text[:80]
-        a, b = rate[(key, "suffix")] / rate[(key, "prompt_lookup")], rate[(key, "suffix")] / rate[(key, "hf_prompt_lookup")]
-        ratios["suffix / prompt_lookup"].append(a)
-        ratios["suffix / hf_prompt_lookup"].append(b)
-        print(f"| {key[:40]!r} | {a:.3f} | {b:.3f} |")
+        for m, base in columns:
+            ratios[f"{m} / {base}"].append(rate[(key, m)] / rate[(key, base)])
+        print(f"| {key[:40]!r} | " + " | ".join(f"{v[-1]:.3f}" for v in ratios.values()) + " |")
     doc["ratios"] = {k: {"per_prompt": v, "median": statistics.median(v)} for k, v in ratios.items()}
     for k, v in doc["ratios"].items():
         print(f"median over prompts, {k}: {v['median']:.3f}")
@@ -226,6 +231,8 @@ def main() -> None:
     ap.add_argument("--sessions", default=str(ROOT / "presets" / "multiturn.yaml"))
     ap.add_argument("--compare-min-match", type=int, nargs="*", default=[],
                     help="grounded-history: also run suffix warm with these history_min_match values")
+    ap.add_argument("--suffix-variant", nargs="*", default=[],
+                    help="grounded: also run suffix with these parameters, e.g. edit_tokens=0 tree_nodes=16,edit_tokens=8")
     ap.add_argument("--turns", type=int, default=0, help="smoke test: only the first N prompts or turns (0: all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

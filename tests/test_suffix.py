@@ -390,7 +390,7 @@ def test_tracing_records_where_each_draft_came_from_and_changes_no_token():
         # the window's match is the context's last tokens at that step
         context = ids + out[:s.position]
         match = list(s.tokens[s.match_at:s.match_at + s.match_len])
-        assert match == context[len(context) - s.match_len:] and s.match_len >= 1, s
+        assert match == context[len(context) - s.match_len:] and (s.match_len >= 1 or s.occurrences == 0), s
         assert 1 <= s.copied <= s.nodes and s.match_at + s.match_len + s.copied == len(s.tokens)
         if s.text == "history":
             assert s.item == 0 and list(s.tokens) == history.items[0][s.start:s.start + len(s.tokens)]
@@ -440,8 +440,114 @@ def test_no_match_based_drafter_beats_the_match_bound():
         runs = [prompt_lookup(ids, pair, PromptLookupParams(max_candidates=4), max_new_tokens=40)]
         for nodes in (1, 12, 64):
             params = SuffixParams(tree=nodes > 1, tree_nodes=nodes, spec_factor=16.0, min_token_prob=0.0,
-                                  history=False)
+                                  history=False, edit_tokens=0)      # edits draft without a match
             runs.append(suffix(ids, pair, params, max_new_tokens=40))
         for res in runs:
             assert res.token_ids == ref and res.target_forwards >= bound, (seed, res.target_forwards, bound)
         assert runs[-1].target_forwards <= bound + 1, (seed, runs[-1].target_forwards, bound)
+
+
+# --------------------------------------------------------------------------- following edits (edit_tokens)
+
+def _scripted_steps(params: SuffixParams, prompt_ids: list[int], script: list[int], tracer=None) -> int:
+    """Target forwards greedy verification needs when the target writes ``script``: each step commits the
+    longest tree path that matches it plus the target's own next token, as the speculative loop does."""
+    drafter = SuffixDrafter(params, tree=params.tree, **({"tracer": tracer} if tracer else {}))
+    drafter.begin(prompt_ids)
+    out: list[int] = []
+    steps = 0
+    while len(out) < len(script):
+        proposal = drafter.draft(prompt_ids + out, 16)
+        node, committed = -1, []
+        while len(out) + len(committed) < len(script):
+            token = script[len(out) + len(committed)]
+            committed.append(token)
+            node = proposal.tree.child_with(node, token)
+            if node is None:                  # the target's own token ends the step
+                break
+        drafter.feedback(proposal, committed)
+        out += committed
+        steps += 1
+    return steps
+
+
+SOURCE = list(range(100, 160))              # distinct tokens: every match is unique
+ASK = SOURCE + [50]                         # the prompt: the source, then the request; the output copies it
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_edit_following_drafts_across_a_replaced_token(tree):
+    """A renamed variable: the target copies the source but writes a new token for three of its tokens.
+    Without edits each one costs a step with nothing to draft (the new token matches nothing); the cursor
+    after the replaced token drafts the rest of the source at once."""
+    script = list(SOURCE)
+    for at in (15, 30, 45):
+        script[at] = 900 + at
+    plain = _scripted_steps(SuffixParams(tree=tree, edit_tokens=0), ASK, script)
+    tracer = Tracer()
+    edits = _scripted_steps(SuffixParams(tree=tree, edit_tokens=16), ASK, script, tracer)
+    assert edits <= plain - 3, (plain, edits)      # at least the blind step after each edit; the ramp-up too
+    # the draft view shows the resumed copies: no match, copied from the prompt just after each replaced token
+    resumed = [e for e in tracer.events if isinstance(e, DraftSource) and e.match_len == 0]
+    assert [e.start + e.match_at for e in resumed] == [16, 31, 46] and all(e.text == "prompt" for e in resumed)
+    from visualize.drafts import sources_html
+    result = {"events": [event_to_dict(e) for e in tracer.events], "vocab": {}}
+    assert "<td>edit</td>" in sources_html(result) and "followed across an edit" in sources_html(result)
+
+
+def test_edit_following_drafts_across_inserted_text():
+    """A token inserted before three source tokens: the cursor *at* the rejected token resumes the copy once
+    the insertion ends (a cursor after it only would draft the wrong text). A tree holds both readings."""
+    script = SOURCE[:15] + [901] + SOURCE[15:30] + [902] + SOURCE[30:45] + [903] + SOURCE[45:]
+    plain = _scripted_steps(SuffixParams(edit_tokens=0), ASK, script)
+    edits = _scripted_steps(SuffixParams(edit_tokens=16), ASK, script)
+    assert edits <= plain - 3, (plain, edits)
+
+
+def test_edit_cursors_expire_and_stay_in_the_source():
+    """After an edit followed by text found nowhere, the cursors go after EDIT_PATIENCE steps: the drafts
+    are empty again (a cursor that never expired would widen every later forward)."""
+    from decoding.drafting.suffix import EDIT_PATIENCE
+    drafter = SuffixDrafter(SuffixParams(edit_tokens=4), tree=True)
+    drafter.begin(ASK)
+    context = ASK + SOURCE[:10]
+    proposal = drafter.draft(context, 8)                 # copies SOURCE[10:]
+    assert proposal.tokens[:4] == SOURCE[10:14]
+    drafter.feedback(proposal, [SOURCE[10], 777])        # one accepted, then a replacement for SOURCE[11]
+    context += [SOURCE[10], 777]
+    after_edit = drafter.draft(context, 8)
+    assert after_edit.tokens[:4] == SOURCE[12:16]         # resumes after the replaced token ...
+    assert SOURCE[11] in after_edit.tokens                # ... and at it (an insertion)
+    drafts = []
+    for i in range(EDIT_PATIENCE + 1):                    # novel text: no match, the cursors age
+        proposal = drafter.draft(context, 8)
+        drafts.append(len(proposal))
+        drafter.feedback(proposal, [800 + i])
+        context.append(800 + i)
+    assert drafts[0] > 0 and drafts[-1] == 0, drafts
+    assert drafts[1] < drafts[0] and drafts == sorted(drafts, reverse=True), drafts   # unfollowed chains shrink
+
+
+def test_edit_chains_grow_when_the_target_follows_them():
+    """The cursor chains start at EDIT_START tokens and double each time the target follows one."""
+    from decoding.drafting.suffix import EDIT_START
+    script = list(SOURCE)
+    for at in (15, 30, 45):
+        script[at] = 900 + at
+    drafter = SuffixDrafter(SuffixParams(edit_tokens=16), tree=False)
+    drafter.begin(ASK)
+    out: list[int] = []
+    lengths = []
+    while len(out) < len(script):
+        proposal = drafter.draft(ASK + out, 16)
+        if out and out[-1] >= 900:                          # the step right after a replacement
+            lengths.append(len(proposal))
+        node, committed = -1, []
+        while len(out) + len(committed) < len(script):
+            committed.append(script[len(out) + len(committed)])
+            node = proposal.tree.child_with(node, committed[-1])
+            if node is None:
+                break
+        drafter.feedback(proposal, committed)
+        out += committed
+    assert lengths == [EDIT_START, 2 * EDIT_START, 4 * EDIT_START], lengths

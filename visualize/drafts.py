@@ -128,11 +128,12 @@ def sources_html(result: dict, step: Optional[int] = None) -> str:
                         for t, (d, a) in counts.items())
     rows = []
     for it in reversed(items[-MAX_ROWS:]):
+        how = (f"{it['occurrences']} earlier occurrence(s) of the {it['match_len']}-token match" if it["match_len"]
+               else "no match: the text followed across an edit (suffix decoding's edit_tokens)")
         title = html.escape(f"step {it['step']}, output position {it['position']}: copied from {_where(it)}; "
-                            f"{it['occurrences']} earlier occurrence(s) of the {it['match_len']}-token match, "
-                            f"{it['nodes']} drafted node(s), {it['accepted']} accepted", quote=True)
+                            f"{how}, {it['nodes']} drafted node(s), {it['accepted']} accepted", quote=True)
         rows.append(f"<tr title='{title}'><td>{it['step']}</td><td>{it['position']}</td>"
-                    f"<td>{html.escape(_where(it))}</td><td>{it['match_len']}</td>"
+                    f"<td>{html.escape(_where(it))}</td><td>{it['match_len'] or 'edit'}</td>"
                     f"<td>{it['kept']}/{it['copied']}</td>"
                     f"<td style='font-family:ui-monospace,monospace'>{window_html(result, it)}</td></tr>")
     hidden = len(items) - MAX_ROWS

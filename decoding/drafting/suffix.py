@@ -12,6 +12,15 @@ may propose up to ``min(k, m * spec_factor + spec_offset)`` tokens: the most fre
 chain) or a tree of the most probable continuations, stopping below ``min_token_prob``. The draft with
 the highest score (the summed empirical probabilities of its tokens) wins. Drafts are deterministic
 (q is one-hot), so greedy verification is exact and speculative sampling keeps the target distribution.
+
+*Following edits* (``edit_tokens``, our addition; not in the paper). A match-based drafter is blind right
+after an edit: when the target writes ``total`` where the prompt had ``x``, the context's end matches
+nothing useful, although the text after ``x`` is what comes next. So when the target cuts a copy short,
+the drafter keeps two *cursors* into the copied text: just after the rejected token (the target replaced
+it) and at it (the target inserted text before it). For the next few steps their continuations join the
+draft after the best match, match or not, and a cursor that the target follows moves along with it.
+``benchmarks/suffix_bound.py`` measures how far this can go: with a perfect chooser, matches plus these
+cursors ("edit bound") against matches alone ("match bound").
 """
 
 from __future__ import annotations
@@ -25,9 +34,12 @@ from ..events import DraftSource
 from ..tracer import NULL_TRACER
 from ..tree import TokenTree
 from .base import Drafter, Proposal
-from .suffix_tree import Continuation, SuffixTree
+from .suffix_tree import SEP, Continuation, SuffixTree
 
 SOURCE_WINDOW = 6          # tokens shown before a match in the draft view (DraftSource.tokens)
+EDIT_CURSORS = 4           # cursors kept (two per cut-short copy: the newest two copies)
+EDIT_PATIENCE = 4          # steps a cursor may go unfollowed before it is dropped
+EDIT_START = 4             # tokens drafted at a cursor at first; doubles when the target follows one, halves when not
 
 
 class SuffixHistory:
@@ -102,6 +114,12 @@ class SuffixDrafter(Drafter):
         self._hist_states: list[tuple[int, int]] = []
         self._hist_version = -1
         self.accepted_from = {"prompt": 0, "output": 0, "history": 0}
+        # following edits: cursors (where, index of the next source token, steps unfollowed), and the raw
+        # (where, index) of each node of the last proposal
+        self._cursors: list[tuple[str, int, int]] = []
+        self._last: tuple[Optional[Proposal], list[tuple[str, int]]] = (None, [])
+        # how many tokens a cursor drafts now (adapted per generation), and whether the last draft held any
+        self._edit_len, self._edit_offered = min(EDIT_START, params.edit_tokens), False
 
     # ------------------------------------------------------------------ the loop's calls
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -109,9 +127,13 @@ class SuffixDrafter(Drafter):
         self.local.extend(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self._hist_version = -1          # walk the history over the new context at the first draft
+        self._cursors, self._last = [], (None, [])
+        self._edit_len, self._edit_offered = min(EDIT_START, self.params.edit_tokens), False
 
     def feedback(self, proposal: Proposal, accepted: Sequence[int]) -> None:
         self._count_accepted(proposal, accepted)
+        if self.params.edit_tokens:
+            self._follow_edits(proposal, accepted)
         self._extend(accepted)
 
     def propose(self, context: Sequence[int], k: int) -> Proposal:
@@ -127,16 +149,98 @@ class SuffixDrafter(Drafter):
                     self._rewalk(context)
                 cands += [(d, "history") for d in self._drafts(hist.tree, self._hist_states, k,
                                                                 self.params.history_min_match)]
-            if not cands:
-                return Proposal.empty()
             cands.sort(key=lambda c: -c[0].score)          # stable: the local text wins ties
+            edits = self._edit_drafts(min(k, self._edit_len))
+            cands[1:1] = edits                              # after the best match
+            if not cands:
+                self._last = (None, [])
+                return Proposal.empty()
             # 3. the best draft, or a tree of the best drafts' nodes; where each node was copied from
-            tokens, parents, origins = merge(cands if self.tree_mode else cands[:1], self.params.tree_nodes
-                                             if self.tree_mode else k)
-            origins = [self._text(where, i) for where, i in origins]
+            used = cands if self.tree_mode else cands[:1]
+            self._edit_offered = any(c is e for c in used for e in edits)
+            tokens, parents, raw = merge(used, self.params.tree_nodes if self.tree_mode else k)
+            origins = [self._text(where, i) for where, i in raw]
             if self.tracer.enabled:
                 self._trace(cands[0][0], cands[0][1], len(context), len(tokens))
-        return Proposal(TokenTree(tuple(tokens), tuple(parents)), None, [1.0] * len(tokens), origins=origins)
+        proposal = Proposal(TokenTree(tuple(tokens), tuple(parents)), None, [1.0] * len(tokens), origins=origins)
+        self._last = (proposal, raw)
+        return proposal
+
+    # ------------------------------------------------------------------ following edits
+    def _seq(self, where: str) -> list[int]:
+        return self.history.tree.seq if where == "history" else self.local.seq
+
+    def _edit_drafts(self, budget: int) -> list[tuple[Continuation, str]]:
+        """A chain of up to ``budget`` source tokens at each cursor, newest first, match or not. A tree
+        takes them in that order after the best match, as far as its node budget goes: the reading "the
+        target replaced the token" (the common edit) first, "it inserted text before it" with the nodes
+        left (on the grounded benchmark prompts a longer first chain beat sharing the nodes evenly)."""
+        out: list[tuple[Continuation, str]] = []
+        for where, at, _ in self._cursors:
+            seq = self._seq(where)
+            draft = Continuation()
+            for i in range(at, min(len(seq), at + budget)):
+                if seq[i] == SEP:
+                    break
+                draft.tokens.append(seq[i])
+                draft.where.append(i)
+            if draft.tokens:
+                draft.parents = list(range(-1, len(draft.tokens) - 1))
+                draft.probs = [1.0] * len(draft.tokens)
+                out.append((draft, where))
+        return out
+
+    def _follow_edits(self, proposal: Proposal, committed: Sequence[int]) -> None:
+        """Bring the cursors up to date with a step's committed tokens (the last one is the target's own).
+
+        A cursor the tokens followed moves along; one they followed for a while and then left, like the copy
+        the accepted path came from, is *cut*: two cursors take its place, after the token the target did
+        not write (it replaced it) and at it (it inserted text before it). Others age and go after
+        ``EDIT_PATIENCE`` steps; the newest ``EDIT_CURSORS`` are kept. When the step's draft held cursor
+        chains, their length doubles (up to ``edit_tokens``) if the target followed one for two tokens or
+        more, and halves (down to 1) if it followed none: a model that does not edit its input (a chat
+        model writing new prose) soon pays for one or two extra verify positions, not ``edit_tokens``."""
+        cuts: list[tuple[str, int]] = []
+        moved: list[tuple[str, int, int]] = []
+        aged: list[tuple[str, int, int]] = []
+        followed = [_followed(self._seq(where), at, committed) for where, at, _ in self._cursors]
+        if self._edit_offered:   # the edit drafts' length adapts, so text that is not being edited costs little
+            if max(followed, default=0) >= 2:
+                self._edit_len = min(self.params.edit_tokens, 2 * self._edit_len)
+            elif max(followed, default=0) == 0:
+                self._edit_len = max(1, self._edit_len // 2)
+        for (where, at, idle), n in zip(self._cursors, followed):
+            if n == len(committed):
+                moved.append((where, at + n, 0))            # the target wrote the source: move along
+            elif n:
+                cuts.append((where, at + n))
+            elif idle + 1 < EDIT_PATIENCE:
+                aged.append((where, at, idle + 1))
+        if moved or cuts:
+            aged = []            # the target is back in the source: the other readings of the edit are refuted
+        last, raw = self._last
+        if last is proposal and raw:
+            node = -1
+            for t in committed[:-1]:                         # the accepted path
+                child = proposal.tree.child_with(node, int(t))
+                if child is None:
+                    break
+                node = child
+            if node >= 0:
+                where, at = raw[node]
+                if _followed(self._seq(where), at + 1, committed[-1:]) == 0:
+                    cuts.insert(0, (where, at + 1))         # the source token the copy did not get to
+        fresh: list[tuple[str, int, int]] = []
+        for where, cut in cuts:
+            if cut < len(self._seq(where)) and self._seq(where)[cut] != SEP:
+                fresh += [(where, cut + 1, 0), (where, cut, 0)]
+        seen: set[tuple[str, int]] = set()
+        kept = []
+        for c in fresh + moved + aged:
+            if c[:2] not in seen:
+                seen.add(c[:2])
+                kept.append(c)
+        self._cursors = kept[:EDIT_CURSORS]
 
     def _extend(self, tokens: Sequence[int]) -> None:
         """Committed tokens: into the local tree, and one step further along the history."""
@@ -179,6 +283,7 @@ class SuffixDrafter(Drafter):
         for t in context[-depth:]:      # a match is at most ``depth`` tokens long
             states = tree.advance(states, int(t), depth)
         self._hist_states, self._hist_version = states, self.history.version
+        self._cursors = [c for c in self._cursors if c[0] != "history"]     # its indices may have moved
 
     # ------------------------------------------------------------------ where drafts came from
     def _text(self, where: str, index: int) -> tuple[str, int, int]:
@@ -218,6 +323,14 @@ class SuffixDrafter(Drafter):
             position=position - self.prompt_len, text=text, item=item,
             occurrences=max(0, draft.occurrences - (where == "local")), nodes=nodes,
             score=round(draft.score, 4), source=self.source))
+
+
+def _followed(seq: Sequence[int], at: int, tokens: Sequence[int]) -> int:
+    """How many of ``tokens`` ``seq`` holds from index ``at`` on."""
+    n = 0
+    while n < len(tokens) and at + n < len(seq) and seq[at + n] == tokens[n]:
+        n += 1
+    return n
 
 
 def merge(cands: list[tuple[Continuation, str]], max_nodes: int) -> tuple[list[int], list[int], list[tuple[str, int]]]:
