@@ -361,6 +361,7 @@ def test_sampling_keeps_the_target_distribution(kind, params, monkeypatch):
                                      ({"min_token_prob": 1.5}, "min_token_prob must be in [0, 1]"),
                                      ({"tree_nodes": 65}, "tree_nodes must be in [1, 64]"),
                                      ({"max_depth": 1}, "max_depth must be in [2, 256]"),
+                                     ({"edit_tokens": 33}, "edit_tokens must be in [0, 32]"),
                                      ({"history": "maybe"}, "history must be true or false"),
                                      ({"spec_factor": 0, "spec_offset": 0}, "never drafts")])
 def test_params_are_validated_with_the_parameter_and_range(bad, msg):
