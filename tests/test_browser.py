@@ -36,7 +36,8 @@ TIMINGS: dict = {}
 # with none finished, so a replay that never restarted records nothing).
 WATCH = """() => {
   const t0 = performance.now();
-  window.dpWatch = {first: null, runningThen: null, doneThen: null, reset: false, finished: [], finishedAt: {}};
+  window.dpWatch = {first: null, runningThen: null, doneThen: null, reset: false, finished: [], finishedAt: {},
+                   groups: []};
   const status = () => (document.querySelector('#status') || {}).innerText || '';
   const obs = new MutationObserver(() => {
     const w = window.dpWatch;
@@ -49,10 +50,12 @@ WATCH = """() => {
     const done = document.querySelectorAll('#columns .dp-col.dp-finished');
     if (!w.reset && cols.length && !done.length) w.reset = true;   // finishes count from a fresh start
     if (!w.reset) return;
+    const fresh = [];
     done.forEach(c => {
       const s = c.getAttribute('data-strategy');
-      if (!w.finished.includes(s)) { w.finished.push(s); w.finishedAt[s] = performance.now() - t0; }
+      if (!w.finished.includes(s)) { w.finished.push(s); fresh.push(s); w.finishedAt[s] = performance.now() - t0; }
     });
+    if (fresh.length) w.groups.push(fresh);      // the columns that one frame showed finished first
   });
   obs.observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
@@ -166,7 +169,7 @@ def test_default_comparison_live_race_replays_tabs_export_and_import(page, tmp_p
         assert "identical to greedy" in cols.nth(i).inner_text(), titles[i]
     assert page.locator("#columns .dp-legend .dp-chip").count() >= 3
     assert cols.nth(1).locator(".dp-tok[data-source='accepted']").count() > 0      # prophet drafts
-    full_columns = page.locator("#columns").inner_text()
+    full_columns = _columns_text(page)
     full = cols.nth(0).locator(".dp-tok").count()
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.screenshot(path=str(SHOTS / "app-overview.png"), full_page=False)   # above the fold: form and race
@@ -218,14 +221,17 @@ def test_default_comparison_live_race_replays_tabs_export_and_import(page, tmp_p
     exported = _export(page, tmp_path)
     doc = json.loads(exported.read_text(encoding="utf-8"))
     wall = {r["strategy"]: r["wall_s"] for r in doc["results"]}
-    # columns finish on screen in the order of their measured wall times, up to the replay's frame:
-    # one timer tick (0.1 s) at 4x covers 0.4 s of race time, so runs closer than that may share a frame
-    frame_s = 4 * 0.1 * 2
-    order = watch["finished"]
-    for earlier, later in zip(order, order[1:]):
-        assert wall[earlier] <= wall[later] + frame_s, (order, wall)
+    # columns finish on screen in the order of their measured wall times: every column that one frame
+    # showed finished first ran no longer than every column a later frame did. Columns within one frame
+    # have no order (a busy server may deliver frames late, and a late frame can pass several finishes).
+    order, groups = watch["finished"], watch["groups"]
+    assert sorted(sum(groups, [])) == sorted(order), watch
+    for i, group in enumerate(groups):
+        for earlier in group:
+            for later in sum(groups[i + 1:], []):
+                assert wall[earlier] <= wall[later] + 1e-3, (groups, wall)
     slowest = max(wall, key=wall.get)
-    assert order[-1] == slowest or wall[slowest] - wall[order[-1]] <= frame_s, (order, wall)
+    assert slowest in groups[-1], (groups, wall)
     span_ms = watch["finishedAt"][order[-1]] - watch["finishedAt"][order[0]]
     race_span_ms = (max(wall.values()) - min(wall.values())) * 1e3 / 4
     assert span_ms >= race_span_ms - 1000, (span_ms, race_span_ms)   # played in time, not jumped to the end
@@ -274,7 +280,13 @@ def test_default_comparison_live_race_replays_tabs_export_and_import(page, tmp_p
     page.locator("#trace-upload input[type=file]").set_input_files(str(exported))
     page.wait_for_selector("text=Imported a trace with 4 strategies", timeout=60_000)
     page.wait_for_function("document.querySelectorAll('#columns .dp-col').length >= 4", timeout=30_000)
-    assert page.locator("#columns").inner_text() == full_columns
+    assert _columns_text(page) == full_columns
+
+
+def _columns_text(page) -> str:
+    """The columns' own text (Gradio's pending-event timer, e.g. "1.1s", overlays #columns while an
+    event that outputs to it is still in flight, and is not part of what we draw)."""
+    return page.evaluate("[...document.querySelectorAll('#columns .dp-col')].map(c => c.innerText).join('\\n')")
 
 
 def _export(page, tmp_path) -> Path:
