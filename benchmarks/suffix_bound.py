@@ -31,6 +31,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decoding.drafting.suffix import run_length  # noqa: E402
 from decoding.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.result import ModelPair  # noqa: E402
 from decoding.runner import encode_prompt  # noqa: E402
@@ -42,15 +43,12 @@ GROUNDED = [("code", 2), ("code", 4), ("code", 7), ("summarization", 0), ("summa
 
 def match_run(context: Sequence[int], coming: Sequence[int]) -> int:
     """The longest prefix of ``coming`` that follows an earlier occurrence of ``context[-1]``."""
-    best = 0
-    for i in range(len(context) - 1):
-        if context[i] != context[-1]:
-            continue
-        n = 0
-        while n < len(coming) and i + 1 + n < len(context) and context[i + 1 + n] == coming[n]:
-            n += 1
-        best = max(best, n)
-    return best
+    return max((run_length(context, i, coming) for i in _after_matches(context)), default=0)
+
+
+def _after_matches(context: Sequence[int]) -> list[int]:
+    """Where a copy may start: just after each earlier occurrence of ``context[-1]``."""
+    return [i + 1 for i in range(len(context) - 1) if context[i] == context[-1]]
 
 
 def copy_run(context: Sequence[int], coming: Sequence[int]) -> int:
@@ -66,21 +64,14 @@ def _occurs(hay: Sequence[int], needle: Sequence[int]) -> bool:
     return any(hay[i:i + k] == needle for i in range(len(hay) - k + 1))
 
 
-def _run_at(context: Sequence[int], start: int, coming: Sequence[int]) -> int:
-    n = 0
-    while n < len(coming) and start + n < len(context) and context[start + n] == coming[n]:
-        n += 1
-    return n
-
-
 def edit_replay(prompt: Sequence[int], output: Sequence[int], keep: int = 4) -> int:
     """Target forwards of the edit bound: matches of the last token, or resuming a cut-short copy."""
     pos = steps = 0
     cursors: list[int] = []
     while pos < len(output):
         context, coming = list(prompt) + list(output[:pos]), output[pos:]
-        starts = [i + 1 for i in range(len(context) - 1) if context[i] == context[-1]] + cursors
-        best, start = max(((_run_at(context, i, coming), i) for i in starts), default=(0, -1))
+        best, start = max(((run_length(context, i, coming), i) for i in _after_matches(context) + cursors),
+                          default=(0, -1))
         run = min(best, len(output) - pos - 1)
         if run > 0:           # the copy was cut short at start + run: resume after it, or at it
             cursors = ([start + run + 1, start + run] + cursors)[:keep]

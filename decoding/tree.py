@@ -122,6 +122,17 @@ class TokenTree:
                 return c
         return None
 
+    def walk(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes from depth 1 that spell the longest prefix of ``tokens`` (an accepted path)."""
+        out, node = [], -1
+        for t in tokens:
+            child = self.child_with(node, int(t))
+            if child is None:
+                break
+            out.append(child)
+            node = child
+        return out
+
     def path(self, node: int) -> list[int]:
         """Nodes from depth 1 down to ``node``."""
         out = []

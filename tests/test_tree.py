@@ -27,6 +27,10 @@ def test_structure_paths_and_validation():
     six = tree.child_with(tree.child_with(-1, 5), 6)
     assert [tree.tokens[c] for c in tree.children(six)] == [7, 8]
     assert [tree.tokens[n] for n in tree.path(tree.tokens.index(8))] == [5, 6, 8]
+    # walk: the accepted path of committed tokens, down the branch they spell, up to the first miss
+    assert tree.walk([5, 6, 8, 3]) == tree.path(tree.tokens.index(8))
+    assert [tree.tokens[n] for n in tree.walk([5, 2, 7])] == [5, 2] and tree.walk([9, 1]) == tree.path(tree.walk([9, 1])[-1])
+    assert tree.walk([6, 5]) == [] and tree.walk([]) == []
     assert TokenTree.chain([4, 4, 4]).is_chain and not tree.is_chain
     short, kept = tree.truncated(2)
     assert short.depth == 2 and len(short) == 5 and [tree.tokens[k] for k in kept] == list(short.tokens)

@@ -131,9 +131,10 @@ class SuffixDrafter(Drafter):
         self._edit_len, self._edit_offered = min(EDIT_START, self.params.edit_tokens), False
 
     def feedback(self, proposal: Proposal, accepted: Sequence[int]) -> None:
-        self._count_accepted(proposal, accepted)
+        path = proposal.tree.walk(accepted)        # the drafted nodes the step committed
+        self._count_accepted(proposal, path)
         if self.params.edit_tokens:
-            self._follow_edits(proposal, accepted)
+            self._follow_edits(proposal, accepted, path[:len(accepted) - 1])
         self._extend(accepted)
 
     def propose(self, context: Sequence[int], k: int) -> Proposal:
@@ -190,8 +191,9 @@ class SuffixDrafter(Drafter):
                 out.append((draft, where))
         return out
 
-    def _follow_edits(self, proposal: Proposal, committed: Sequence[int]) -> None:
-        """Bring the cursors up to date with a step's committed tokens (the last one is the target's own).
+    def _follow_edits(self, proposal: Proposal, committed: Sequence[int], path: Sequence[int]) -> None:
+        """Bring the cursors up to date with a step's committed tokens (the last one is the target's own;
+        ``path``: the proposal's nodes the others were accepted from).
 
         A cursor the tokens followed moves along; one they followed for a while and then left, like the copy
         the accepted path came from, is *cut*: two cursors take its place, after the token the target did
@@ -203,7 +205,7 @@ class SuffixDrafter(Drafter):
         cuts: list[tuple[str, int]] = []
         moved: list[tuple[str, int, int]] = []
         aged: list[tuple[str, int, int]] = []
-        followed = [_followed(self._seq(where), at, committed) for where, at, _ in self._cursors]
+        followed = [run_length(self._seq(where), at, committed) for where, at, _ in self._cursors]
         if self._edit_offered:   # the edit drafts' length adapts, so text that is not being edited costs little
             if max(followed, default=0) >= 2:
                 self._edit_len = min(self.params.edit_tokens, 2 * self._edit_len)
@@ -219,20 +221,14 @@ class SuffixDrafter(Drafter):
         if moved or cuts:
             aged = []            # the target is back in the source: the other readings of the edit are refuted
         last, raw = self._last
-        if last is proposal and raw:
-            node = -1
-            for t in committed[:-1]:                         # the accepted path
-                child = proposal.tree.child_with(node, int(t))
-                if child is None:
-                    break
-                node = child
-            if node >= 0:
-                where, at = raw[node]
-                if _followed(self._seq(where), at + 1, committed[-1:]) == 0:
-                    cuts.insert(0, (where, at + 1))         # the source token the copy did not get to
+        if last is proposal and raw and path:
+            where, at = raw[path[-1]]                        # the end of the accepted path
+            if run_length(self._seq(where), at + 1, committed[-1:]) == 0:
+                cuts.insert(0, (where, at + 1))             # the source token the copy did not get to
         fresh: list[tuple[str, int, int]] = []
         for where, cut in cuts:
-            if cut < len(self._seq(where)) and self._seq(where)[cut] != SEP:
+            seq = self._seq(where)
+            if cut < len(seq) and seq[cut] != SEP:
                 fresh += [(where, cut + 1, 0), (where, cut, 0)]
         seen: set[tuple[str, int]] = set()
         kept = []
@@ -295,13 +291,9 @@ class SuffixDrafter(Drafter):
             return "prompt", -1, index
         return "output", -1, index - self.prompt_len
 
-    def _count_accepted(self, proposal: Proposal, committed: Sequence[int]) -> None:
-        node = -1
-        for t in committed:
-            node = proposal.tree.child_with(node, int(t))
-            if node is None:
-                break
-            if proposal.origins:
+    def _count_accepted(self, proposal: Proposal, path: Sequence[int]) -> None:
+        if proposal.origins:
+            for node in path:
                 self.accepted_from[proposal.origins[node][0]] += 1
 
     def _trace(self, draft: Continuation, where: str, position: int, nodes: int) -> None:
@@ -325,7 +317,7 @@ class SuffixDrafter(Drafter):
             score=round(draft.score, 4), source=self.source))
 
 
-def _followed(seq: Sequence[int], at: int, tokens: Sequence[int]) -> int:
+def run_length(seq: Sequence[int], at: int, tokens: Sequence[int]) -> int:
     """How many of ``tokens`` ``seq`` holds from index ``at`` on."""
     n = 0
     while n < len(tokens) and at + n < len(seq) and seq[at + n] == tokens[n]:
