@@ -344,8 +344,9 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
     c["cancel_queued"].change(None, None, None, cancels=[run_event, sweep_event])
     c["clear"].click(clear_history, None, ui["status"], api_name="clear_history", queue=False)
     # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
-    # clamp their raw inputs themselves
-    light = dict(queue=False, preprocess=False)
+    # clamp their raw inputs themselves; they show no progress: Gradio would dim the columns and put a
+    # timer on them while each frame (ten a second in the wall-clock replay) is in flight
+    light = dict(queue=False, preprocess=False, show_progress="hidden")
     step_views, step_figs = ui.list(STEP_VIEWS), ui.list(STEP_FIGURES)
     # "playing" names who owns the columns: the wall-clock race keeps them after it ends (a step change
     # left over from the step replay, delivered late on a busy server, must not redraw them); the
