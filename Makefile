@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ browser:
 
 test: setup browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# Retake the README's screenshots (and docs/screenshots/timings.json) from the real app in headless chromium;
+# `make test` writes its copies under build/screenshots, so a test run leaves the checkout clean.
+screenshots: setup browser
+	SCREENSHOTS_DIR=docs/screenshots HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_browser.py
 
 # Our greedy (kernels chosen per bucket, re-timed first) against generate on transformers' default kernels,
 # same weights. Run the benchmarks on an otherwise idle machine: a busy one skews the kernel choice.
