@@ -1,7 +1,7 @@
 """Command line: ``python -m decoding run|bench|list``.
 
     python -m decoding run --target NAME|PATH|HUB_ID [--assistant ...] \
-        --strategy NAME [--strategy NAME ...] (--prompt TEXT | --prompt-file F) [--chat] \
+        --strategy NAME [--strategy NAME ...] (--prompt TEXT | --prompt-file F) [--chat | --no-chat] \
         [--max-new-tokens N] [--seed S] [--set KEY=VALUE ...] [--json OUT]
 
 ``--set KEY=VALUE`` applies to every selected strategy that has a parameter
@@ -81,7 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = args.prompt
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     pair = _load_pair(args, status)
-    prompt_ids = encode_prompt(pair.target.tokenizer, text, chat=args.chat)
+    chat = _use_chat(args, pair.target.tokenizer, status)
+    prompt_ids = encode_prompt(pair.target.tokenizer, text, chat=chat)
 
     bars: dict[int, Any] = {}
 
@@ -105,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for r in results:
             print(f"\n--- {r.strategy} ---\n{r.text}")
     if args.json:
-        doc = {"environment": environment(pair, args.seed), "prompt": text, "chat": args.chat,
+        doc = {"environment": environment(pair, args.seed), "prompt": text, "chat": chat,
                "prompt_ids": prompt_ids, "max_new_tokens": max_new, "generation": dataclasses.asdict(settings),
                "results": [r.to_dict() for r in results]}
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -212,6 +213,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _use_chat(args: argparse.Namespace, tokenizer: Any, status: Any) -> bool:
+    """``--chat`` / ``--no-chat`` as given; neither: the chat template when the model has one (an instruct
+    model fed raw text often ends its answer at once), raw text otherwise."""
+    if args.chat is not None:
+        return bool(args.chat)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    status("the prompt goes through the model's chat template (--no-chat: raw text)" if has_template
+           else "the model has no chat template: the prompt is used as raw text")
+    return has_template
+
+
 def _load_pair(args: argparse.Namespace, status: Any):
     """The target and its assistant (or prophet head), with the device, dtype and kernel flags."""
     from .models import load_model
@@ -245,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file holding the prompt text")
-    run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    chat = run.add_mutually_exclusive_group()
+    chat.add_argument("--chat", action="store_true", default=None,
+                      help="wrap the prompt in the model's chat template (the default when the model has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", default=None, help="use the prompt text as it is")
     run.add_argument("--max-new-tokens", type=int, default=64)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--set", action="append", metavar="KEY=VALUE",

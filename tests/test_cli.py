@@ -109,3 +109,32 @@ def test_generation_settings_reach_every_strategy_and_the_json(tmp_path):
 def test_bad_generation_settings_exit_2_with_the_field_named(flag, value, message, capsys):
     rc = cli.main(["run", "--strategy", "greedy", "--prompt", "hi", "--max-new-tokens", "2", flag, value, "--quiet"])
     assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_run_uses_the_chat_template_by_default_when_the_model_has_one(tmp_path, capsys):
+    """An instruct model fed raw text tends to end its answer at once: without a flag `run` wraps the prompt
+    in the chat template; --no-chat keeps the raw text; a model without a template gets raw text."""
+    from decoding.runner import encode_prompt
+    lm = load_model("smollm2-135m-instruct")
+    docs = {}
+    for flag in ([], ["--no-chat"], ["--chat"]):
+        out = tmp_path / f"chat{len(docs)}.json"
+        rc = cli.main(["run", "--strategy", "greedy", "--prompt", PROMPT, "--max-new-tokens", "2", "--no-warmup",
+                       "--json", str(out), "--quiet", *flag])
+        assert rc == 0
+        docs[tuple(flag)] = json.loads(out.read_text())
+    templated = encode_prompt(lm.tokenizer, PROMPT, chat=True)
+    raw = encode_prompt(lm.tokenizer, PROMPT, chat=False)
+    assert templated != raw
+    assert docs[()]["chat"] is True and docs[()]["prompt_ids"] == templated
+    assert docs[("--chat",)]["prompt_ids"] == templated
+    assert docs[("--no-chat",)]["chat"] is False and docs[("--no-chat",)]["prompt_ids"] == raw
+    assert "chat template" in capsys.readouterr().err
+
+    class Plain:                                    # a base model's tokenizer: no template
+        chat_template = None
+    args = cli.build_parser().parse_args(["run", "--strategy", "greedy", "--prompt", "x"])
+    notes: list[str] = []
+    assert cli._use_chat(args, Plain(), notes.append) is False and "no chat template" in notes[0]
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["run", "--strategy", "greedy", "--prompt", "x", "--chat", "--no-chat"])
