@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = args.prompt
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     pair = _load_pair(args, status)
-    chat = _use_chat(args, pair.target.tokenizer, status)
+    chat = _use_chat(args, pair.target, status)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, chat=chat)
 
     bars: dict[int, Any] = {}
@@ -213,15 +213,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _use_chat(args: argparse.Namespace, tokenizer: Any, status: Any) -> bool:
-    """``--chat`` / ``--no-chat`` as given; neither: the chat template when the model has one (an instruct
-    model fed raw text often ends its answer at once), raw text otherwise."""
+def _use_chat(args: argparse.Namespace, lm: Any, status: Any) -> bool:
+    """``--chat`` / ``--no-chat`` as given; neither: the chat template when the model is a chat model (its
+    preset says so, or its tokenizer has a template; an instruct model fed raw text often ends its answer at
+    once), raw text otherwise, as ``bench`` and the app do."""
     if args.chat is not None:
         return bool(args.chat)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    status("the prompt goes through the model's chat template (--no-chat: raw text)" if has_template
-           else "the model has no chat template: the prompt is used as raw text")
-    return has_template
+    status("the prompt goes through the model's chat template (--no-chat: raw text)" if lm.chat
+           else "not a chat model: the prompt is used as raw text")
+    return bool(lm.chat)
 
 
 def _load_pair(args: argparse.Namespace, status: Any):

@@ -131,10 +131,10 @@ def test_run_uses_the_chat_template_by_default_when_the_model_has_one(tmp_path, 
     assert docs[("--no-chat",)]["chat"] is False and docs[("--no-chat",)]["prompt_ids"] == raw
     assert "chat template" in capsys.readouterr().err
 
-    class Plain:                                    # a base model's tokenizer: no template
-        chat_template = None
+    class Base:                                     # a base model (gemma-3-270m's preset): no chat
+        chat = False
     args = cli.build_parser().parse_args(["run", "--strategy", "greedy", "--prompt", "x"])
     notes: list[str] = []
-    assert cli._use_chat(args, Plain(), notes.append) is False and "no chat template" in notes[0]
+    assert cli._use_chat(args, Base(), notes.append) is False and "not a chat model" in notes[0]
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "--strategy", "greedy", "--prompt", "x", "--chat", "--no-chat"])
