@@ -38,10 +38,10 @@ from .base import Proposal
 # AVX2 EPYC with the first head, top-k 4 with 8, 12 or 16 nodes were within noise (geomean 1.63, 1.63,
 # 1.59x greedy; 24-32 nodes 1.33-1.46x: the wider verify forward costs more than its extra tokens). With
 # the H100-trained head, 8 nodes keep almost every accepted token (3.53 against 3.55 per forward on the
-# sweep's 8 prompts) and the forward is narrower, which pays where width costs most: on an Intel Xeon
-# (a 13-position forward 1.3-1.7x a one-position one, 1.15x on the EPYC) 8 nodes ran 1.03x faster than 12 (geomean) on
-# all 16 held-out prompts in one run. GPU: EAGLE-2's published setting (top-k 10, 60 nodes): a wide
-# verify forward costs about one narrow one there.
+# sweep's 8 prompts) and the forward is narrower, which pays where width costs most: on an Intel Xeon (a
+# 13-position forward 1.3-1.8x a one-position one, 1.15-1.48x on the EPYCs) 8 nodes ran 1.03x faster
+# than 12 (geomean) on all 16 held-out prompts in one run. GPU: EAGLE-2's published setting (top-k 10,
+# 60 nodes): a wide verify forward costs about one narrow one there.
 TREE_DEFAULTS = {"cpu": (4, 8), "cuda": (10, 60)}
 
 
