@@ -23,22 +23,19 @@ from starlette.middleware import Middleware
 from decoding.guards import BodyLimit
 from decoding.models import DEFAULT_MEMORY_BUDGET_GB, default_target, load_presets, set_memory_budget
 from decoding.prophet import PROPHET, has_prophet
-from decoding.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, SETTINGS, Jobs, Prepared,  # noqa: F401
-                              build_plan, check_model_name, field_kind, param_fields, parse_sweep_spec, preload_default,
-                              prepare)
+from decoding.service import (DEFAULT_MAX_NEW, DEFAULT_STRATEGIES, GENERATION_FIELDS, LIMITS, SESSION_FALLBACK,  # noqa: F401
+                              SETTINGS, SWEEP_DEFAULTS, Jobs, Prepared, build_plan, check_model_name, field_kind,
+                              param_fields, parse_sweep_spec, preload_default, prepare, recordings_dir,
+                              ui_default)
 from decoding.strategies import registry
-from handlers import (HISTORIES, JOBS, STORE, TRACE_FILES, admit, advance, clear_history,  # noqa: F401
-                      import_file, inspect_position, play, race_at, race_play, race_rebase, race_tick, replay,
-                      replay_figures, run_playground, run_sweep, stop_run)
+from handlers import (BOARD, HISTORIES, JOBS, LINE, RECORDINGS, STORE, TRACE_FILES, admit,  # noqa: F401
+                      advance, autoplay, clear_history, import_file, inspect_position, play, race_at, race_play,
+                      race_rebase, race_tick, record_examples, replay, replay_figures, run_playground, run_sweep,
+                      stop_run)
 from visualize.guide import HOW_TO_READ
 from visualize.race import SPEEDS
 from visualize.tokens import columns_html
 
-# the default comparison: the flagship (the prophet head's token trees) against greedy, prompt lookup, lookahead
-DEFAULT_STRATEGIES = ["greedy", "prophet", "prompt_lookup", "lookahead"]
-SWEEP_DEFAULTS = {"lookahead": "window=3,5,8;ngram=3,4", "speculative": "draft_tokens=1,2,4,8",
-                  "prophet": "draft_tokens=1,2,3,4,6", "prompt_lookup": "draft_tokens=2,4,8,16",
-                  "suffix": "draft_tokens=4,8,16", "jacobi": "block_size=2,4,8,16"}
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
 RACE_TICK_S = 0.1     # the wall-clock replay's frame interval
@@ -72,27 +69,21 @@ def example_prompts() -> dict[str, list[str]]:
         return yaml.safe_load(fh)
 
 
-def _cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
-
-
 def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.Component:
     kind = field_kind(strategy.params_cls, field.name)
     choices = getattr(strategy.params_cls, "CHOICES", {}).get(field.name)
-    label = field.name
+    label, default = field.name, ui_default(strategy.name, field.name)
     if choices:
-        return gr.Dropdown(choices=list(choices), value=field.default, label=label, allow_custom_value=True)
+        return gr.Dropdown(choices=list(choices), value=default, label=label, allow_custom_value=True)
     if kind is bool and field.name == "fast":
-        # on a GPU the fast path is what makes a small model fast: on by default there
-        return gr.Checkbox(value=bool(field.default or _cuda()), label=label,
-                           info="static KV cache; CUDA-graph replay on a GPU")
+        # on a GPU the fast path is what makes a small model fast: on by default there (ui_default)
+        return gr.Checkbox(value=default, label=label, info="static KV cache; CUDA-graph replay on a GPU")
     if kind is bool:
-        return gr.Checkbox(value=field.default, label=label)
+        return gr.Checkbox(value=default, label=label)
     if kind in (int, float):
         # no precision=0: Gradio would round 2.5 and crash on NaN before our validator names the field
-        return gr.Number(value=field.default, step=1 if kind is int else None, label=label)
-    return gr.Textbox(value="" if field.default is None else str(field.default), label=label)
+        return gr.Number(value=default, step=1 if kind is int else None, label=label)
+    return gr.Textbox(value="" if default is None else str(default), label=label)
 
 
 # --------------------------------------------------------------------------- layout
@@ -279,7 +270,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
                     seed = gr.Number(value=0, step=1, label="Seed", min_width=80)
-                    max_new = gr.Number(value=64, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})",
+                    max_new = gr.Number(value=DEFAULT_MAX_NEW, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})",
                                         min_width=120)
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
                                       value=[n for n in DEFAULT_STRATEGIES if n in reg],
@@ -305,7 +296,9 @@ def build_demo() -> gr.Blocks:
               param_inputs, generation_inputs, dict(category=category, example=example, prompt=prompt,
                                                     run=run_btn, stop=stop_btn, clear=clear_btn,
                                                     cancel_queued=cancel_queued))
-    demo.queue(default_concurrency_limit=1, max_size=LIMITS["queue_size"])
+    # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (handlers.LINE) for the
+    # compute slot, so a visitor sees their place in it, and identical runs share one computation
+    demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
     return demo
 
 
@@ -316,24 +309,27 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
     outputs = ui.list(RUN_VIEWS)
 
     # Gradio injects request and progress only into positional parameters before *values
-    def _run(request: gr.Request, progress=gr.Progress(), *values):
+    async def _run(request: gr.Request, progress=gr.Progress(), *values):
         params = dict(zip(keys, values[7:7 + n_params]))
-        for item in run_playground(*values[:7], params, list(values[7 + n_params:]), progress=progress,
-                                   request=request):
+        async for item in run_playground(*values[:7], params, list(values[7 + n_params:]), progress=progress,
+                                         request=request):
             yield ui.pack(item)
 
-    def _sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
-               progress=gr.Progress(), request: gr.Request = None):
-        return run_sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec, progress=progress,
-                         request=request)
+    async def _sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
+                     progress=gr.Progress(), request: gr.Request = None):
+        async for item in run_sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
+                                    progress=progress, request=request):
+            yield item
 
     def _import(path, request: gr.Request = None):
         return ui.pack(import_file(path, request=request))
 
-    # Runs and sweeps share one worker (one model in memory at a time); each job is admitted (a Stop
-    # ticket, a bounded number per session) before it waits in the queue. Their inputs reach
-    # decoding/service.py as sent (preprocess=False), so it names every bad field itself.
-    heavy = dict(concurrency_id="generate", concurrency_limit=1, validator=admit, preprocess=False)
+    # Runs and sweeps are admitted (a Stop ticket, a bounded number per session) before they wait. Their
+    # handlers only watch: the compute runs in handlers.LINE's slot (one on a CPU), where every run and sweep
+    # waits its turn and sees its place; so many handlers may wait at once without holding a thread. Their
+    # inputs reach decoding/service.py as sent (preprocess=False), so it names every bad field itself.
+    heavy = dict(concurrency_id="generate", concurrency_limit=4 * LIMITS["queue_size"], validator=admit,
+                 preprocess=False)
     run_event = c["run"].click(_run, [*fixed, *param_inputs.values(), *generation_inputs], outputs,
                                api_name="run", show_progress="minimal", show_progress_on=[ui["status"]], **heavy)
     sweep_event = ui["sweep_btn"].click(_sweep, [*fixed[:2], *fixed[3:], ui["sweep_strategy"], ui["sweep_spec"]],
@@ -380,6 +376,10 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
                                                       else {"race_ticker": gr.Timer(active=False)}),
                            [ui["key"], ui["race_anchor"], ui["race_speed"], ui["playing"]],
                            ui.list(("columns", "clock_readout", "clock", "race_ticker", "playing")), **light)
+    # a replayed run (a recording of the identical request) plays its race in real time at once
+    run_event.then(lambda k, v: ui.pack(autoplay(k, v)), [ui["key"], ui["race_speed"]],
+                   ui.list(("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker",
+                            "playing")), **light)
     ui["race_speed"].change(race_rebase, [ui["race_anchor"], ui["clock"]], ui["race_anchor"], **light)
     ui["upload"].upload(_import, ui["upload"], outputs, api_name="import_trace", concurrency_id="import",
                         concurrency_limit=1, validator=admit)
@@ -393,6 +393,15 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
                          c["category"], c["example"], queue=False)
     c["example"].change(lambda e: e, c["example"], c["prompt"], queue=False)
     demo.run_event = run_event
+
+
+def _warm_start(preload: bool, record: bool) -> None:
+    """In the background at start: load the default model (and its head), so the first Run does not wait
+    for it; then record the default comparison of every example prompt while no visitor's run is waiting."""
+    if preload:
+        preload_default()
+    if record:
+        record_examples([p for group in example_prompts().values() for p in group])
 
 
 def server_address(host: Optional[str], port: Optional[int], env: Optional[dict] = None) -> tuple[str, int]:
@@ -420,12 +429,19 @@ def main() -> None:
                          f"{DEFAULT_MEMORY_BUDGET_GB:g}, or ${MEMORY_BUDGET_ENV}; 0 = no cap)")
     ap.add_argument("--no-preload", action="store_true",
                     help="do not load the default model in the background at start")
+    ap.add_argument("--no-record-examples", action="store_true",
+                    help="do not record the example prompts' default comparison in the background at start")
+    ap.add_argument("--recordings-dir", default=None,
+                    help="keep recorded runs here across restarts (default: a folder under ~/.cache per code "
+                         "version, machine and library versions; 'none' keeps them in memory only)")
     args = ap.parse_args()
     SETTINGS["allow_any_model"] = args.allow_any_model
     set_memory_budget(args.memory_budget_gb or None)
     host, port = server_address(args.host, args.port)
-    if not args.no_preload:      # the first Run finds the default model (and its head) loaded
-        threading.Thread(target=preload_default, name="preload", daemon=True).start()
+    if args.recordings_dir != "none":
+        RECORDINGS.persist_to(args.recordings_dir or recordings_dir())
+    threading.Thread(target=_warm_start, args=(not args.no_preload, not args.no_record_examples),
+                     name="warm-start", daemon=True).start()
     build_demo().launch(server_name=host, server_port=port)
 
 

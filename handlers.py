@@ -12,38 +12,49 @@ files, histories) is read and written here, in the server process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import html
 import math
 import os
 import time
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
+import anyio
 import gradio as gr
+import plotly.graph_objects as go
+from gradio.components.plot import PlotData
 
 from decoding.bench import _num as sweep_value
 from decoding.context import RunContext
 from decoding.guards import Histories, TraceFiles, TraceStore, history_from
 from decoding.models import ModelLoadError
 from decoding.runner import run_comparison
-from decoding.service import (LIMITS, SESSION_FALLBACK, Jobs, build_plan, generation_settings, history_outputs,
-                              needs_assistant, parse_sweep_spec, prepare, public_message, redact_paths,
-                              run_document, stream_comparison)
+from decoding.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, Jobs, RunRequest, SweepRequest, complete,
+                              device_text, history_outputs, needs_assistant, prepare_checked, public_message,
+                              redact_paths, run_document, run_request, stream_comparison, sweep_request,
+                              default_request)
 from visualize.charts import sweep_figure
 from visualize.page import chart_views, drafted, inspector_view, race_views, step_figures, step_html, top_step
 from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, race_length_ms
 from visualize.tokens import columns_html
 from visualize.traces import export_trace, import_trace
 
-try:  # Hugging Face Spaces ZeroGPU: request a GPU for the compute
+from web.crowd import Board, Computation, Line, QueueFull, Recording, Recordings
+
+try:  # Hugging Face Spaces ZeroGPU: request a GPU for the compute, for as long as the request needs
     import spaces
-    gpu = spaces.GPU
+
+    def gpu(duration: Callable[..., int]) -> Callable:
+        return spaces.GPU(duration=duration)
 except ImportError:
-    def gpu(fn):
-        return fn
+    def gpu(duration: Callable[..., int]) -> Callable:
+        return lambda fn: fn
 
 POLL_S = 0.2          # the live race redraws at least this often while tokens come
+WATCH_S = 0.1         # how often a visitor's handler looks at its computation (an await, no thread held)
 EXPIRED = ("<div class='dp-muted'>This trace is no longer held by the server (it keeps the most recent "
            "ones); run again or import the trace file.</div>")
 
@@ -52,6 +63,9 @@ JOBS = Jobs(LIMITS["jobs_per_session"], capacity=4 * LIMITS["queue_size"],
             queued_ttl_s=LIMITS["time_limit_s"] * (LIMITS["queue_size"] + 1), count_s=LIMITS["time_limit_s"])
 TRACE_FILES = TraceFiles(LIMITS["trace_files"])
 STORE = TraceStore(LIMITS["trace_store_bytes"])
+LINE = Line(slots=LIMITS["compute_slots"], capacity=LIMITS["queue_size"])   # every run and sweep waits here
+BOARD = Board()                                                    # identical requests share one computation
+RECORDINGS = Recordings(LIMITS["recordings_bytes"])                # ... and its recording afterwards
 HISTORIES = Histories(LIMITS["history_sessions"], LIMITS["history_tokens"], LIMITS["history_nodes"],
                       unshared=(SESSION_FALLBACK,))
 
@@ -120,76 +134,224 @@ def _error(exc: BaseException, prefix: str = "") -> gr.Error:
     return gr.Error(html.escape(prefix + public_message(exc), quote=False))
 
 
-@gpu
-def compute_run(job_key: int, model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any,
-                max_new_tokens: Any, seed: Any, params: dict, generation: Any,
-                history: Optional[list]) -> Iterator[tuple]:
-    """Validate, load and run; yields ``("live", snapshot)`` then ``("done", document, message, outputs
-    for the history)``. Raises ValueError / ModelLoadError for bad input."""
-    plan = build_plan(strategies, params or {})
-    settings = generation_settings(generation)
-    prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan),
-                   generation=settings, plan=plan)
-    context = RunContext(generation=settings if settings.active else None,
-                         history=history_from(history, LIMITS["history_tokens"]))
+def _run_seconds(stop: Any, req: RunRequest) -> int:
+    """ZeroGPU's duration for a run: the line's estimate with room to spare (shorter requests go first)."""
+    return int(min(LIMITS["time_limit_s"], 2 * LINE.estimator.expect(req.units) + 10))
+
+
+def _sweep_seconds(stop: Any, req: SweepRequest) -> int:
+    return int(min(LIMITS["time_limit_s"], 2 * LINE.estimator.expect(req.units) + 10))
+
+
+@gpu(_run_seconds)
+def compute_run(stop: Any, req: RunRequest) -> Iterator[tuple]:
+    """Load and run a checked request; yields ``("live", snapshot, max_new)`` then ``("done", document,
+    message, outputs for the history)``. Raises ValueError / ModelLoadError for what only the model can tell."""
+    plan = list(req.plan)
+    prep = prepare_checked(req.inputs, needs_assistant(plan),
+                           generation=req.generation if req.generation.active else None)
+    context = RunContext(generation=req.generation if req.generation.active else None,
+                         history=history_from(None if req.history is None else list(req.history),
+                                              LIMITS["history_tokens"]))
     results = []
-    for kind, value in stream_comparison(prep, plan, stop=JOBS.flag(job_key), context=context,
+    for kind, value in stream_comparison(prep, plan, stop=stop, context=context,
                                          time_limit_s=LIMITS["time_limit_s"], poll_s=POLL_S):
         if kind == "live":
             yield "live", value, prep.max_new
         else:
             results = value
-    doc, message = run_document(results, prep, prompt, chat, settings)
+    doc, message = run_document(results, prep, req.inputs.prompt, req.inputs.chat, req.generation)
     yield "done", doc, message, history_outputs(doc["results"])
 
 
-@gpu
-def compute_sweep(job_key: int, model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any,
-                  seed: Any, strategy: Any, spec: Any) -> tuple[dict, str]:
+@gpu(_sweep_seconds)
+def compute_sweep(stop: Any, req: SweepRequest) -> tuple[dict, str]:
     """One strategy over a parameter grid against one greedy reference: (sweep, message)."""
-    keys, combos, plan = parse_sweep_spec(strategy, spec)
-    prep = prepare(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan))
-    results = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new, seed=prep.seed,
-                             should_stop=JOBS.flag(job_key).is_set, time_limit_s=LIMITS["time_limit_s"])
+    prep = prepare_checked(req.inputs, needs_assistant(req.plan))
+    results = run_comparison(prep.prompt_ids, prep.pair, req.plan, max_new_tokens=prep.max_new, seed=prep.seed,
+                             should_stop=stop.is_set, time_limit_s=LIMITS["time_limit_s"])
     runs = [r for r in results if not r.reference]
     points = [{"values": [sweep_value(v) for v in combo], "speedup": r.speedup or 0.0,
                "tokens_per_target_forward": round(len(r.token_ids) / max(r.target_forwards, 1), 3)}
-              for combo, r in zip(combos, runs) if not r.error]
-    errors = [f"{dict(zip(keys, c))}: {redact_paths(r.error)}" for c, r in zip(combos, runs) if r.error]
-    message = f"Swept {len(points)} settings of {strategy} on {prep.model}{prep.note}."
+              for combo, r in zip(req.combos, runs) if not r.error]
+    errors = [f"{dict(zip(req.keys, c))}: {redact_paths(r.error)}" for c, r in zip(req.combos, runs) if r.error]
+    message = f"Swept {len(points)} settings of {req.strategy} on {prep.model}{prep.note}."
     if errors:
         message += " Failed: " + "; ".join(errors)
-    return {"strategy": strategy, "keys": keys, "points": points}, message
+    return {"strategy": req.strategy, "keys": req.keys, "points": points}, message
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A finished run as every subscriber needs it: the document, its export, the status, the history outputs."""
+    doc: dict
+    text: str
+    message: str
+    outputs: list
+
+
+def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
+    """What the computation thread does for a run: compute, publish live frames, record the result."""
+    def work(comp: Computation) -> Outcome:
+        for item in compute_run(comp.stop, req):
+            if item[0] == "live":
+                comp.publish((item[1], item[2]))
+            else:
+                _, doc, message, outputs = item
+        outcome = Outcome(doc, export_trace(doc), message, outputs)
+        if not req.private and not comp.stop.is_set() and complete(doc):
+            RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc)))
+        return outcome
+    return work
+
+
+def submit_run(req: RunRequest, background: bool = False) -> tuple[Computation, bool]:
+    """Join the identical computation under way, or start one (QueueFull when the line is full)."""
+    def make() -> Computation:
+        return Computation(req.key, _run_work(req), units=req.units, background=background)
+    if req.private:
+        comp = make()
+        comp.subscribe()
+        LINE.submit(comp)
+        return comp, True
+    return BOARD.join(req.key, make, LINE)
+
+
+def record_examples(prompts: list[str], stop: Optional[Any] = None, idle_s: float = 1.0) -> int:
+    """Record the page's default comparison of each example prompt, so a visitor who presses Run on one
+    sees its race at once. One at a time and only while no visitor's run waits or runs: a visitor arriving
+    stops the one being recorded, which is recorded again later. Returns how many were recorded."""
+    recorded, pending = 0, list(prompts)
+    while pending and not (stop is not None and stop.is_set()):
+        if not LINE.idle():
+            time.sleep(idle_s)
+            continue
+        req = default_request(pending[0])
+        if RECORDINGS.get(req.key) is not None:
+            pending.pop(0)
+            continue
+        try:
+            comp, _ = submit_run(req, background=True)
+        except QueueFull:
+            time.sleep(idle_s)
+            continue
+        comp.done.wait()
+        comp.leave()
+        if comp.state == "failed" or RECORDINGS.get(req.key) is not None:
+            recorded += comp.state != "failed"
+            pending.pop(0)              # a failure is reported to the visitor who asks for it
+    return recorded
+
+
+# --------------------------------------------------------------------------- following a computation
+def waiting_text(place: Optional[tuple[int, int, float]]) -> Optional[str]:
+    if place is None:
+        return None
+    position, waiting, eta = place
+    ahead = "you are next" if position == 1 else f"you are number {position} in line"
+    return (f"Waiting for the compute slot: {ahead} ({waiting} waiting); starts in about "
+            f"{max(1, round(eta))} s.")
+
+
+def _frame(comp: Computation) -> dict:
+    """The live columns and status line of a running computation (drawn once per update for all watchers)."""
+    snap, max_new = comp.live
+    return {"columns": live_columns_html(snap), "status": live_status(snap, max_new)}
+
+
+async def _watch(comp: Computation, stop: Any, progress: Any) -> AsyncIterator[dict]:
+    """What a visitor sees until the computation is done or they press Stop: their place in line while it
+    waits, the live columns while it runs."""
+    seen: Any = None
+    while not comp.done.is_set() and not stop.is_set():
+        if comp.state == "waiting":
+            text = waiting_text(LINE.place(comp))
+            if text is not None and text != seen:
+                seen = text
+                _progress(progress, 0.0, text)
+                yield {"status": text}
+        elif comp.live is not None and comp.version != seen:
+            seen = version = comp.version
+            frame = comp.memo("frame", version, lambda: _frame(comp))
+            snap, max_new = comp.live
+            _progress(progress, _fraction(snap, max_new), frame["status"])
+            yield frame
+        await asyncio.sleep(WATCH_S)
+
+
+def _progress(progress: Any, fraction: float, desc: str) -> None:
+    if progress is not None:
+        progress(fraction, desc=desc)
+
+
+async def _until_done(comp: Computation) -> None:
+    while not comp.done.is_set():
+        await asyncio.sleep(WATCH_S)
 
 
 # --------------------------------------------------------------------------- handlers: return {view name: value}
-def run_playground(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
-                   seed: Any, params: dict, generation: Any = None, progress: Any = None,
-                   request: Any = None) -> Iterator[dict]:
-    """Run the selected strategies one after the other, streaming each column as it fills."""
-    with job(request) as (key, stop):
+async def run_playground(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any,
+                         max_new_tokens: Any, seed: Any, params: dict, generation: Any = None, progress: Any = None,
+                         request: Any = None) -> AsyncIterator[dict]:
+    """Run the selected strategies (or join the identical run under way, or replay its recording), streaming
+    the visitor's place in line, then each column as it fills."""
+    with job(request) as (_, stop):
         if stop.is_set():
             yield {"status": "Stopped before the run started."}
             return
         session = getattr(request, "session_hash", None)
-        if progress is not None:
-            progress(0, desc="loading the model")
         try:
-            for item in compute_run(key, model, assistant, strategies, prompt, chat, max_new_tokens, seed,
-                                    params, generation if generation is not None else [None] * 5,
-                                    HISTORIES.items(session)):
-                if item[0] == "live":
-                    snap, max_new = item[1], item[2]
-                    if progress is not None:
-                        progress(_fraction(snap, max_new), desc=live_status(snap, max_new))
-                    yield {"columns": live_columns_html(snap), "status": live_status(snap, max_new)}
-                else:
-                    _, doc, message, outputs = item
-        except (ValueError, ModelLoadError) as exc:
+            req = run_request(model, assistant, strategies, prompt, chat, max_new_tokens, seed, params,
+                              generation if generation is not None else [None] * len(GENERATION_FIELDS),
+                              HISTORIES.items(session))
+        except ValueError as exc:
             raise _error(exc) from None
-    HISTORIES.add(session, outputs)
-    text = export_trace(doc)
-    yield _outputs(doc, message, len(text), TRACE_FILES.write(text))
+        rec = None if req.private else await anyio.to_thread.run_sync(RECORDINGS.get, req.key)
+        if rec is not None:
+            HISTORIES.add(session, history_outputs(rec.doc["results"]))
+            yield await anyio.to_thread.run_sync(_replayed, rec)
+            return
+        try:
+            comp, _ = submit_run(req)
+        except QueueFull as exc:
+            raise gr.Error(str(exc)) from None
+        _progress(progress, 0.0, "starting")
+        try:
+            async for update in _watch(comp, stop, progress):
+                yield update
+        finally:
+            others = comp.leave()           # the last one to leave (Stop, a closed tab) stops the computation
+        if not comp.done.is_set() and others > 0:
+            frame = comp.memo("frame", comp.version, lambda: _frame(comp)) if comp.live else {}
+            yield {**frame, "status": f"Stopped watching. {others} other visitor{'s' * (others != 1)} asked for "
+                                      f"this same run, so it goes on for them."}
+            return
+        await _until_done(comp)
+        if comp.state == "cancelled":
+            yield {"status": "Stopped the queued run before it started."}
+            return
+        if comp.error is not None:
+            if isinstance(comp.error, (ValueError, ModelLoadError)):
+                raise _error(comp.error) from None
+            raise comp.error
+        outcome: Outcome = comp.result
+        HISTORIES.add(session, outcome.outputs)
+        shared = (f" {comp.joined} visitors asked for this same run while it was computed; it ran once."
+                  if comp.joined > 1 else "")
+        views = comp.memo("views", -1, lambda: _views(outcome.doc))
+        yield await anyio.to_thread.run_sync(
+            lambda: _outputs(outcome.doc, outcome.message + shared, len(outcome.text),
+                             TRACE_FILES.write(outcome.text), views))
+
+
+def _replayed(rec: Recording) -> dict:
+    """A recorded run, replayed: the same views, its recorded timings, and a status that says so."""
+    if not rec.views:
+        rec.views = _views(rec.doc)
+    note = (f"Replay of a recorded run: this exact request (model, prompt, strategies, parameters, seed, "
+            f"settings) was computed at {rec.when()} on {rec.device}; identical requests are computed once, "
+            f"so the speed figures are the ones measured then. {rec.message}")
+    return _outputs(rec.doc, note, len(rec.text), TRACE_FILES.write(rec.text), rec.views, replay=True)
 
 
 def _fraction(snap: dict, max_new: int) -> float:
@@ -198,37 +360,71 @@ def _fraction(snap: dict, max_new: int) -> float:
     return min(1.0, (len(snap["done"]) + len(running.get("token_ids") or ()) / max(max_new, 1)) / total)
 
 
-def run_sweep(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-              strategy: Any, spec: Any, progress: Any = None, request: Any = None) -> tuple:
-    """The sweep's (figure, message)."""
-    with job(request) as (key, stop):
+async def run_sweep(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
+                    strategy: Any, spec: Any, progress: Any = None, request: Any = None) -> AsyncIterator[tuple]:
+    """The sweep's (figure, message): it waits in the same line as runs, showing its place."""
+    with job(request) as (_, stop):
         if stop.is_set():
-            return gr.skip(), "Stopped before the sweep started."
-        if progress is not None:
-            progress(0, desc="sweeping (one greedy reference, then each setting)")
+            yield gr.skip(), "Stopped before the sweep started."
+            return
         try:
-            sweep, message = compute_sweep(key, model, assistant, prompt, chat, max_new_tokens, seed,
-                                           strategy, spec)
-        except (ValueError, ModelLoadError) as exc:
+            req = sweep_request(model, assistant, prompt, chat, max_new_tokens, seed, strategy, spec)
+        except ValueError as exc:
             raise _error(exc) from None
-    return sweep_figure(sweep), message
+        comp = Computation(f"sweep-{uuid.uuid4().hex}", lambda c: compute_sweep(c.stop, req), units=req.units)
+        comp.subscribe()
+        try:
+            LINE.submit(comp)
+        except QueueFull as exc:
+            raise gr.Error(str(exc)) from None
+        _progress(progress, 0.0, "sweeping (one greedy reference, then each setting)")
+        try:
+            async for update in _watch(comp, stop, progress):
+                yield gr.skip(), update["status"]
+        finally:
+            comp.leave()
+        await _until_done(comp)
+        if comp.state == "cancelled":
+            yield gr.skip(), "Stopped the queued sweep before it started."
+            return
+        if comp.error is not None:
+            if isinstance(comp.error, (ValueError, ModelLoadError)):
+                raise _error(comp.error) from None
+            raise comp.error
+        sweep, message = comp.result
+        yield sweep_figure(sweep), message
 
 
-def _outputs(doc: dict, message: str, size: int, trace_path: Optional[str]) -> dict:
+def _plot(value: Any) -> Any:
+    """A figure serialized once (Gradio would serialize a shared figure again for every visitor)."""
+    return PlotData(type="plotly", plot=value.to_json()) if isinstance(value, go.Figure) else value
+
+
+def _views(doc: dict) -> dict:
+    """The views of a finished run that are the same for every visitor: drawn once, shared."""
+    top = top_step(doc)
+    choices = drafted(doc)
+    total = race_length_ms(doc["results"])
+    values = {"inspector": inspector_view(doc, choices[0], 1) if choices else None,
+              "clock_readout": race_views(doc, total, None)["clock"]}
+    values.update(chart_views(doc))
+    values.update(step_html(doc, top))
+    values.update(step_figures(doc, top, choices[0] if choices else None))
+    return {name: _plot(v) for name, v in values.items()}
+
+
+def _outputs(doc: dict, message: str, size: int, trace_path: Optional[str], views: Optional[dict] = None,
+             replay: bool = False) -> dict:
     """Every run view for a finished run or an imported trace (the document goes into STORE)."""
     top = top_step(doc)
-    key = STORE.put(doc, size, top)
+    key = STORE.put(doc, size, top, replay=replay)
     choices = drafted(doc)
     total = race_length_ms(doc["results"])
     values = {"key": key, "step": gr.update(minimum=0, maximum=max(top, 1), value=top),
               "clock": gr.update(minimum=0, maximum=max(round(total), 1), value=round(total)),
               "download": trace_path, "status": message,
-              "inspect_strategy": gr.update(choices=choices, value=choices[0] if choices else None),
-              "inspector": inspector_view(doc, choices[0], 1) if choices else None,
-              "clock_readout": race_views(doc, total, None)["clock"]}
-    values.update(chart_views(doc))
-    values.update(step_html(doc, top))
-    values.update(step_figures(doc, top, choices[0] if choices else None))
+              "inspect_strategy": gr.update(choices=choices, value=choices[0] if choices else None)}
+    values.update(views if views is not None else _views(doc))
     return values
 
 
@@ -313,6 +509,14 @@ def race_tick(key: Any, anchor: Any, speed: Any) -> dict:
     now = clamp_ms(start + (time.monotonic() - wall) * 1e3 * _speed(speed), total)
     return {**race_at(key, now, speed), "clock": round(now), "race_ticker": gr.Timer(active=now < total),
             "playing": "race"}
+
+
+def autoplay(key: Any, speed: Any) -> dict:
+    """After a run: a replayed recording plays its race in real time from the start; anything else stays."""
+    if not STORE.is_replay(key):
+        return {name: gr.skip() for name in ("race_anchor", "race_ticker", "columns", "clock_readout", "clock",
+                                             "ticker", "playing")}
+    return {**race_play(key, 0, speed), "ticker": gr.Timer(active=False), "playing": "race"}
 
 
 def race_rebase(anchor: Any, at_ms: Any) -> Any:

@@ -129,19 +129,28 @@ class TraceStore:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._docs: OrderedDict[str, tuple[dict, int, int]] = OrderedDict()   # key -> (doc, size, top step)
+        self._replays: set[str] = set()     # keys of documents that replay a recorded run
         self._held = 0
         self._lock = threading.Lock()
 
-    def put(self, doc: dict, json_bytes: int, top: int) -> str:
+    def put(self, doc: dict, json_bytes: int, top: int, replay: bool = False) -> str:
+        """Hold ``doc`` under a new random key; ``replay`` marks a recorded run replayed (its race autoplays)."""
         key = secrets.token_urlsafe(16)
         size = json_bytes * self.PER_JSON_BYTE
         with self._lock:
             self._docs[key] = (doc, size, top)
+            if replay:
+                self._replays.add(key)
             self._held += size
             while self._held > self.max_bytes and len(self._docs) > 1:
-                _, (_, old, _) = self._docs.popitem(last=False)
+                old_key, (_, old, _) = self._docs.popitem(last=False)
+                self._replays.discard(old_key)
                 self._held -= old
         return key
+
+    def is_replay(self, key: Any) -> bool:
+        with self._lock:
+            return isinstance(key, str) and key in self._replays
 
     def get(self, key: Any) -> Optional[tuple[dict, int]]:
         """(document, top replay step), or None when the key is unknown or was dropped."""

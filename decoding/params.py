@@ -19,6 +19,7 @@ MAX_BEAMS = 16
 # temperature: logits divided by 0) and fail inside the run; they mean "argmax" anyway.
 MIN_TOP_P = 1e-6
 MIN_TEMPERATURE = 1e-4
+MAX_MAGNITUDE = 2**53         # integers beyond this are refused (exact as floats up to here)
 
 
 def check_number(name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
@@ -26,17 +27,27 @@ def check_number(name: str, value: Any, lo: float | None = None, hi: float | Non
     """Raise ``ValueError`` unless ``value`` is a finite number in the range."""
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            integer and not float(value).is_integer()):
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-    if not math.isfinite(value):
+            integer and isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"{name} must be {kind}, got {_shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    # JSON integers have no size limit, and a float() of a very large one raises OverflowError
+    too_large = isinstance(value, int) and abs(value) > MAX_MAGNITUDE
     low_bad = lo is not None and (value <= lo if lo_open else value < lo)
     high_bad = hi is not None and value > hi
-    if low_bad or high_bad:
+    if too_large or low_bad or high_bad:
         left = "(" if lo_open else "["
         lo_s = "-inf" if lo is None else f"{lo:g}"
         hi_s = "inf" if hi is None else f"{hi:g}"
-        raise ValueError(f"{name} must be in {left}{lo_s}, {hi_s}], got {value!r}")
+        raise ValueError(f"{name} must be in {left}{lo_s}, {hi_s}], got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short (a JSON integer may have thousands of digits)."""
+    if isinstance(value, int) and abs(value) > MAX_MAGNITUDE:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_bool(name: str, value: Any) -> None:

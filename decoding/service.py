@@ -13,24 +13,31 @@ can add to (Stop flags, trace files, replay documents) has a fixed bound.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import os
 import re
 import threading
 import time
 import typing
+from pathlib import Path
 from typing import Any, Callable, Optional
+
+import torch
+import transformers
 
 from .bench import _num as sweep_value
 from .bench import parse_sweep
-from .models import default_target, load_model, load_presets
-from .params import check_max_new_tokens
+from .kernel_choice import cpu_name
+from .models import cache_root, default_target, load_model, load_presets
+from .params import check_max_new_tokens, params_to_dict
 from .processors import GenerationSettings
 from .prophet import PROPHET, has_prophet, make_pair
 from .context import RunContext
 from .live import Live
 from .runner import encode_prompt, environment, run_comparison
 from .strategies import registry
+from web.crowd import request_key
 
 # --------------------------------------------------------------------------- limits (one place)
 LIMITS: dict[str, Any] = {
@@ -42,7 +49,9 @@ LIMITS: dict[str, Any] = {
     "sweep_points": 12, "sweep_keys": 2, "sweep_chars": 500,
     "request_bytes": 2**20,       # any HTTP request body except an upload
     "upload_bytes": 20 * 2**20,   # a trace file
-    "queue_size": 32,             # queued events over the whole app
+    "queue_size": 32,             # runs and sweeps waiting for a compute slot (beyond it: "queue full")
+    "compute_slots": 1,           # runs computed at the same time (one model, one device)
+    "recordings_bytes": 256 * 2**20,    # memory for recorded runs replayed to identical requests
     "jobs_per_session": 2,        # queued or running runs, sweeps and imports of one browser session
     "trace_files": 64,            # exported trace files kept on disk
     "trace_store_bytes": 512 * 2**20,   # memory for the replay documents of all sessions
@@ -52,6 +61,13 @@ LIMITS: dict[str, Any] = {
     "history_nodes": 1_000_000,   # suffix-tree nodes over all histories (about 300 bytes each)
 }
 SETTINGS = {"allow_any_model": False}
+# the page's default comparison: the flagship (the prophet head's token trees) against greedy, prompt lookup, lookahead
+DEFAULT_STRATEGIES = ("greedy", "prophet", "prompt_lookup", "lookahead")
+DEFAULT_MAX_NEW = 64
+# the strategies the Sweep tab offers (the API refuses any other), with the values it suggests
+SWEEP_DEFAULTS = {"lookahead": "window=3,5,8;ngram=3,4", "speculative": "draft_tokens=1,2,4,8",
+                  "prophet": "draft_tokens=1,2,3,4,6", "prompt_lookup": "draft_tokens=2,4,8,16",
+                  "suffix": "draft_tokens=4,8,16", "jacobi": "block_size=2,4,8,16"}
 SESSION_FALLBACK = "local"   # direct calls (tests, scripts) have no browser session
 
 
@@ -126,6 +142,8 @@ def check_prompt(prompt: Any) -> str:
         raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
     if not prompt.strip():
         raise ValueError("prompt must not be empty")
+    if not any(ch.isprintable() and not ch.isspace() for ch in prompt):
+        raise ValueError("prompt has no visible text (only spaces and control characters)")
     if len(prompt) > LIMITS["prompt_chars"]:
         raise ValueError(f"prompt is {len(prompt)} characters; the limit is {LIMITS['prompt_chars']}")
     return check_unicode(prompt, "prompt")
@@ -181,16 +199,20 @@ class Prepared:
     note: str
 
 
-def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-            needs_assistant: bool, progress: Any = None, load: Callable[[str], Any] = load_model,
-            generation: Optional[GenerationSettings] = None, plan: Optional[list] = None) -> Prepared:
-    """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError.
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """The cheap checks of a request passed (names, numbers, prompt text): no model loaded yet."""
+    model: str
+    assistant: Optional[str]      # a preset, PROPHET, or None
+    prompt: str
+    chat: bool
+    max_new: int
+    seed: int
 
-    The assistant (a model or the prophet head) is loaded only when a strategy
-    of the request drafts with it. ``generation`` (already range-checked) is
-    checked against the target model (token ids within its vocabulary); ``plan``
-    against what the target ships (the prophet strategy needs its head).
-    """
+
+def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
+                 needs_assistant: bool, plan: Optional[list] = None) -> Checked:
+    """Every check that needs no model, cheap ones first; raises ValueError naming the field."""
     presets = load_presets()
     model = check_model_name(model, "model", presets)
     if assistant in (None, "", "none"):
@@ -208,6 +230,29 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     if any(name == "prophet" for name, _ in plan or ()) and not has_prophet(model):
         raise ValueError(f"strategies: no prophet head is shipped for {model!r}; untick Prophet head "
                          f"(or train one with python -m decoding.train_prophet)")
+    return Checked(model, assistant if needs_assistant else None, prompt, chat, max_new, seed)
+
+
+def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
+            needs_assistant: bool, progress: Any = None, load: Callable[[str], Any] = load_model,
+            generation: Optional[GenerationSettings] = None, plan: Optional[list] = None) -> Prepared:
+    """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError.
+
+    The assistant (a model or the prophet head) is loaded only when a strategy
+    of the request drafts with it. ``generation`` (already range-checked) is
+    checked against the target model (token ids within its vocabulary); ``plan``
+    against what the target ships (the prophet strategy needs its head).
+    """
+    return prepare_checked(check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant,
+                                        plan), needs_assistant, progress, load, generation)
+
+
+def prepare_checked(checked: Checked, needs_assistant: bool, progress: Any = None,
+                    load: Callable[[str], Any] = load_model,
+                    generation: Optional[GenerationSettings] = None) -> Prepared:
+    """Load the models of a checked request and tokenize its prompt (limits checked on the tokens)."""
+    model, assistant, prompt, chat = checked.model, checked.assistant, checked.prompt, checked.chat
+    max_new, seed = checked.max_new, checked.seed
     if progress is not None:
         progress(0, desc=f"loading {model}")
     target = load(model)
@@ -231,6 +276,126 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     return Prepared(pair, prompt_ids, max_new, seed, model, note)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """A checked run request, before any model is loaded: everything that decides its result.
+
+    ``history`` is the visitor's earlier outputs (None: this request keeps none). A request whose suffix
+    run drafts from a non-empty history is ``private``: it is never shared with, or replayed for, anyone else.
+    """
+    inputs: Checked
+    plan: tuple                         # ((strategy name, params), ...)
+    generation: GenerationSettings
+    history: Optional[tuple] = None
+
+    @property
+    def private(self) -> bool:
+        return bool(self.history) and any(name == "suffix" and getattr(params, "history", False)
+                                          for name, params in self.plan)
+
+    @property
+    def strategies(self) -> int:
+        """Timed runs, the greedy reference included."""
+        return len(self.plan) + (not any(name == "greedy" for name, _ in self.plan))
+
+    @property
+    def units(self) -> int:
+        """Work for the line's estimates: tokens of every strategy."""
+        return self.strategies * self.inputs.max_new
+
+    @property
+    def key(self) -> str:
+        """The same for any two requests whose runs give the same trace (up to timings)."""
+        fields = {"inputs": dataclasses.asdict(self.inputs),
+                  "plan": [[name, params_to_dict(params)] for name, params in self.plan],
+                  "generation": dataclasses.asdict(self.generation),
+                  "history": None if self.history is None else [list(t) for t in self.history],
+                  "allow_any_model": SETTINGS["allow_any_model"]}
+        return request_key(fields)
+
+
+def run_request(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
+                seed: Any, params: Any, generation: Any, history: Optional[list] = None) -> RunRequest:
+    """Check a run request without loading anything (ValueError names the field)."""
+    plan = build_plan(strategies, params or {})
+    settings = generation_settings(generation)
+    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan=plan)
+    return RunRequest(inputs, tuple(plan), settings, None if history is None else tuple(map(tuple, history)))
+
+
+def recordings_dir() -> str:
+    """Where recorded runs are kept across restarts: one folder per environment (the library's code and
+    presets, torch and transformers versions, device and threads), so only the code and machine that measured
+    a run replay it."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.joinpath("decoding").rglob("*.py"), *root.joinpath("presets").rglob("*.*")]):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    device = torch.cuda.get_device_name(0) if cuda_available() else cpu_name()
+    digest.update(f"{torch.__version__}|{transformers.__version__}|{device}|{torch.get_num_threads()}".encode())
+    return str(cache_root().parent / "recordings" / digest.hexdigest()[:16])
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRequest:
+    """A checked sweep: one strategy over a grid of parameter values (``combos``), one greedy reference."""
+    inputs: Checked
+    strategy: str
+    keys: list
+    combos: list
+    plan: list
+
+    @property
+    def units(self) -> int:
+        return (len(self.plan) + 1) * self.inputs.max_new
+
+
+def sweep_request(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
+                  strategy: Any, spec: Any) -> SweepRequest:
+    """Check a sweep request without loading anything (ValueError names the field)."""
+    keys, combos, plan = parse_sweep_spec(strategy, spec)
+    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan=plan)
+    return SweepRequest(inputs, strategy, keys, combos, plan)
+
+
+def complete(doc: dict) -> bool:
+    """Every strategy of the run finished on its own (no Stop, time limit or error): worth recording."""
+    return all(not r.get("error") and r.get("stop_reason") != "cancelled" for r in doc.get("results", ()))
+
+
+def device_text(doc: dict) -> str:
+    """Where a run was measured, in words: the GPU, or the CPU and its thread count."""
+    env = doc.get("environment") or {}
+    if env.get("gpu"):
+        return f"{env['gpu']} (GPU)"
+    cpu = env.get("cpu") or env.get("processor") or "a CPU"
+    threads = env.get("threads")
+    return f"{cpu} (CPU, {threads} threads)" if threads else str(cpu)
+
+
+def ui_default(strategy: str, field: str) -> Any:
+    """What the page's parameter field shows at first: the field's default (``fast`` on where CUDA is)."""
+    cls = registry()[strategy].params_cls
+    default = next(f.default for f in dataclasses.fields(cls) if f.name == field)
+    if field == "fast" and field_kind(cls, field) is bool:
+        return bool(default or cuda_available())
+    return default
+
+
+def default_request(prompt: str) -> RunRequest:
+    """The request the page sends for ``prompt`` when nothing else was changed (what examples are recorded as)."""
+    model = default_target()
+    plan = [name for name in DEFAULT_STRATEGIES if name in registry()]
+    values = {(s, f): ui_default(s, f) for s, f in param_fields() if s in plan}
+    return run_request(model, PROPHET if has_prophet(model) else "none", plan, prompt, True, DEFAULT_MAX_NEW, 0,
+                       values, [None] * len(GENERATION_FIELDS), history=None)
+
+
 def preload_default(load: Callable[[str], Any] = load_model) -> Optional[str]:
     """Load the default target and its prophet head into the in-process caches (the app calls this in a
     background thread at start, so a visitor's first Run does not wait for the load). Returns the model
@@ -248,6 +413,8 @@ def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], 
     reg = registry()
     if not isinstance(strategy, str) or strategy not in reg:
         raise ValueError(f"sweep strategy: unknown strategy {str(strategy)[:40]!r}")
+    if strategy not in SWEEP_DEFAULTS:
+        raise ValueError(f"sweep strategy: {strategy!r} cannot be swept; choose one of {', '.join(SWEEP_DEFAULTS)}")
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("sweep values: write KEY=V1,V2[;KEY=V1,V2], e.g. draft_tokens=2,4,8")
     if len(spec) > LIMITS["sweep_chars"]:

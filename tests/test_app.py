@@ -30,7 +30,7 @@ def run(client, strategies, prompt="Say hi in five words.", max_new=12, seed=0, 
 def test_real_run_side_by_side(client):
     out = run(client, ["greedy", "sample", "beam"], params={("beam", "num_beams"): 3})
     doc = out["doc"]
-    assert out["status"].startswith("Ran 3 strategies")
+    assert "Ran 3 strategies" in out["status"]
     assert doc["format"] == "decoding-playground-trace"
     assert [r["strategy"] for r in doc["results"]] == ["greedy", "sample", "beam"]
     assert doc["results"][2]["params"]["num_beams"] == 3
@@ -85,7 +85,7 @@ def test_bad_input_gets_a_clear_error_and_server_keeps_serving(client, kwargs, m
         run(client, strategies, **kwargs)
     assert message in str(err.value)
     good = run(client, ["greedy"], prompt="Name a colour.", max_new=3)   # still serving, correctly
-    assert good["status"].startswith("Ran 1 strategies") and len(good["doc"]["results"][0]["token_ids"]) == 3
+    assert "Ran 1 strategies" in good["status"] and len(good["doc"]["results"][0]["token_ids"]) == 3
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -158,7 +158,7 @@ def test_bad_model_names_are_refused_in_the_validation_layer():
 def test_html_in_prompt_is_escaped_and_server_still_answers(client):
     out = run(client, ["greedy"], prompt="Repeat exactly: <script>alert(1)</script>", max_new=16)
     assert "<script>alert" not in out["html"]
-    assert out["status"].startswith("Ran 1 strategies")
+    assert "Ran 1 strategies" in out["status"]
 
 
 def test_import_rejects_bad_files_and_replays_good_ones(client, tmp_path):
@@ -189,7 +189,7 @@ def test_hostile_uploads_are_rejected_and_server_keeps_serving(client, tmp_path,
     bad.write_bytes(content)
     with pytest.raises(Exception, match=message):
         client.predict(handle_file(str(bad)), api_name="/import_trace")
-    assert run(client, ["greedy"], max_new=2)["status"].startswith("Ran 1 strategies")
+    assert "Ran 1 strategies" in run(client, ["greedy"], max_new=2)["status"]
 
 
 def test_sweep_through_the_server(client):

@@ -109,7 +109,7 @@ def test_stop_returns_the_partial_trace_and_frees_the_worker(app_url):
     t_next = time.perf_counter()
     got = _request(other, "Name a planet.", seed=1)
     next_done = time.perf_counter() - t_next
-    assert got["status"].startswith("Ran 1 strategies")
+    assert "Ran 1 strategies" in got["status"]
     print(f"\n[cancel] stop -> partial result in {stopped_after:.2f} s ({len(result['token_ids'])} tokens kept); "
           f"next client's run done {next_done:.2f} s later")
 
@@ -121,7 +121,7 @@ def test_a_bad_request_does_not_block_the_queue(app_url, bad):
     with pytest.raises(Exception):
         client.predict(BUNDLED, "none", bad.get("strategies", ["greedy"]), "Hi.", True, bad.get("max_new", 3), 0,
                        *values, api_name="/run")
-    assert _request(client, "Hi.", seed=0)["status"].startswith("Ran 1 strategies")
+    assert "Ran 1 strategies" in _request(client, "Hi.", seed=0)["status"]
 
 
 # --------------------------------------------------------------------------- issue #18: attacks under load
@@ -192,7 +192,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
           + f"; RSS {rss0:.0f} MB -> {rss0 + grown:.0f} MB ({grown:+.0f} MB)")
     assert max(timings.values()) < 2.0          # issue #18: answered within 2 s
     assert grown < 200                          # issue #18: RSS growth under 200 MB
-    assert _request(client, "Name a planet.", seed=1)["status"].startswith("Ran 1 strategies")
+    assert "Ran 1 strategies" in _request(client, "Name a planet.", seed=1)["status"]
 
 
 def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, monkeypatch):
@@ -256,7 +256,7 @@ def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
             return sum(os.path.exists(f) for files in demo.temp_file_sets for f in files)
         counts = []
         for i in range(50):
-            assert _request(client, f"Say {i}.", seed=i, max_new=1)["status"].startswith("Ran 1 strategies")
+            assert "Ran 1 strategies" in _request(client, f"Say {i}.", seed=i, max_new=1)["status"]
             counts.append((app.TRACE_FILES.count(), cached()))
         time.sleep(5)                           # past delete_cache's age: Gradio's copies are removed
         ours, gradio_copies = app.TRACE_FILES.count(), cached()
