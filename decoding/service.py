@@ -289,9 +289,12 @@ class RunRequest:
     history: Optional[tuple] = None
 
     @property
+    def uses_history(self) -> bool:
+        return any(name == "suffix" and params.history for name, params in self.plan)
+
+    @property
     def private(self) -> bool:
-        return bool(self.history) and any(name == "suffix" and getattr(params, "history", False)
-                                          for name, params in self.plan)
+        return bool(self.history) and self.uses_history
 
     @property
     def strategies(self) -> int:
@@ -309,7 +312,8 @@ class RunRequest:
         fields = {"inputs": dataclasses.asdict(self.inputs),
                   "plan": [[name, params_to_dict(params)] for name, params in self.plan],
                   "generation": dataclasses.asdict(self.generation),
-                  "history": None if self.history is None else [list(t) for t in self.history],
+                  "history": ("unused" if not self.uses_history else
+                              None if self.history is None else [list(t) for t in self.history]),
                   "allow_any_model": SETTINGS["allow_any_model"]}
         return request_key(fields)
 

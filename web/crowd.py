@@ -76,6 +76,7 @@ class Computation:
     error: Optional[BaseException] = None
     live: Any = None                        # the latest published progress (plain data)
     version: int = 0                        # bumped by every publish
+    preempted: bool = False                 # stopped to give its slot to a visitor (background work only)
     subscribers: int = 0
     joined: int = 0                         # how many requests this computation answered
     entered: float = field(default_factory=time.monotonic)
@@ -151,6 +152,7 @@ class Line:
         if len(self._running) >= self.slots:
             background = [c for c in self._running if c.background]
             if len(background) == len(self._running) and background:
+                background[-1].preempted = True
                 background[-1].stop.set()
 
     def _next(self) -> Optional[Computation]:

@@ -1,0 +1,329 @@
+"""Serving a crowd (issue 25): the line in front of the compute slot, shared computations, recorded runs.
+
+The pieces of web/crowd.py are tested alone with work functions the test controls; then through the app:
+identical requests computed once, a recording replayed, the page's default example recorded in the
+background and replayed, a visitor's Stop on a shared run, a full line.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from gradio_client import Client
+
+import app
+import handlers
+from decoding.service import default_request, run_request
+from web.crowd import Board, Computation, Estimator, Line, QueueFull, Recording, Recordings, request_key
+
+BUNDLED = "smollm2-135m-instruct"
+
+
+def gate_work(gate: threading.Event, log: list, name: str):
+    """A work function that records when it starts and runs until ``gate`` opens (or it is stopped)."""
+    def work(comp: Computation) -> str:
+        log.append(name)
+        while not gate.wait(0.01):
+            if comp.stop.is_set():
+                return f"{name} stopped"
+        return f"{name} done"
+    return work
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- the line
+def test_the_line_serves_first_come_first_and_tells_each_its_place():
+    line, gate, log = Line(slots=1, capacity=8, estimator=Estimator(per_unit_s=1.0, start_s=0.0)), threading.Event(), []
+    comps = [Computation(f"k{i}", gate_work(gate, log, f"c{i}"), units=10) for i in range(4)]
+    for c in comps:
+        c.subscribe()
+        line.submit(c)
+    wait_for(lambda: comps[0].state == "running")
+    assert line.place(comps[0]) is None                              # running: not in line
+    places = [line.place(c) for c in comps[1:]]
+    assert [p[0] for p in places] == [1, 2, 3] and all(p[1] == 3 for p in places)
+    etas = [p[2] for p in places]
+    assert etas == sorted(etas) and etas[2] - etas[1] == pytest.approx(10.0, abs=0.1)   # one computation of 10 units apart
+    gate.set()
+    for c in comps:
+        assert c.done.wait(5) and c.state == "finished"
+    assert log == ["c0", "c1", "c2", "c3"] and comps[3].result == "c3 done"
+
+
+def test_a_full_line_refuses_visitors_but_not_background_work():
+    line, gate = Line(slots=1, capacity=2), threading.Event()
+    running = Computation("a", gate_work(gate, [], "a"))
+    line.submit(running)
+    wait_for(lambda: running.state == "running")
+    for key in ("b", "c"):
+        line.submit(Computation(key, gate_work(gate, [], key)))
+    with pytest.raises(QueueFull, match="queue full: 2 runs are waiting"):
+        line.submit(Computation("d", gate_work(gate, [], "d")))
+    line.submit(Computation("e", gate_work(gate, [], "e"), background=True))   # background work has no cap here
+    gate.set()
+
+
+def test_a_stop_while_waiting_takes_the_computation_out_of_line_unrun():
+    line, gate, log = Line(slots=1, capacity=4), threading.Event(), []
+    first, second = Computation("a", gate_work(gate, log, "a")), Computation("b", gate_work(gate, log, "b"))
+    for c in (first, second):
+        c.subscribe()
+        line.submit(c)
+    wait_for(lambda: first.state == "running")
+    assert second.leave() == 0 and second.stop.is_set()             # its last watcher left: it stops
+    assert second.done.wait(5) and second.state == "cancelled"
+    assert line.counts()["waiting"] == 0
+    gate.set()
+    assert first.done.wait(5) and log == ["a"]
+
+
+def test_background_work_waits_for_visitors_and_gives_its_slot_up():
+    line, gate, log = Line(slots=1, capacity=4), threading.Event(), []
+    background = Computation("bg", gate_work(gate, log, "bg"), background=True)
+    line.submit(background)
+    wait_for(lambda: background.state == "running")
+    assert line.idle()
+    visitor = Computation("v", gate_work(gate, log, "v"))
+    line.submit(visitor)                                             # the visitor stops the background run
+    assert background.done.wait(5) and background.result == "bg stopped"
+    wait_for(lambda: visitor.state == "running")
+    assert not line.idle()
+    later = Computation("bg2", gate_work(gate, log, "bg2"), background=True)
+    line.submit(later)                                               # waits while a visitor's runs
+    time.sleep(0.3)
+    assert later.state == "waiting"
+    gate.set()
+    assert later.done.wait(5) and log == ["bg", "v", "bg2"]
+
+
+def test_a_visitor_joining_background_work_keeps_it_from_being_stopped():
+    comp = Computation("k", lambda c: None, background=True)
+    comp.subscribe()                     # the recorder
+    assert comp.background
+    comp.subscribe()                     # a visitor asks for the same run
+    assert not comp.background
+
+
+def test_the_estimate_learns_from_finished_computations():
+    est = Estimator(per_unit_s=1.0, start_s=0.0, weight=0.5)
+    est.learn(units=100, seconds=10.0)                               # 0.1 s a unit measured
+    assert est.expect(100) == pytest.approx(55.0)                    # halfway from 100 s towards 10 s
+    est.learn(units=100, seconds=10.0)
+    assert est.expect(100) < 55.0
+
+
+# --------------------------------------------------------------------------- the board
+def test_identical_requests_share_one_computation_and_the_last_to_leave_stops_it():
+    line, board, gate, log = Line(slots=1), Board(), threading.Event(), []
+    made = []
+
+    def make() -> Computation:
+        made.append(Computation("same", gate_work(gate, log, "run")))
+        return made[-1]
+    (a, started_a), (b, started_b) = board.join("same", make, line), board.join("same", make, line)
+    assert a is b and started_a and not started_b and len(made) == 1 and a.joined == 2
+    wait_for(lambda: a.state == "running")
+    assert a.leave() == 1 and not a.stop.is_set()                   # one watcher left: it goes on
+    assert b.leave() == 0 and a.stop.is_set()                       # the last one: it stops
+    assert a.done.wait(5) and a.result == "run stopped"
+    c, started_c = board.join("same", make, line)                   # a stopped one is not joined again
+    assert started_c and c is not a
+    gate.set()
+    assert c.done.wait(5)
+    wait_for(lambda: len(board) == 0)
+
+
+# --------------------------------------------------------------------------- recordings
+def _recording(key: str, size: int) -> Recording:
+    return Recording(key, {"results": []}, "x" * size, "Ran 1 strategies.", 1.7e9, "a CPU")
+
+
+def test_recordings_are_bounded_least_recently_used_first():
+    recs = Recordings(max_bytes=6 * 250)
+    for key in ("a", "b", "c"):
+        recs.put(_recording(key, 100))
+    assert len(recs) == 2 and recs.get("a") is None and recs.held_bytes <= recs.max_bytes
+    recs.get("b")                                                    # b used: c goes first
+    recs.put(_recording("d", 100))
+    assert recs.get("c") is None and recs.get("b") is not None
+    recs.put(_recording("huge", 10_000))                             # larger than the budget: not held
+    assert recs.get("huge") is None and recs.held_bytes <= recs.max_bytes
+
+
+def test_recordings_outlive_a_restart_on_disk(tmp_path):
+    first = Recordings(max_bytes=2**20, directory=str(tmp_path), max_files=2)
+    for key in ("a", "b", "c"):
+        first.put(Recording(key, {"results": [1]}, json.dumps({"results": [1]}), f"msg {key}", 1.7e9, "cpu"))
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["b.json", "c.json"]   # at most max_files
+    again = Recordings(max_bytes=2**20, directory=str(tmp_path))
+    rec = again.get("c")
+    assert rec is not None and rec.doc == {"results": [1]} and rec.message == "msg c" and rec.device == "cpu"
+    (tmp_path / "b.json").write_text("not json")
+    assert again.get("b") is None and again.get("zzz") is None
+
+
+def test_request_keys_are_the_same_exactly_when_the_run_would_be():
+    fields = app.param_fields()
+    base = dict(model=BUNDLED, assistant="none", strategies=["greedy", "prompt_lookup"], prompt="Hi.", chat=True,
+                max_new_tokens=8, seed=0, generation=[None] * len(app.GENERATION_FIELDS))
+    key = run_request(**base, params={}).key
+    # what the page sends: every field, numbers as floats, the defaults spelled out
+    page = {(s, f): (float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+            for (s, f) in fields for v in [app.ui_default(s, f)]}
+    assert run_request(**{**base, "max_new_tokens": 8.0}, params=page).key == key
+    for change in ({"seed": 1}, {"prompt": "Hi!"}, {"chat": False}, {"max_new_tokens": 9},
+                   {"strategies": ["prompt_lookup", "greedy"]},
+                   {"generation": [1.2] + [None] * (len(app.GENERATION_FIELDS) - 1)}):
+        assert run_request(**{**base, **change}, params={}).key != key, change
+    assert run_request(**base, params={("prompt_lookup", "ngram_size"): 2}).key != key
+    # an assistant no chosen strategy drafts with does not change the run
+    assert run_request(**{**base, "assistant": "prophet"}, params={}).key == key
+    assert request_key({"a": 1, "b": 2}) == request_key({"b": 2, "a": 1})
+
+
+def test_a_run_that_drafts_from_the_visitors_history_is_private():
+    base = dict(model=BUNDLED, assistant="none", strategies=["suffix"], prompt="Hi.", chat=True, max_new_tokens=8,
+                seed=0, params={}, generation=[None] * len(app.GENERATION_FIELDS))
+    assert not run_request(**base, history=[]).private
+    assert run_request(**base, history=[[1, 2, 3]]).private
+    unused = {**base, "params": {("suffix", "history"): False}}
+    assert not run_request(**unused, history=[[1, 2, 3]]).private
+    assert run_request(**base, history=[[1, 2, 3]]).key != run_request(**base, history=[[1, 2, 4]]).key
+    assert run_request(**unused, history=[[1, 2, 3]]).key == run_request(**unused, history=None).key
+
+
+def test_zero_gpu_durations_follow_the_request():
+    short = run_request(BUNDLED, "none", ["greedy"], "Hi.", True, 8, 0, {}, [None] * len(app.GENERATION_FIELDS))
+    long = run_request(BUNDLED, "none", ["greedy", "jacobi"], "Hi.", True, 256, 0, {},
+                       [None] * len(app.GENERATION_FIELDS))
+    assert handlers._run_seconds(None, short) < handlers._run_seconds(None, long) <= app.LIMITS["time_limit_s"]
+
+
+def test_the_recorder_yields_to_a_visitor_and_records_again_later(monkeypatch):
+    """A visitor arriving while an example is recorded stops that recording; it is recorded once idle."""
+    gate, calls = threading.Event(), []
+
+    def fake(stop, req):                                 # a run that lasts until the gate opens (or a Stop)
+        calls.append(req.inputs.prompt)
+        while not gate.wait(0.01) and not stop.is_set():
+            pass
+        result = {"strategy": "greedy", "token_ids": [1], "error": None,
+                  "stop_reason": "cancelled" if stop.is_set() else "max_new_tokens"}
+        yield "done", {"environment": {"cpu": "test CPU", "threads": 2}, "results": [result]}, "Ran 1.", []
+    monkeypatch.setattr(handlers, "compute_run", fake)
+    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
+    recorder = threading.Thread(target=lambda: calls.append(handlers.record_examples(["Example."], idle_s=0.05)))
+    recorder.start()
+    wait_for(lambda: calls == ["Example."])
+    visitor, _ = handlers.submit_run(run_request(BUNDLED, "none", ["greedy"], "Mine.", True, 4, 0, {},
+                                                 [None] * len(app.GENERATION_FIELDS)))
+    wait_for(lambda: visitor.state == "running")         # the recording gave its slot up
+    assert handlers.RECORDINGS.get(default_request("Example.").key) is None
+    gate.set()
+    recorder.join(10)
+    assert calls[:3] == ["Example.", "Mine.", "Example."] and calls[3] == 1      # recorded on the second try
+    assert handlers.RECORDINGS.get(default_request("Example.").key).message == "Ran 1."
+    visitor.leave()
+
+
+# --------------------------------------------------------------------------- through the app
+def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> list:
+    return [BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *[None] * len(app.param_fields())]
+
+
+def _doc(out) -> dict:
+    with open(out[5], encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many times a run was really computed."""
+    calls = []
+    real = handlers.compute_run
+
+    def counting(stop, req):
+        calls.append(req.key)
+        yield from real(stop, req)
+    monkeypatch.setattr(handlers, "compute_run", counting)
+    return calls
+
+
+def test_identical_requests_at_once_are_computed_once_then_replayed(app_url, counted):
+    values = _values(("greedy", "prompt_lookup"), prompt="Name four colours of the rainbow.", max_new=16, seed=7)
+    clients = [Client(app_url, verbose=False) for _ in range(4)]
+    jobs = [c.submit(*values, api_name="/run") for c in clients]
+    outs = [j.result(timeout=300) for j in jobs]
+    assert len(counted) == 1
+    docs = [_doc(o) for o in outs]
+    assert all(d["results"][0]["token_ids"] == docs[0]["results"][0]["token_ids"] for d in docs)
+    assert all("4 visitors asked for this same run" in o[6] for o in outs)
+    again = Client(app_url, verbose=False).predict(*values, api_name="/run")
+    assert len(counted) == 1                                         # replayed, not computed
+    assert again[6].startswith("Replay of a recorded run") and "Ran 2 strategies" in again[6]
+    replayed = _doc(again)
+    assert [r["token_ids"] for r in replayed["results"]] == [r["token_ids"] for r in docs[0]["results"]]
+    assert [r["wall_s"] for r in replayed["results"]] == [r["wall_s"] for r in docs[0]["results"]]  # its timings
+    Client(app_url, verbose=False).predict(*_values(("greedy", "prompt_lookup"), prompt="Name four colours of "
+                                                    "the rainbow.", max_new=16, seed=8), api_name="/run")
+    assert len(counted) == 2                                         # another seed is another run
+
+
+def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url, counted, monkeypatch):
+    import decoding.service as service
+    prompt = "Reply with one word: yes."
+    monkeypatch.setattr(service, "DEFAULT_MAX_NEW", 16)            # the page's default, shortened for the test
+    assert handlers.record_examples([prompt]) == 1 and len(counted) == 1
+    assert handlers.record_examples([prompt]) == 0                 # already recorded
+    req = default_request(prompt)
+    # exactly what the page sends when the visitor only picks the example and presses Run
+    page = [app.default_target(), "prophet", list(app.DEFAULT_STRATEGIES), prompt, True, 16, 0,
+            *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS)]
+    t0 = time.perf_counter()
+    out = Client(app_url, verbose=False).predict(*page, api_name="/run")
+    took = time.perf_counter() - t0
+    assert len(counted) == 1 and out[6].startswith("Replay of a recorded run")
+    assert [r["strategy"] for r in _doc(out)["results"]] == list(app.DEFAULT_STRATEGIES)
+    assert handlers.RECORDINGS.get(req.key) is not None
+    print(f"\n[crowd] a recorded example replayed in {took:.2f} s")
+
+
+def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted):
+    values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=160, seed=3)
+    stays, leaves = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    kept = stays.submit(*values, api_name="/run")
+    wait_for(lambda: "tokens" in ((kept.status().progress_data or [None])[-1] or type("E", (), {"desc": ""})).desc,
+             timeout=120)
+    gone = leaves.submit(*values, api_name="/run")
+    wait_for(lambda: len(gone.outputs()) > 0, timeout=60)
+    leaves.predict(api_name="/stop")
+    out = gone.result(timeout=120)
+    assert "1 other visitor asked for this same run, so it goes on for them" in out[6]
+    full = kept.result(timeout=300)
+    result = _doc(full)["results"][0]
+    assert len(counted) == 1 and result["stop_reason"] != "cancelled" and len(result["token_ids"]) == 160
+
+
+def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, monkeypatch):
+    monkeypatch.setattr(handlers.LINE, "capacity", 1)
+    holder, waiter, late = (Client(app_url, verbose=False) for _ in range(3))
+    long = holder.submit(*_values(prompt="Write a long poem about rivers.", max_new=300, seed=11), api_name="/run")
+    wait_for(lambda: handlers.LINE.counts()["running"] == 1, timeout=120)
+    queued = waiter.submit(*_values(prompt="Write a long poem about hills.", max_new=300, seed=11), api_name="/run")
+    wait_for(lambda: handlers.LINE.counts()["waiting"] == 1, timeout=60)
+    with pytest.raises(Exception, match="queue full: 1 runs are waiting"):
+        late.predict(*_values(prompt="Write a long poem about lakes.", max_new=4, seed=11), api_name="/run")
+    waiter.predict(api_name="/stop")
+    holder.predict(api_name="/stop")
+    assert queued.result(timeout=120)[6] == "Stopped the queued run before it started."
+    assert "Ran 1 strategies" in long.result(timeout=120)[6]
+    assert "Ran 1 strategies" in late.predict(*_values(prompt="Name a lake.", max_new=2, seed=11), api_name="/run")[6]
