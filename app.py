@@ -35,6 +35,7 @@ from handlers import (BOARD, HISTORIES, JOBS, LINE, RECORDINGS, STORE, TRACE_FIL
 from visualize.guide import HOW_TO_READ
 from visualize.race import SPEEDS
 from visualize.tokens import columns_html
+from web import queue_guard
 
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
@@ -125,7 +126,11 @@ class Playground(gr.Blocks):
         # uploads get the file limit plus room for the multipart wrapping; everything else a small one
         limit = Middleware(BodyLimit, default=LIMITS["request_bytes"],
                            larger={"/upload": LIMITS["upload_bytes"] + 2**20})
-        app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), limit]
+        # the queue keeps every waiting client's session and restarts if it stops; GET /healthz says how it is
+        # (web/queue_guard.py: issue 25 item 4)
+        queue_guard.install(self)
+        health = Middleware(queue_guard.Health, blocks=self)
+        app_kwargs["middleware"] = [health, *app_kwargs.get("middleware", []), limit]
         return super().launch(*args, app_kwargs=app_kwargs, **kwargs)
 
 

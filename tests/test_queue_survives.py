@@ -1,0 +1,227 @@
+"""Issue 25 item 4, "A queue that cannot die": runs pressed at once while Stop is called in a loop through
+every route Gradio offers are all answered, the queue keeps serving (a run afterwards gives greedy's tokens)
+and ``GET /healthz`` says so; and if the queue's loop dies anyway, the app restarts it by itself.
+
+The trigger (web/queue_guard.py has it with Gradio's lines): Gradio keeps each session's messages in an
+``LRUCache(2000)`` that evicts the oldest session even while it waits or runs; every ``/call/stop`` is a new
+session, so after 2000 of them the waiting clients' sessions are gone and ``Queue.send_message`` raises
+``KeyError`` in the queue's own loops: the queue stops (every call answered ``503 Queue is stopped.``) or a
+run is dropped without an answer. The test shrinks that bound to SESSIONS so a few hundred Stop calls do
+what 2000 did; the eviction is Gradio's own code either way.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client
+
+import app
+from conftest import free_port
+from web import queue_guard
+
+BUNDLED = "smollm2-135m-instruct"
+CLIENTS, TOKENS = 8, 6
+SESSIONS = 40          # Gradio's bound is 2000; shrunk so the Stop loop pushes sessions out within seconds
+STOP_CALLS = 100       # calls per Stop loop (enough to push every waiting session out twice over)
+
+
+def _values() -> list:
+    return [None] * len(app.param_fields())
+
+
+def _doc(out) -> dict:
+    with open(out[5], encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _post(url: str, path: str, body: dict, timeout: float = 30) -> tuple[int, bytes]:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _health(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url + "healthz", timeout=10) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, json.loads(body) if body.startswith(b"{") else {"body": body.decode(errors="replace")}
+
+
+_COUNTING = threading.Lock()
+
+
+def _count(counts: dict, key: str) -> None:
+    with _COUNTING:
+        counts[key] = counts.get(key, 0) + 1
+
+
+def _stop_loop(url: str, until: threading.Event, counts: dict) -> None:
+    """The reported loop: raw ``POST /gradio_api/call/stop``, its stream never read; each call a new session."""
+    for _ in range(STOP_CALLS):
+        if until.is_set():
+            return
+        _count(counts, f"call {_post(url, 'gradio_api/call/stop', {'data': []})[0]}")
+
+
+def _stop_routes(url: str, until: threading.Event, counts: dict) -> None:
+    """Stop through the other routes Gradio offers, in turn."""
+    for round_ in range(STOP_CALLS // 3):
+        if until.is_set():
+            return
+        status, body = _post(url, "gradio_api/call/stop", {"data": []})
+        if status == 200:
+            stream = urllib.request.urlopen(url + f"gradio_api/call/stop/{json.loads(body)['event_id']}", timeout=30)
+            if round_ % 2:
+                stream.read()                  # its stream read to the end
+            stream.close()                     # or dropped at once
+        _count(counts, f"call+{'read' if round_ % 2 else 'drop'} {status}")
+        _count(counts, f"run {_post(url, 'gradio_api/run/stop', {'data': [], 'session_hash': 'stopper'})[0]}")
+        if round_ % 4 == 0:                    # the Stop button's api through gradio_client (/queue/join)
+            try:
+                Client(url, verbose=False).predict(api_name="/stop")
+                _count(counts, "client ok")
+            except Exception as exc:  # noqa: BLE001 - counted; the assertions are on the runs
+                _count(counts, f"client {type(exc).__name__}")
+
+
+@pytest.fixture(scope="module")
+def served():
+    demo = app.build_demo()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    demo._queue.pending_messages_per_session.max_size = SESSIONS
+    yield demo, f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """Greedy's tokens for a prompt, computed without the server."""
+    from decoding.baselines import greedy
+    from decoding.models import load_model
+    from decoding.params import GreedyParams
+    from decoding.result import ModelPair
+    from decoding.runner import encode_prompt
+    lm = load_model(BUNDLED)
+
+    def tokens(prompt: str, max_new: int) -> list[int]:
+        ids = encode_prompt(lm.tokenizer, prompt, chat=True)
+        return greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=max_new).token_ids
+    return tokens
+
+
+def test_sessions_with_waiting_events_are_never_evicted():
+    class Ev:
+        def __init__(self, session):
+            self.session_hash = session
+
+    class FakeQueue:
+        event_ids_to_events = {"e1": Ev("old-waiting")}
+        active_jobs = [[Ev("old-running")], None]
+
+    messages = queue_guard.SessionMessages(3, queue=FakeQueue())
+    for key in ("old-waiting", "old-running", "idle-1", "idle-2", "new"):
+        messages[key] = object()
+    assert list(messages) == ["old-waiting", "old-running", "new"]      # the idle ones went, oldest first
+    assert messages.evicted == 2 and messages.spared == 4
+    FakeQueue.event_ids_to_events, FakeQueue.active_jobs = {}, [None]     # all idle: plain LRU again
+    messages["newer"] = object()
+    assert list(messages) == ["old-running", "new", "newer"]
+
+
+def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
+    demo, url = served
+    prompts = [f"Name fruit number {i}." for i in range(CLIENTS)]
+    jobs = [Client(url, verbose=False).submit(BUNDLED, "none", ["greedy"], p, True, TOKENS, i, *_values(),
+                                              api_name="/run") for i, p in enumerate(prompts)]
+    # a client that gives up on its run (gradio_client's job.cancel()) is part of the traffic
+    quitter = Client(url, verbose=False).submit(BUNDLED, "none", ["greedy"], "Count to five.", True, 64, 0,
+                                                *_values(), api_name="/run")
+    counts: dict[str, int] = {}
+    done = threading.Event()
+    t0 = time.perf_counter()
+    stoppers = [threading.Thread(target=loop, args=(url, done, counts), daemon=True)
+                for loop in (_stop_loop, _stop_loop, _stop_routes)]
+    for stopper in stoppers:
+        stopper.start()
+    time.sleep(0.5)
+    quitter.cancel()
+    deadline = time.time() + 90
+    while time.time() < deadline and not all(j.done() for j in jobs) and not demo._queue.stopped:
+        time.sleep(0.2)
+    answered = time.perf_counter() - t0
+    done.set()
+    for stopper in stoppers:
+        stopper.join(timeout=60)
+    new_sessions = sum(v for k, v in counts.items() if k.startswith("call") and k.endswith("200"))
+    finished = sum(j.done() and j.exception() is None for j in jobs)
+    print(f"\n[queue] {CLIENTS} runs with Stop in a loop ({counts}): {finished}/{CLIENTS} answered in "
+          f"{answered:.1f} s; {new_sessions} new sessions against a bound of {SESSIONS}; "
+          f"queue stopped: {demo._queue.stopped}")
+    assert not demo._queue.stopped             # Gradio's own state: 503 "Queue is stopped." to every call
+    assert finished == CLIENTS, [j.exception() if j.done() else "no answer" for j in jobs]
+    assert new_sessions > 2 * SESSIONS          # the load did push sessions out
+    for prompt, job in zip(prompts, jobs):
+        doc = _doc(job.result())
+        assert doc["prompt"] == prompt and doc["results"][0]["token_ids"] == expected(prompt, TOKENS)
+    # the queue goes on serving: a run afterwards gives greedy's tokens
+    out = Client(url, verbose=False).predict(BUNDLED, "none", ["greedy"], "Name a planet.", True, 4, 1,
+                                             *_values(), api_name="/run")
+    assert _doc(out)["results"][0]["token_ids"] == expected("Name a planet.", 4)
+    status, health = _health(url)
+    assert status == 200 and health["ok"], health
+    queue = health["queue"]
+    assert queue["state"] == "running" and set(queue["loops"].values()) == {"running"}
+    assert queue["sessions_spared"] > 0 and queue["restarts"] == 0       # the guard kept a waiting client's session
+
+
+def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monkeypatch):
+    demo, url = served
+    queue = demo._queue
+    monkeypatch.setattr(queue_guard, "WATCH_S", 2.0)        # long enough to see the 503 before the restart
+    time.sleep(1.2)                                        # the watchdog's current sleep (1 s) ends first
+    job = Client(url, verbose=False).submit(BUNDLED, "none", ["greedy"], "Write a long story about a fox.", True,
+                                            256, 0, *_values(), api_name="/run")
+    while not queue.get_active_worker_count():
+        time.sleep(0.1)
+    restarts = queue.guard_restarts
+
+    def boom():                                            # an unforeseen failure in Gradio's processing loop
+        del queue.get_events
+        raise RuntimeError("injected")
+    queue.get_events = boom
+    _post(url, "gradio_api/call/stop", {"data": []})        # something to dispatch: the loop calls get_events
+    statuses = []
+    t0 = time.time()
+    while time.time() - t0 < 10:
+        status, health = _health(url)
+        statuses.append(status)
+        if status == 200 and queue.guard_restarts > restarts:
+            break
+        time.sleep(0.1)
+    recovered = time.time() - t0
+    assert 503 in statuses and statuses[-1] == 200, statuses
+    assert health["queue"]["restarts"] == restarts + 1
+    assert {"processing": "RuntimeError('injected')"}.items() <= {f["loop"]: f["error"] for f in
+                                                                  health["queue"]["failures"]}.items()
+    # the run the dying loop cancelled is answered with an error rather than left waiting
+    with pytest.raises(Exception) as failed:
+        job.result(timeout=30)
+    assert not isinstance(failed.value, TimeoutError)
+    out = Client(url, verbose=False).predict(BUNDLED, "none", ["greedy"], "Name a planet.", True, 2, 1,
+                                             *_values(), api_name="/run")
+    assert _doc(out)["results"][0]["token_ids"]
+    print(f"\n[queue] processing loop killed: /healthz said 503 then 200 after {recovered:.1f} s "
+          f"({statuses.count(503)} probes refused); the running job was answered with an error")
