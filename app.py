@@ -100,8 +100,9 @@ class SnapshotSet(set):
 
 
 class Playground(gr.Blocks):
-    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise, and makes the sets
-    of cached files safe for Gradio's cleaner to walk while requests add to them."""
+    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise, makes the sets
+    of cached files safe for Gradio's cleaner to walk while requests add to them, keeps the queue alive
+    (``web/queue_guard.py``) and answers ``GET /healthz``."""
 
     def guard_temp_files(self) -> int:
         """Swap every cached-file set for a :class:`SnapshotSet` (same contents, same sharing); returns how many."""
@@ -341,9 +342,13 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
                                         [ui["sweep_plot"], ui["sweep_status"]], api_name="sweep", **heavy)
     # Stop sets this session's flags (a running job keeps its partial trace); a job still waiting in
     # the queue is also taken out of it, through the hidden value's change and Gradio's cancels=.
-    c["stop"].click(stop_run, None, [ui["status"], c["cancel_queued"]], api_name="stop", queue=False)
+    # concurrency_limit=None: Stops sent through the API (/call/stop) are queued by Gradio even with queue=False;
+    # without it they would wait one at a time and a Stop storm would fill the queue that Runs need
+    c["stop"].click(stop_run, None, [ui["status"], c["cancel_queued"]], api_name="stop", queue=False,
+                    concurrency_limit=None)
     c["cancel_queued"].change(None, None, None, cancels=[run_event, sweep_event])
-    c["clear"].click(clear_history, None, ui["status"], api_name="clear_history", queue=False)
+    c["clear"].click(clear_history, None, ui["status"], api_name="clear_history", queue=False,
+                     concurrency_limit=None)
     # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
     # clamp their raw inputs themselves; they show no progress: Gradio would dim the columns and put a
     # timer on them while each frame (ten a second in the wall-clock replay) is in flight
