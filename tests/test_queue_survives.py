@@ -23,6 +23,7 @@ from gradio_client import Client
 
 import app
 from conftest import free_port
+from stop_traffic import post, stop_loop, stop_routes
 from web import queue_guard
 
 BUNDLED = "smollm2-135m-instruct"
@@ -40,16 +41,6 @@ def _doc(out) -> dict:
         return json.load(fh)
 
 
-def _post(url: str, path: str, body: dict, timeout: float = 30) -> tuple[int, bytes]:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def _health(url: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url + "healthz", timeout=10) as resp:
@@ -57,43 +48,6 @@ def _health(url: str) -> tuple[int, dict]:
     except urllib.error.HTTPError as exc:
         body = exc.read()
         return exc.code, json.loads(body) if body.startswith(b"{") else {"body": body.decode(errors="replace")}
-
-
-_COUNTING = threading.Lock()
-
-
-def _count(counts: dict, key: str) -> None:
-    with _COUNTING:
-        counts[key] = counts.get(key, 0) + 1
-
-
-def _stop_loop(url: str, until: threading.Event, counts: dict) -> None:
-    """The reported loop: raw ``POST /gradio_api/call/stop``, its stream never read; each call a new session."""
-    for _ in range(STOP_CALLS):
-        if until.is_set():
-            return
-        _count(counts, f"call {_post(url, 'gradio_api/call/stop', {'data': []})[0]}")
-
-
-def _stop_routes(url: str, until: threading.Event, counts: dict) -> None:
-    """Stop through the other routes Gradio offers, in turn."""
-    for round_ in range(STOP_CALLS // 3):
-        if until.is_set():
-            return
-        status, body = _post(url, "gradio_api/call/stop", {"data": []})
-        if status == 200:
-            stream = urllib.request.urlopen(url + f"gradio_api/call/stop/{json.loads(body)['event_id']}", timeout=30)
-            if round_ % 2:
-                stream.read()                  # its stream read to the end
-            stream.close()                     # or dropped at once
-        _count(counts, f"call+{'read' if round_ % 2 else 'drop'} {status}")
-        _count(counts, f"run {_post(url, 'gradio_api/run/stop', {'data': [], 'session_hash': 'stopper'})[0]}")
-        if round_ % 4 == 0:                    # the Stop button's api through gradio_client (/queue/join)
-            try:
-                Client(url, verbose=False).predict(api_name="/stop")
-                _count(counts, "client ok")
-            except Exception as exc:  # noqa: BLE001 - counted; the assertions are on the runs
-                _count(counts, f"client {type(exc).__name__}")
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +106,8 @@ def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     counts: dict[str, int] = {}
     done = threading.Event()
     t0 = time.perf_counter()
-    stoppers = [threading.Thread(target=loop, args=(url, done, counts), daemon=True)
-                for loop in (_stop_loop, _stop_loop, _stop_routes)]
+    stoppers = [threading.Thread(target=loop, args=(url, done, counts, STOP_CALLS), daemon=True)
+                for loop in (stop_loop, stop_loop, stop_routes)]
     for stopper in stoppers:
         stopper.start()
     time.sleep(0.5)
@@ -202,7 +156,7 @@ def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monke
         del queue.get_events
         raise RuntimeError("injected")
     queue.get_events = boom
-    _post(url, "gradio_api/call/stop", {"data": []})        # something to dispatch: the loop calls get_events
+    post(url, "gradio_api/call/stop", {"data": []})        # something to dispatch: the loop calls get_events
     statuses = []
     t0 = time.time()
     while time.time() - t0 < 10:

@@ -1,0 +1,211 @@
+"""A crowd at a talk, against a real server on loopback (issue 25): what each visitor waits for.
+
+    python benchmarks/bench_crowd.py [--clients 16] [--distinct 8] [--stop-rounds 3] [--json out.json]
+
+1. ``same``: ``--clients`` visitors press Run on the default example with the page's default settings, all at
+   once, before it was ever run (one computation, shared live), then again (a recorded run, replayed).
+   Per visitor: seconds until the first streamed update that shows a token, and until the whole result.
+2. ``distinct``: ``--distinct`` visitors press Run at once, each on their own example prompt (default settings):
+   seconds until each sees their place in line (or tokens, for the first), and until their result.
+3. ``stop``: ``--stop-rounds`` rounds of ``--clients`` visitors with distinct short runs while Stop is called
+   through every route (``/gradio_api/call/stop`` in two loops, with its stream read or dropped, ``/run/stop``,
+   the Stop button's API through gradio_client), half of the visitors pressing their own Stop; each visitor's
+   answer is counted (result, own Stop's partial result, queue full, error, none), and a normal run afterwards
+   must give greedy's tokens. The loops' thousands of new sessions are what used to stop Gradio's queue.
+
+Medians and 90th percentiles are printed with the machine; the model is loaded first (untimed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from gradio_client import Client  # noqa: E402
+
+import app  # noqa: E402
+import handlers  # noqa: E402
+from decoding.baselines import greedy  # noqa: E402
+from decoding.kernel_choice import cpu_name  # noqa: E402
+from decoding.models import load_model  # noqa: E402
+from decoding.params import GreedyParams  # noqa: E402
+from decoding.result import ModelPair  # noqa: E402
+from decoding.runner import encode_prompt  # noqa: E402
+from decoding.service import preload_default  # noqa: E402
+from stop_traffic import stop_loop, stop_routes  # noqa: E402
+from web.crowd import Recordings  # noqa: E402
+
+POLL_S = 0.05
+
+
+def page_values(prompt: str, max_new: int = app.DEFAULT_MAX_NEW, strategies=None, seed: int = 0) -> list:
+    """What the page sends when a visitor only picks ``prompt`` and presses Run."""
+    return [app.default_target(), "prophet", list(strategies or app.DEFAULT_STRATEGIES), prompt, True, max_new, seed,
+            *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS)]
+
+
+def watch(url: str, values: list, t0: float, row: dict) -> None:
+    """Submit ``values`` and note when the first place in line, first token and the result came."""
+    job = Client(url, verbose=False).submit(*values, api_name="/run")
+    seen = 0
+    while True:
+        outputs = job.outputs()
+        for out in outputs[seen:]:
+            now = time.perf_counter() - t0
+            status, columns = str(out[6] or ""), out[1] if isinstance(out[1], str) else str(out[1])
+            if "Waiting for the compute slot" in status:
+                row.setdefault("place_s", now)
+            if "data-source=" in columns:
+                row.setdefault("token_s", now)
+                row.setdefault("place_s", now)
+        seen = len(outputs)
+        if job.done():
+            break
+        time.sleep(POLL_S)
+    try:
+        out = job.result()
+        row["done_s"], row["status"] = time.perf_counter() - t0, str(out[6])
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        row["done_s"], row["error"] = time.perf_counter() - t0, str(exc)[:200]
+
+
+def crowd(url: str, requests: list[list]) -> list[dict]:
+    rows = [{} for _ in requests]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=watch, args=(url, v, t0, row)) for v, row in zip(requests, rows)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return rows
+
+
+def stop_round(url: str, clients: int, calls: int, tokens: int, seed: int) -> dict:
+    """``clients`` distinct runs at once while Stop is called through every route; half of the visitors press
+    their own Stop once their run streams. Counts how each visitor was answered."""
+    outcome: dict[str, int] = {}
+    traffic: dict[str, int] = {}
+
+    def visitor(i: int) -> None:
+        client = Client(url, verbose=False)
+        job = client.submit(*page_values(f"Tell me fact number {i} about the sea.", max_new=tokens,
+                                         strategies=["greedy"], seed=seed), api_name="/run")
+        if i % 2:
+            while not job.done() and not any("tokens" in str(o[6]) for o in job.outputs()):
+                time.sleep(POLL_S)
+            client.predict(api_name="/stop")
+        try:
+            status = str(job.result(timeout=900)[6])
+            kind = ("partial (own Stop)" if "cancelled" in json.dumps(_trace(job)) else "result") \
+                if "strategies" in status else status[:60]
+        except TimeoutError:
+            kind = "no answer"
+        except Exception as exc:  # noqa: BLE001 - named errors are outcomes too
+            kind = "queue full" if "queue full" in str(exc).lower() else f"error: {str(exc)[:60]}"
+        with lock:
+            outcome[kind] = outcome.get(kind, 0) + 1
+    lock, done = threading.Lock(), threading.Event()
+    stoppers = [threading.Thread(target=loop, args=(url, done, traffic, calls), daemon=True)
+                for loop in (stop_loop, stop_loop, stop_routes)]
+    t0 = time.perf_counter()
+    for t in stoppers:
+        t.start()
+    visitors = [threading.Thread(target=visitor, args=(i,)) for i in range(clients)]
+    for t in visitors:
+        t.start()
+    for t in visitors:
+        t.join()
+    done.set()
+    for t in stoppers:
+        t.join()
+    return {"outcomes": outcome, "stop_calls": traffic, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _trace(job) -> dict:
+    with open(job.result()[5], encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))] if values else float("nan")
+
+
+def summary(name: str, rows: list[dict], key: str) -> dict:
+    got = [r[key] for r in rows if key in r]
+    line = {"case": name, "measure": key, "n": len(rows), "with_value": len(got),
+            "p50_s": round(statistics.median(got), 2) if got else None, "p90_s": round(pct(got, 0.9), 2),
+            "max_s": round(max(got), 2) if got else None, "errors": sum("error" in r for r in rows)}
+    print(f"{name:34s} {key:8s} n={line['n']:3d} p50 {line['p50_s']:6.2f} s  p90 {line['p90_s']:6.2f} s  "
+          f"max {line['max_s']:6.2f} s  errors {line['errors']}")
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--distinct", type=int, default=8)
+    ap.add_argument("--stop-rounds", type=int, default=3)
+    ap.add_argument("--stop-calls", type=int, default=2400, help="Stop calls per loop and round (three loops)")
+    ap.add_argument("--stop-tokens", type=int, default=32)
+    ap.add_argument("--skip-crowd", action="store_true", help="only the Stop rounds")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    handlers.RECORDINGS = Recordings(app.LIMITS["recordings_bytes"])     # memory only: nothing recorded yet
+    preload_default()
+    from conftest import free_port
+    demo = app.build_demo()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url = f"http://127.0.0.1:{port}/"
+    prompts = [p for group in app.example_prompts().values() for p in group]
+    print(f"machine: {cpu_name()} ({os.cpu_count()} CPUs); default comparison {', '.join(app.DEFAULT_STRATEGIES)}, "
+          f"{app.DEFAULT_MAX_NEW} tokens")
+    lines = []
+    try:
+        Client(url, verbose=False).predict(*page_values("Warm up.", max_new=4), api_name="/run")   # untimed
+        if not args.skip_crowd:
+            same = [page_values(prompts[0])] * args.clients
+            lines.append(summary("same example, first press (shared)", rows := crowd(url, same), "token_s"))
+            lines.append(summary("same example, first press (shared)", rows, "done_s"))
+            lines.append(summary("same example, recorded (replayed)", rows := crowd(url, same), "token_s"))
+            lines.append(summary("same example, recorded (replayed)", rows, "done_s"))
+            distinct = [page_values(p) for p in prompts[1:1 + args.distinct]]
+            lines.append(summary("distinct prompts", rows := crowd(url, distinct), "place_s"))
+            lines.append(summary("distinct prompts", rows, "done_s"))
+        rounds = []
+        for r in range(args.stop_rounds):
+            rounds.append(stop_round(url, args.clients, args.stop_calls, args.stop_tokens, seed=100 + r))
+            print(f"Stop round {r + 1}: {rounds[-1]}")
+        after = Client(url, verbose=False).predict(*page_values("Name a planet.", max_new=8, strategies=["greedy"]),
+                                                   api_name="/run")
+        with open(after[5], encoding="utf-8") as fh:
+            tokens = json.load(fh)["results"][0]["token_ids"]
+        lm = load_model(app.default_target())
+        ids = encode_prompt(lm.tokenizer, "Name a planet.", chat=True)
+        exact = tokens == greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=8).token_ids
+        print(f"a run afterwards: {len(tokens)} tokens, greedy's: {exact}")
+        with urllib.request.urlopen(url + "healthz", timeout=10) as resp:
+            health = json.load(resp)
+    finally:
+        demo.close()
+    print(f"health afterwards: {health}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"machine": cpu_name(), "cpus": os.cpu_count(), "clients": args.clients,
+                       "distinct": args.distinct, "lines": lines, "stop_rounds": rounds, "after_exact": exact,
+                       "health": health}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
