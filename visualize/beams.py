@@ -48,17 +48,20 @@ def has_beams(result: dict) -> bool:
     return bool(_beam_steps(result))
 
 
-def beam_tree(result: dict, step: Optional[int] = None) -> list[Node]:
-    """Every beam of every ``BeamStep`` up to replay ``step`` (None: all) as a tree node, with its fate."""
+def beam_tree(result: dict, step: Optional[int] = None, last: Optional[int] = None) -> list[Node]:
+    """Every beam (the first ``MAX_BEAMS`` of each) of every ``BeamStep`` up to replay ``step`` (None: all),
+    or of the ``last`` of them, as a tree node, with its fate."""
     steps = [e for e in _beam_steps(result) if step is None or int(e.get("step", 0)) <= step]
+    if last is not None:
+        steps = steps[max(0, len(steps) - last):]
     output = tuple(result.get("token_ids") or ())
     nodes: list[Node] = []
     previous: dict[tuple, int] = {}          # prefix -> node index, at the step before
     extended: set[int] = set()
     for t, e in enumerate(steps):
         current: dict[tuple, int] = {}
-        scores = list(e.get("scores") or ())
-        for rank, beam in enumerate(list(e.get("tokens") or ())[:MAX_BEAMS]):
+        scores = (e.get("scores") or ())[:MAX_BEAMS]
+        for rank, beam in enumerate((e.get("tokens") or ())[:MAX_BEAMS]):
             beam = tuple(beam)
             score = number(scores[rank], None) if rank < len(scores) else None
             if not beam or score is None or score <= DEAD or beam in current:
@@ -77,13 +80,16 @@ def beam_tree(result: dict, step: Optional[int] = None) -> list[Node]:
 
 def _text(result: dict, token: int) -> str:
     raw = (result.get("vocab") or {}).get(str(token))
-    shown = repr(raw)[1:-1] if isinstance(raw, str) else f"<{token}>"
+    shown = repr(raw[:15])[1:-1] if isinstance(raw, str) else f"<{token}>"
     return plot_text(shown[:14] or "∅")
 
 
 def beam_figure(result: dict, step: Optional[int] = None, window: int = WINDOW) -> Any:
-    """The beams up to replay ``step``: x = output position, one row per beam rank (best at the top)."""
-    nodes = beam_tree(result, step)
+    """The beams up to replay ``step``: x = output position, one row per beam rank (best at the top).
+
+    Only the last ``window`` beam steps are built (a step adds one position), at most ``MAX_BEAMS`` beams each.
+    """
+    nodes = beam_tree(result, step, last=window)
     fig = go.Figure()
     if not nodes:
         fig.update_layout(title="No beam-search step recorded yet", height=260, template="plotly_white")
@@ -114,9 +120,11 @@ def beam_figure(result: dict, step: Optional[int] = None, window: int = WINDOW) 
                                           "<br>step %{customdata[1]}<extra></extra>")
     _finished_tail(fig, result, nodes, lo, step)
     ranks = max(n.rank for n in nodes) + 1
+    most = max((len(e.get("tokens") or ()) for e in _beam_steps(result)), default=0)
+    cut = f"; the first {MAX_BEAMS} of {most} beams" if most > MAX_BEAMS else ""
     fig.update_xaxes(title_text="output position", dtick=1, range=[lo - 1.6, hi + 0.8])
     fig.update_yaxes(title_text="beam (best first)", autorange="reversed", dtick=1, range=[ranks, -1])
-    fig.update_layout(title=f"Beam search: {ranks} beams, positions {lo - 1}–{hi - 1} (label: token; hover: "
+    fig.update_layout(title=f"Beam search: {ranks} beams, positions {lo - 1}–{hi - 1}{cut} (label: token; hover: "
                             "cumulative log-probability)", height=200 + 46 * ranks, template="plotly_white",
                       margin=dict(l=60, r=20, t=60, b=40), legend={"orientation": "h", "y": -0.2})
     return fig

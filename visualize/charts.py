@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import plotly.graph_objects as go
@@ -9,7 +10,10 @@ import plotly.graph_objects as go
 from .tokens import LEGEND, number, plot_text
 
 _PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
-MAX_BARS = 2000   # forward passes drawn per strategy and model (a trace can hold far more)
+MAX_BARS = 2000   # forward passes drawn per strategy and model (a trace can hold far more) ...
+MAX_TIMELINE = 8000   # ... and over the whole figure (16 imported strategies share it)
+MAX_MODELS = 2    # rows per strategy: target and draft (an unchecked result may name more; they are left out)
+MAX_SWEEP_VALUES = 64   # distinct values drawn per swept parameter (the app sweeps at most 12 settings)
 
 
 def _name(r: dict) -> str:
@@ -44,14 +48,18 @@ def forward_timeline(results: list[dict]) -> Any:
     colours = {"target": "#0072B2", "draft": "#E69F00"}
     shown = set()
     cut = False
+    per_row = min(MAX_BARS, max(1, MAX_TIMELINE // (MAX_MODELS * max(1, len(results)))))
     for r in results:
         t = 0.0
         bars: dict[str, dict[str, list]] = {}
         for e in r.get("events", ()):
             if e.get("type") != "ForwardPass":
                 continue
-            b = bars.setdefault(e.get("model", "target"), {"x": [], "base": [], "text": []})
-            if len(b["x"]) >= MAX_BARS:
+            model = e.get("model", "target")
+            b = bars.get(model)
+            if b is None and len(bars) < MAX_MODELS:
+                b = bars[model] = {"x": [], "base": [], "text": []}
+            if b is None or len(b["x"]) >= per_row:
                 cut = True
                 continue
             b["x"].append(e["ms"])
@@ -65,7 +73,7 @@ def forward_timeline(results: list[dict]) -> Any:
                 marker_color=colours.get(model, "#999999"), showlegend=model not in shown,
                 customdata=b["text"], hovertemplate=f"{plot_text(model)} %{{customdata}}<extra></extra>"))
             shown.add(model)
-    title = "Forward passes along wall-clock time" + (f" (first {MAX_BARS} per row)" if cut else "")
+    title = "Forward passes along wall-clock time" + (f" (first {per_row} per row)" if cut else "")
     fig.update_layout(barmode="overlay", title=title,
                       xaxis_title="milliseconds (sum of forward time)", height=120 + 40 * max(1, len(results)),
                       margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
@@ -128,9 +136,10 @@ def source_counts(results: list[dict]) -> Any:
     """How each strategy's tokens were produced (stacked), coloured by the shared legend."""
     fig = go.Figure()
     names = [_name(r) for r in results]
+    tallies = [Counter(e.get("source") for e in r.get("events", ()) if e.get("type") == "TokenCommitted")
+               for r in results]                                    # one pass over each result's events
     for source, (label, colour) in LEGEND.items():
-        counts = [sum(1 for e in r.get("events", ()) if e.get("type") == "TokenCommitted"
-                      and e.get("source") == source) for r in results]
+        counts = [tally.get(source, 0) for tally in tallies]
         if any(counts):
             fig.add_bar(x=names, y=counts, name=label, marker_color=colour)
     fig.update_layout(barmode="stack", title="Where the tokens came from", yaxis_title="tokens",
@@ -164,11 +173,17 @@ def sweep_figure(sweep: dict) -> Any:
     else:
         xs = sorted({p["values"][0] for p in points}, key=_order)
         ys = sorted({p["values"][1] for p in points}, key=_order)
-        z = [[max((p["speedup"] for p in points if p["values"][0] == x and p["values"][1] == y), default=None)
-              for x in xs] for y in ys]
-        fig.add_heatmap(x=[str(x) for x in xs], y=[str(y) for y in ys], z=z, colorscale="Viridis",
+        best: dict[tuple, float] = {}                # one pass over the points, not one per cell
+        for p in points:
+            cell = (p["values"][0], p["values"][1])
+            best[cell] = max(best.get(cell, p["speedup"]), p["speedup"])
+        cut = "" if len(xs) <= MAX_SWEEP_VALUES and len(ys) <= MAX_SWEEP_VALUES else \
+            f" (the first {min(len(xs), MAX_SWEEP_VALUES)} × {min(len(ys), MAX_SWEEP_VALUES)} values)"
+        xs, ys = xs[:MAX_SWEEP_VALUES], ys[:MAX_SWEEP_VALUES]
+        z = [[best.get((x, y)) for x in xs] for y in ys]
+        fig.add_heatmap(x=[plot_text(x) for x in xs], y=[plot_text(y) for y in ys], z=z, colorscale="Viridis",
                         colorbar={"title": "× greedy"}, texttemplate="%{z:.2f}")
         rest = f" (best over {', '.join(keys[2:])})" if len(keys) > 2 else ""
-        fig.update_layout(title=title + rest, xaxis_title=keys[0], yaxis_title=keys[1])
+        fig.update_layout(title=title + rest + cut, xaxis_title=keys[0], yaxis_title=keys[1])
     fig.update_layout(height=360, template="plotly_white", margin=dict(l=40, r=20, t=50, b=40))
     return fig

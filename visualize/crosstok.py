@@ -62,10 +62,11 @@ def piece_text(data: bytes) -> str:
 
 
 def _cell(data: bytes, span: tuple[int, int], cls: str, title: str) -> str:
+    """One token over its bytes; a token running past ``MAX_BYTES`` shows the bytes up to there."""
     a, b = span
     shown = min(b, MAX_BYTES) - a
     return (f"<td colspan='{shown}' class='{cls}' title='{html.escape(title, quote=True)}'>"
-            f"{show_text(piece_text(data[a:b])).replace('<br>', '')}</td>")
+            f"{show_text(piece_text(data[a:a + shown])).replace('<br>', '')}</td>")
 
 
 def _verdicts(result: dict, e: dict) -> dict[int, bool]:

@@ -42,6 +42,8 @@ WINDOW = 48          # columns in a focused view
 FOCUS_ROWS = 24      # rows in a focused view
 STEP_POSITIONS = 32  # columns of the heatmap at a replay step (cell text stays legible)
 MAX_CELLS = 24_000   # above this, the full view focuses too (a 512-token whole-output jacobi run)
+MAX_COLUMNS = 2048   # ... and above this many output positions (an iteration may claim to start at 10**6)
+MAX_ROWS = 1024      # ... and above this many iterations (a real run has at most about max_new_tokens)
 
 
 def has_iterations(result: dict) -> bool:
@@ -91,8 +93,9 @@ def rows(result: dict) -> list[Row]:
     events = [e for e in result.get("events", ()) if isinstance(e, dict)]
     params = result.get("params") if isinstance(result.get("params"), dict) else {}
     variant = str(params.get("variant", ""))
-    legacy = committed_counts(events)          # for events without ``committed`` (before version 2)
     its = [(i, e) for i, e in enumerate(events) if e.get("type") == "JacobiIteration"]
+    # for events without ``committed`` (before version 2) only: it counts the step's commits
+    legacy = committed_counts(events) if any(_int(e.get("committed"), -1) < 0 for _, e in its) else {}
     blocks = len({_int(e.get("block")) for _, e in its})
     out = []
     for index, (i, e) in enumerate(its, 1):
@@ -134,15 +137,17 @@ def frame(result: dict, step: Optional[int] = None, window: int = WINDOW, focus:
     """Rows and columns to draw: everything, or ``window`` columns around the iteration at ``step``.
 
     Without ``step`` the whole run is drawn, unless ``focus`` or it exceeds
-    ``MAX_CELLS``: then the first ``window`` positions and their first ``max_rows``
-    iterations. With ``step``, the latest ``max_rows`` iterations up to that step.
+    ``MAX_CELLS`` cells, ``MAX_COLUMNS`` positions or ``MAX_ROWS`` iterations: then the
+    first ``window`` positions and their first ``max_rows`` iterations. With ``step``,
+    the latest ``max_rows`` iterations up to that step.
     """
     allrows = rows(result)
-    final = list(result.get("token_ids") or ())
+    final = result.get("token_ids") or ()
     n = max([len(final)] + [r.end for r in allrows])
     shown = allrows if step is None else [r for r in allrows if r.step <= step]
     current = shown[-1] if shown and step is not None else None
-    if current is None and sum(len(r.tokens) for r in shown) <= MAX_CELLS and not focus:
+    small = n <= MAX_COLUMNS and len(shown) <= MAX_ROWS and sum(len(r.tokens) for r in shown) <= MAX_CELLS
+    if current is None and small and not focus:
         return Frame(shown, 0, n, None, "")
     # the current iteration's window near the right edge, the history that led to it on the left
     lo = 0 if current is None else max(0, min(current.start - 2, current.end + 2 - window, n - window))
@@ -221,7 +226,7 @@ def jacobi_heatmap(result: dict, step: Optional[int] = None, max_positions: int 
     positions; with ``step``, the ``STEP_POSITIONS`` around that replay step's window.
     """
     fr = frame(result, step, max_positions, max_rows=max_rows)
-    if step is not None or fr.hi - fr.lo > max_positions:   # a replay step, or wider than a figure can show
+    if step is not None or fr.hi - fr.lo > max_positions or len(fr.rows) > max_rows:   # larger than a figure shows
         width = max_positions if step is None else min(max_positions, STEP_POSITIONS)
         fr = frame(result, step, width, focus=True, max_rows=max_rows)
     final = list(result.get("token_ids") or ())

@@ -17,6 +17,8 @@ from .tokens import LEGEND, _tint
 
 MAX_CELLS = 64      # rows and columns drawn per table (a real window is at most 8 x 32)
 MAX_STEPS = 2000    # steps drawn in the per-step figure
+MAX_LABEL = 16      # characters of a token drawn in a cell
+MAX_HOVER = 80      # characters of a step's committed text in the figure's hover
 
 _CSS = ("<style>.dp-la table{border-collapse:collapse;margin:4px 0 10px}"
         ".dp-la td,.dp-la th{border:1px solid #ddd;padding:2px 6px;font-family:monospace;font-size:12px;"
@@ -53,21 +55,33 @@ def ngram_tokens(e: dict) -> int:
 
 
 def _text(result: dict, token: Any) -> str:
-    """A token's text as a short escaped cell label (repr shows whitespace)."""
+    """A token's text as a short escaped cell label (repr shows whitespace; a long one is cut, marked …)."""
     raw = result.get("vocab", {}).get(str(token))
-    shown = repr(raw)[1:-1] if isinstance(raw, str) else f"<{token}>"
-    return html.escape(shown or "∅")
+    shown = repr(raw[:MAX_LABEL + 1])[1:-1] if isinstance(raw, str) else f"<{token}>"
+    return html.escape((shown[:MAX_LABEL] + "…" if len(shown) > MAX_LABEL else shown) or "∅")
 
 
-def lookahead_steps(result: dict) -> list[dict]:
-    """One row per lookahead step: what was verified, accepted and committed."""
+def _committed_text(result: dict, tokens: Any, limit: int = MAX_HOVER) -> str:
+    """The text of ``tokens``, at most ``limit`` characters (cut ones end in …): never more than it shows."""
+    vocab, parts, size = result.get("vocab", {}), [], 0
+    for t in tokens:
+        piece = vocab.get(str(t), f"<{t}>")
+        parts.append(piece[:limit + 1 - size])
+        size += len(parts[-1])
+        if size > limit:
+            return "".join(parts)[:limit] + "…"
+    return "".join(parts)
+
+
+def lookahead_steps(result: dict, limit: Optional[int] = None) -> list[dict]:
+    """One row per lookahead step (the first ``limit``): what was verified, accepted and committed."""
     rows = []
-    for e in _steps(result):
+    for e in _steps(result)[:limit]:
         rows.append({"step": e["step"], "position": e["position"], "pool_size": e["pool_size"],
                      "pool_hits": e.get("pool_hits", len(e["candidates"])),
                      "candidates": len(e["candidates"]), "accepted_candidate": e["accepted_candidate"],
                      "ngram_tokens": ngram_tokens(e), "committed": len(e["accepted"]),
-                     "text": "".join(result.get("vocab", {}).get(str(t), f"<{t}>") for t in e["accepted"])})
+                     "text": _committed_text(result, e["accepted"])})
     return rows
 
 
@@ -80,14 +94,27 @@ def step_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
     return chosen
 
 
+def _cut(what: str, shown: int, total: int) -> str:
+    return f"first {shown} of {total} {what}" if shown < total else ""
+
+
+def _note(*parts: str) -> str:
+    """A visible line saying what a table leaves out (empty when it shows everything)."""
+    said = [p for p in parts if p]
+    return f"<div class='dp-muted'>Showing the {html.escape(', '.join(said))}.</div>" if said else ""
+
+
 def _window_table(result: dict, e: dict) -> str:
-    window = [lv[:MAX_CELLS] for lv in (e.get("window") or [])[:MAX_CELLS]]
+    levels = e.get("window") or []
+    window = [lv[:MAX_CELLS] for lv in levels[:MAX_CELLS]]
     width = max((len(lv) for lv in window), default=0)
     head = "".join(f"<th>col {i}</th>" for i in range(width))
     body = "".join(f"<tr><th>level {l}{' (oldest)' if l == 0 and len(window) > 1 else ''}</th>"
                    + "".join(f"<td>{_text(result, t)}</td>" for t in lv) + "</tr>"
                    for l, lv in enumerate(window))
-    return f"<table class='dp-window'><tr><th>window</th>{head}</tr>{body}</table>"
+    note = _note(_cut("window levels", len(window), len(levels)),
+                 _cut("columns", width, max((len(lv) for lv in levels[:MAX_CELLS]), default=0)))
+    return f"{note}<table class='dp-window'><tr><th>window</th>{head}</tr>{body}</table>"
 
 
 def _candidates_table(result: dict, e: dict) -> str:
@@ -111,7 +138,11 @@ def _candidates_table(result: dict, e: dict) -> str:
         f"<td class='{'dp-hit' if i < n_hit else 'dp-bonus'}'>{_text(result, t)}</td>"
         for i, t in enumerate(e["accepted"][:MAX_CELLS]))
     rows.append(f"<tr><th>committed</th>{key_cell}{committed}</tr>")
-    return f"<table class='dp-cands'>{''.join(rows)}</table>"
+    longest = max((len(c) for c in e["candidates"][:MAX_CELLS]), default=0)
+    note = _note(_cut("n-grams", min(len(e["candidates"]), MAX_CELLS), len(e["candidates"])),
+                 _cut("tokens of each n-gram", min(longest, MAX_CELLS), longest),
+                 _cut("committed tokens", min(len(e["accepted"]), MAX_CELLS), len(e["accepted"])))
+    return f"{note}<table class='dp-cands'>{''.join(rows)}</table>"
 
 
 def lookahead_step_html(result: dict, step: Optional[int] = None) -> str:
@@ -130,7 +161,8 @@ def lookahead_step_html(result: dict, step: Optional[int] = None) -> str:
 
 def lookahead_figure(result: dict) -> Any:
     """Tokens committed per step (n-gram hits stacked on the target's token) and the pool size."""
-    rows = lookahead_steps(result)[:MAX_STEPS]
+    rows = lookahead_steps(result, MAX_STEPS)
+    total = len(_steps(result))
     xs = [r["step"] for r in rows]
     fig = go.Figure()
     fig.add_bar(x=xs, y=[1 if r["committed"] > r["ngram_tokens"] else 0 for r in rows], name="target token",
@@ -141,7 +173,8 @@ def lookahead_figure(result: dict) -> Any:
     fig.add_scatter(x=xs, y=[r["pool_size"] for r in rows], name="pool size", yaxis="y2",
                     mode="lines", line={"color": LEGEND["beam"][1]})
     # the legend goes above the plot: on the right it would sit on top of the pool-size axis and clip it
-    fig.update_layout(title="Lookahead: tokens committed per target forward", barmode="stack",
+    cut = f" (first {MAX_STEPS} of {total} steps)" if total > MAX_STEPS else ""
+    fig.update_layout(title="Lookahead: tokens committed per target forward" + cut, barmode="stack",
                       xaxis_title="step (target forwards)", yaxis={"title": "tokens", "automargin": True},
                       yaxis2={"title": "pool size", "overlaying": "y", "side": "right", "automargin": True,
                               "rangemode": "tozero"},

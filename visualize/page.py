@@ -25,9 +25,9 @@ from .tokens import columns_html, max_step
 from .trees import draft_steps, tree_figure
 
 try:   # issue 16 / 19 views: present once their engineers' modules are
-    from .drafts import draft_sources, sources_html
+    from .drafts import has_sources, sources_html
 except ImportError:   # pragma: no cover - the module ships with suffix decoding
-    draft_sources = sources_html = None
+    has_sources = sources_html = None
 try:
     from .crosstok import crosstok_view
 except ImportError:   # pragma: no cover - the module ships with cross-tokenizer drafting
@@ -89,7 +89,7 @@ def step_html(doc: Optional[dict], step: Optional[int]) -> dict[str, str]:
              "jacobi": _jacobi(jc, step, top) if jc else
              _note("Tick Jacobi and run to see its iterations, one row per target forward.")}
     if sources_html is not None:
-        copied = _first(doc, lambda r: bool(draft_sources(r)))
+        copied = _first(doc, has_sources)
         views["drafts"] = sources_html(copied, step) if copied else _note(
             "Suffix decoding and prompt lookup record where each draft was copied from; run one to see it.")
     if crosstok_view is not None:
@@ -98,6 +98,7 @@ def step_html(doc: Optional[dict], step: Optional[int]) -> dict[str, str]:
 
 
 def _jacobi(result: dict, step: Optional[int], top: int) -> str:
+    """The Jacobi view of the first ``MAX_JACOBI_ROWS`` iterations (a note says when there are more)."""
     kept, seen = [], 0
     for e in result["events"]:
         if e.get("type") == "JacobiIteration":
@@ -105,7 +106,10 @@ def _jacobi(result: dict, step: Optional[int], top: int) -> str:
             if seen > MAX_JACOBI_ROWS:
                 continue
         kept.append(e)
-    return jacobi_view(dict(result, events=kept), None if step is None or step >= top else step)
+    view = jacobi_view(dict(result, events=kept), None if step is None or step >= top else step)
+    if seen > MAX_JACOBI_ROWS:
+        view = _note(f"The first {MAX_JACOBI_ROWS} of {seen} Jacobi iterations are drawn.") + view
+    return view
 
 
 def step_figures(doc: Optional[dict], step: Optional[int], strategy: Any = None) -> dict[str, Any]:

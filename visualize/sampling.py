@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from .tokens import LEGEND, number, plot_text
 
+MAX_BARS = 64        # tokens drawn (a real event holds the top 20 and the drawn one; traces may hold more)
 STAGES = (("p_raw", "raw logits (temperature 1)", "#999999"),
           ("p_temperature", "after temperature", LEGEND["greedy"][1]),
           ("p_final", "after top-k and top-p (drawn from)", LEGEND["sample"][1]))
@@ -46,7 +47,7 @@ def filter_at(result: dict, position: Any = None, step: Optional[int] = None) ->
 
 def _label(result: dict, token: int) -> str:
     raw = (result.get("vocab") or {}).get(str(token))
-    shown = repr(raw) if isinstance(raw, str) else f"<{token}>"
+    shown = repr(raw[:16]) if isinstance(raw, str) else f"<{token}>"
     return plot_text(f"{shown[:16]} ({token})")
 
 
@@ -58,17 +59,23 @@ def sampling_figure(result: dict, position: Any = None, step: Optional[int] = No
         fig.update_layout(title="No sampled position recorded (run Sampling with temperature > 0)", height=300,
                           template="plotly_white")
         return fig
-    tokens = list(e.get("tokens") or ())
+    all_tokens = e.get("tokens") or ()
     chosen = e.get("chosen", -1)
+    keep = list(range(min(len(all_tokens), MAX_BARS)))     # the first tokens, and the drawn one wherever it is
+    if chosen in all_tokens[MAX_BARS:]:
+        keep.append(MAX_BARS + list(all_tokens[MAX_BARS:]).index(chosen))
+    tokens = [all_tokens[i] for i in keep]
     labels = [("★ " if t == chosen else "") + _label(result, t) for t in tokens]
     for key, name, colour in STAGES:
-        values = list(e.get(key) or ())
-        if len(values) == len(tokens):
-            fig.add_bar(x=labels, y=values, name=name, marker_color=colour,
+        values = e.get(key) or ()
+        if len(values) == len(all_tokens):
+            fig.add_bar(x=labels, y=[values[i] for i in keep], name=name, marker_color=colour,
                         hovertemplate="%{x}: %{y:.4f}<extra>" + name + "</extra>")
     t, k, p = (number(e.get("temperature"), 1.0), int(number(e.get("top_k"), 0) or 0),
                number(e.get("top_p"), 1.0))
     settings = f"temperature {t:g}, top-k {k or 'off'}, top-p {p:g}"
+    if len(tokens) < len(all_tokens):
+        settings += f"; {len(tokens)} of its {len(all_tokens)} tokens shown"
     fig.update_layout(title=plot_text(f"Position {int(e['position'])} (step {int(e['step'])}): {settings}; "
                                       f"{int(number(e.get('kept'), 0) or 0)} tokens left to draw from; ★ drawn"),
                       barmode="group", yaxis_title="probability", xaxis_title="the most probable tokens",

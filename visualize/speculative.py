@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from .tokens import LEGEND, plot_text
 
 MAX_LENGTH_BARS = 64   # accepted lengths drawn one bar each; longer ones share the last bar
+MAX_TOKENS = 64        # tokens drawn in the inspector (a real event holds the top 10; traces may hold more)
 
 
 def _steps(result: dict) -> list[tuple[int, int]]:
@@ -40,6 +41,12 @@ def accepted_length_histogram(results: list[dict]) -> Any:
     return fig
 
 
+def _short(value: object, limit: int = 24) -> str:
+    """``repr`` of a token's text, cut to ``limit`` characters (…) before it is built in full."""
+    text = repr(value[:limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def inspectable_positions(result: dict) -> list[int]:
     return sorted({e["position"] for e in result.get("events", ()) if e.get("type") == "Distribution"})
 
@@ -56,12 +63,13 @@ def inspector(result: dict, position: int) -> Any:
                           template="plotly_white")
         return fig
     vocab = result.get("vocab", {})
-    labels = [plot_text(f"{vocab.get(str(t), t)!r} ({t})") for t in dist["tokens"]]
-    fig.add_bar(x=labels, y=dist["p_target"], name="p_target", marker_color=LEGEND["beam"][1])
+    n = min(len(dist["tokens"]), MAX_TOKENS)
+    labels = [plot_text(f"{_short(vocab.get(str(t), t))} ({t})") for t in dist["tokens"][:n]]
+    fig.add_bar(x=labels, y=dist["p_target"][:n], name="p_target", marker_color=LEGEND["beam"][1])
     if dist.get("q_draft"):
-        fig.add_bar(x=labels, y=dist["q_draft"], name="q_draft", marker_color=LEGEND["correction"][1])
+        fig.add_bar(x=labels, y=dist["q_draft"][:n], name="q_draft", marker_color=LEGEND["correction"][1])
     if dist.get("residual"):
-        fig.add_bar(x=labels, y=dist["residual"], name="residual max(0, p - q), normalized",
+        fig.add_bar(x=labels, y=dist["residual"][:n], name="residual max(0, p - q), normalized",
                     marker_color=LEGEND["rejected"][1])
     verdicts = [e for e in result.get("events", ()) if e.get("type") == "TokenVerified"
                 and e["position"] == position]
@@ -70,8 +78,10 @@ def inspector(result: dict, position: int) -> Any:
         v = verdicts[-1]
         tok = vocab.get(str(v["token"]), v["token"])
         u = "" if v.get("u") is None else f", u={v['u']:.3f}"
-        note = plot_text(f" — drafted {tok!r}: {'accepted' if v['accepted'] else 'rejected'} "
+        note = plot_text(f" — drafted {_short(tok)}: {'accepted' if v['accepted'] else 'rejected'} "
                          f"(p={v['p_target']:.3f}, q={v['q_draft']:.3f}{u})")
+    if n < len(dist["tokens"]):
+        note += f" (the first {n} of {len(dist['tokens'])} tokens)"
     fig.update_layout(title=f"Position {position} (step {dist['step']}){note}", barmode="group",
                       yaxis_title="probability", height=340, template="plotly_white",
                       margin=dict(l=40, r=20, t=60, b=80))

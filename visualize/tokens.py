@@ -54,6 +54,8 @@ def number(value: Any, default: float | None = 0.0) -> float | None:
 # rebuilt on every slider move, so its cost must not grow with the trace.
 MAX_FRAME_ITEMS = 6144
 MIN_COLUMN_ITEMS = 256
+MAX_PIECE = 80        # characters of one token drawn (a real token is rarely longer than 30)
+MAX_PARAMS = 300      # characters of a column's parameter line
 
 
 def max_step(result: dict) -> int:
@@ -92,13 +94,8 @@ def _vocab_text(result: dict, token: int) -> str:
     return result.get("vocab", {}).get(str(token), f"<{token}>")
 
 
-def token_items(result: dict, step: int | None = None, at_ms: float | None = None) -> list[dict]:
-    """Ordered items to draw at ``step`` (or at ``at_ms`` of the run's wall clock): committed
-    tokens and rejected drafts.
-
-    Each item: {"text", "token", "source", "position", "prob", "step", "struck"}.
-    """
-    pieces = result.get("pieces") or []
+def _gather(result: dict, step: int | None, at_ms: float | None) -> tuple[dict[int, dict], dict[int, list]]:
+    """The events drawn at ``step`` (or ``at_ms``): the last commit per position, the rejected drafts per position."""
     committed: dict[int, dict] = {}
     rejected: dict[int, list[dict]] = {}
     times = event_times(result) if at_ms is not None else None
@@ -109,27 +106,51 @@ def token_items(result: dict, step: int | None = None, at_ms: float | None = Non
             continue
         kind = e.get("type")
         if kind == "TokenCommitted":
-            pos = int(e["position"])
-            text = pieces[pos] if 0 <= pos < len(pieces) else _vocab_text(result, e["token"])
-            committed[pos] = {"text": text, "token": e["token"], "source": e["source"], "position": pos,
-                              "prob": e.get("prob"), "step": e["step"], "struck": False}
+            committed[int(e["position"])] = e
         elif kind == "TokenVerified" and not e.get("accepted"):
-            pos = int(e["position"])
-            rejected.setdefault(pos, []).append({
-                "text": _vocab_text(result, e["token"]), "token": e["token"], "source": "rejected",
-                "position": pos, "prob": e.get("p_target"), "step": e["step"], "struck": True})
-    items: list[dict] = []
+            rejected.setdefault(int(e["position"]), []).append(e)
+    return committed, rejected
+
+
+def _items(result: dict, step: int | None, at_ms: float | None, limit: int | None) -> tuple[list[dict], int]:
+    """The newest ``limit`` items to draw (all: None) and how many earlier ones there are.
+
+    Only the drawn items are built: a frame costs what it shows, however long the run.
+    """
+    pieces = result.get("pieces") or []
+    committed, rejected = _gather(result, step, at_ms)
+    order: list[tuple[int, Any, str]] = []        # (position, event or token id, what), newest last
     for pos in sorted(set(committed) | set(rejected)):
-        items.extend(rejected.get(pos, []))
+        order.extend((pos, e, "rejected") for e in rejected.get(pos, ()))
         if pos in committed:
-            items.append(committed[pos])
+            order.append((pos, committed[pos], "committed"))
     if step is None and at_ms is None and not committed and result.get("token_ids"):
         # a trace without events (or a failed run) still shows its tokens
-        for pos, tok in enumerate(result["token_ids"]):
-            text = pieces[pos] if 0 <= pos < len(pieces) else _vocab_text(result, tok)
-            items.append({"text": text, "token": tok, "source": "greedy", "position": pos, "prob": None,
+        order.extend((pos, tok, "token") for pos, tok in enumerate(result["token_ids"]))
+    hidden = 0 if limit is None else max(0, len(order) - limit)
+    items = []
+    for pos, e, what in order[hidden:]:
+        if what == "rejected":
+            items.append({"text": _vocab_text(result, e["token"]), "token": e["token"], "source": "rejected",
+                          "position": pos, "prob": e.get("p_target"), "step": e["step"], "struck": True})
+        elif what == "committed":
+            text = pieces[pos] if 0 <= pos < len(pieces) else _vocab_text(result, e["token"])
+            items.append({"text": text, "token": e["token"], "source": e["source"], "position": pos,
+                          "prob": e.get("prob"), "step": e["step"], "struck": False})
+        else:
+            text = pieces[pos] if pos < len(pieces) else _vocab_text(result, e)
+            items.append({"text": text, "token": e, "source": "greedy", "position": pos, "prob": None,
                           "step": 0, "struck": False})
-    return items
+    return items, hidden
+
+
+def token_items(result: dict, step: int | None = None, at_ms: float | None = None) -> list[dict]:
+    """Ordered items to draw at ``step`` (or at ``at_ms`` of the run's wall clock): committed
+    tokens and rejected drafts.
+
+    Each item: {"text", "token", "source", "position", "prob", "step", "struck"}.
+    """
+    return _items(result, step, at_ms, None)[0]
 
 
 def highlighted(result: dict, step: int | None = None) -> list[tuple[str, str | None]]:
@@ -143,18 +164,22 @@ def _prob_text(prob: Any) -> str:
 
 def tokens_html(result: dict, step: int | None = None, limit: int | None = None,
                 at_ms: float | None = None) -> str:
-    """The tokens at ``step`` (or ``at_ms``) as coloured spans; with ``limit``, only the newest ``limit`` items."""
-    items = token_items(result, step, at_ms)
-    hidden = len(items) - limit if limit is not None and len(items) > limit else 0
+    """The tokens at ``step`` (or ``at_ms``) as coloured spans; with ``limit``, only the newest ``limit`` items.
+
+    A token longer than ``MAX_PIECE`` characters shows its start, marked … (its title says how long it is).
+    """
+    items, hidden = _items(result, step, at_ms, limit)
     spans = [f"<span class='dp-muted'>… {hidden} earlier items not shown …</span> "] if hidden else []
-    for it in items[hidden:]:
+    for it in items:
         label = LEGEND.get(it["source"], (it["source"], ""))[0]
+        text = str(it["text"])
+        cut = f" ({len(text)} characters, the first {MAX_PIECE} shown)" if len(text) > MAX_PIECE else ""
         title = html.escape(f"#{it['position']} id {it['token']}: {label}{_prob_text(it['prob'])} "
-                            f"(step {it['step']})", quote=True)
+                            f"(step {it['step']}){cut}", quote=True)
         cls = "dp-tok dp-struck" if it["struck"] else "dp-tok"
         source = html.escape(str(it["source"]), quote=True)   # its colour comes from CSS (TOKEN_CSS)
         spans.append(f"<span class='{cls}' data-source='{source}' title='{title}'>"
-                     f"{show_text(str(it['text']))}</span>")
+                     f"{show_text(text[:MAX_PIECE] + '…' if cut else text)}</span>")
     return "".join(spans) or "<span class='dp-muted'>(nothing yet)</span>"
 
 
@@ -219,6 +244,18 @@ def _live_line(result: dict) -> str:
             f"{number(result.get('elapsed_s')) or 0.0:.1f} s")
 
 
+def _params_line(params: dict, limit: int = MAX_PARAMS) -> str:
+    """``k=v, ...`` cut to ``limit`` characters (…), built no further than that."""
+    parts, size = [], 0
+    for k, v in params.items():
+        part = f"{str(k)[:limit]}={str(v)[:limit]}"
+        parts.append(part)
+        size += len(part) + 2
+        if size > limit:
+            return ", ".join(parts)[:limit] + "…"
+    return ", ".join(parts)
+
+
 def column_html(result: dict, step: int | None = None, limit: int | None = None,
                 at_ms: float | None = None) -> str:
     """One strategy's column at ``step`` (or at ``at_ms`` of the wall-clock replay).
@@ -229,7 +266,7 @@ def column_html(result: dict, step: int | None = None, limit: int | None = None,
     title = html.escape(str(result.get("label") or result.get("strategy", "?")))
     if result.get("reference"):
         title += " <small>(reference)</small>"
-    params = ", ".join(f"{k}={v}" for k, v in (result.get("params") or {}).items())
+    params = _params_line(result.get("params") or {})
     top = max_step(result)
     live = bool(result.get("running") or result.get("waiting"))
     state, footer = "", stats_html(result)

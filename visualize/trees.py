@@ -42,8 +42,9 @@ def has_trees(result: dict) -> bool:
 def tree_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
     """The draft verified at replay ``step`` (the last at or before it; None: the last one).
 
-    Returns ``{step, position, tokens, parents, q, accepted, next_token, kind, source}``
-    where ``accepted`` lists the accepted path's nodes and ``kind`` is "tree" or "chain".
+    Returns ``{step, position, tokens, parents, q, accepted, next_token, kind, source, nodes}``
+    where ``accepted`` lists the accepted path's nodes, ``kind`` is "tree" or "chain", and
+    ``nodes`` is the draft's size: only its first ``MAX_NODES`` nodes are kept (and drawn).
     """
     chosen = None
     for e in _events(result, ("DraftTree", "DraftProposed")):
@@ -51,11 +52,11 @@ def tree_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
             chosen = e
     if chosen is None:
         return None
-    tokens = [int(t) for t in chosen["tokens"]][:MAX_NODES]
+    tokens = [int(t) for t in chosen["tokens"][:MAX_NODES]]
     n = len(tokens)
     if chosen["type"] == "DraftTree":
         parents = [int(p) if -1 <= int(p) < i else -1 for i, p in enumerate(chosen["parents"][:n])]
-        accepted = [int(a) for a in chosen.get("accepted", ()) if 0 <= int(a) < n]
+        accepted = [int(a) for a in chosen.get("accepted", ())[:n] if 0 <= int(a) < n]
         nxt = int(chosen.get("next_token", -1))
         kind = "tree"
     else:   # a chain: accepted length from the step's verifications, next token from its correction
@@ -65,10 +66,10 @@ def tree_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
         fix = [e for e in _events(result, ("CorrectionToken",)) if e["step"] == chosen["step"]]
         nxt = int(fix[-1]["token"]) if fix else -1
         kind = "chain"
-    q = [float(x) for x in chosen.get("q", ())][:n]
+    q = [float(x) for x in chosen.get("q", ())[:n]]
     return {"step": int(chosen["step"]), "position": int(chosen.get("position", 0)), "tokens": tokens,
             "parents": parents, "q": q, "accepted": accepted, "next_token": nxt, "kind": kind,
-            "source": str(chosen.get("source", ""))}
+            "source": str(chosen.get("source", "")), "nodes": len(chosen["tokens"])}
 
 
 def mask_matrix(parents: list[int]) -> list[list[int]]:
@@ -107,7 +108,7 @@ def _layout(parents: list[int]) -> list[float]:
 
 def _text(result: dict, token: int) -> str:
     raw = result.get("vocab", {}).get(str(token))
-    shown = repr(raw)[1:-1] if isinstance(raw, str) else f"<{token}>"
+    shown = repr(raw[:17])[1:-1] if isinstance(raw, str) else f"<{token}>"
     return html.escape(shown[:16] or "∅")
 
 
@@ -168,7 +169,8 @@ def tree_figure(result: dict, step: Optional[int] = None) -> Any:
     fig.update_yaxes(autorange="reversed", row=1, col=2, tickfont={"size": 8})
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=1)
     fig.update_xaxes(tickfont={"size": 8}, tickangle=-60, row=1, col=2)
-    title = (f"{t['kind']} of {len(tokens)} nodes drafted by {html.escape(t['source'])} at step {t['step']} "
+    cut = f" (the first {len(tokens)} shown)" if t["nodes"] > len(tokens) else ""
+    title = (f"{t['kind']} of {t['nodes']} nodes{cut} drafted by {html.escape(t['source'])} at step {t['step']} "
              f"(output position {t['position']}): {len(t['accepted'])} accepted")
     fig.update_layout(title=title, height=260 + 14 * max(len(tokens), 8), template="plotly_white",
                       margin=dict(l=30, r=20, t=70, b=80), legend={"orientation": "h", "y": -0.15})
