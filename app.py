@@ -1,5 +1,5 @@
 """Decoding Playground: the Gradio app. The page and its wiring only: what each event does is in
-handlers.py, requests are validated, run and bounded in decoding/service.py and decoding/guards.py,
+web/handlers.py, requests are validated, run and bounded in web/service.py and web/guards.py,
 decoding lives in decoding/, views in visualize/ (visualize/page.py says which view shows what).
 
     python app.py [--host 127.0.0.1] [--port 7860] [--allow-any-model] [--memory-budget-gb G]
@@ -20,22 +20,61 @@ import gradio as gr
 import yaml
 from starlette.middleware import Middleware
 
-from decoding.guards import BodyLimit
-from decoding.models import DEFAULT_MEMORY_BUDGET_GB, default_target, load_presets, set_memory_budget
-from decoding.prophet import PROPHET, has_prophet
-from decoding.service import (DEFAULT_MAX_NEW, DEFAULT_STRATEGIES, GENERATION_FIELDS, LIMITS, SESSION_FALLBACK,  # noqa: F401
-                              SETTINGS, SWEEP_DEFAULTS, Jobs, Prepared, build_plan, check_model_name, field_kind,
-                              param_fields, parse_sweep_spec, preload_default, prepare, recordings_dir,
-                              ui_default)
+from decoding.processors import GenerationSettings
+from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, default_target, load_presets, set_memory_budget
+from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
-from handlers import (BOARD, HISTORIES, JOBS, LINE, RECORDINGS, STORE, TRACE_FILES, admit,  # noqa: F401
-                      advance, autoplay, clear_history, import_file, inspect_position, play, race_at, race_play,
-                      race_rebase, race_tick, record_examples, replay, replay_figures, run_playground, run_sweep,
-                      stop_run)
 from visualize.guide import HOW_TO_READ
 from visualize.race import SPEEDS
 from visualize.tokens import columns_html
 from web import queue_guard
+from web.guards import BodyLimit
+from web.handlers import (
+    BOARD,
+    HISTORIES,
+    JOBS,
+    LINE,
+    RECORDINGS,
+    STORE,
+    TRACE_FILES,
+    admit,
+    advance,
+    autoplay,
+    clear_history,
+    import_file,
+    inspect_position,
+    play,
+    race_at,
+    race_play,
+    race_rebase,
+    race_tick,  # noqa: F401
+    record_examples,
+    replay,
+    replay_figures,
+    run_playground,
+    run_sweep,
+    stop_run,
+)
+from web.service import (
+    DEFAULT_MAX_NEW,
+    DEFAULT_STRATEGIES,
+    GENERATION_FIELDS,
+    LIMITS,
+    SESSION_FALLBACK,
+    SETTINGS,
+    SWEEP_DEFAULTS,
+    Jobs,
+    Prepared,
+    build_plan,
+    check_model_name,
+    field_kind,
+    param_fields,
+    parse_sweep_spec,  # noqa: F401
+    preload_default,
+    prepare,
+    recordings_dir,
+    ui_default,
+)
 
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
@@ -173,7 +212,6 @@ GENERATION_LABELS = {
 
 
 def _generation_inputs() -> list:
-    from decoding.processors import GenerationSettings
     defaults = GenerationSettings()
     with gr.Accordion("Generation settings (logits processors, applied to every strategy)", open=False):
         gr.Markdown("transformers' own processors, in `generate`'s order; every lossless strategy stays "
@@ -333,7 +371,7 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
     # Runs and sweeps are admitted (a Stop ticket, a bounded number per session) before they wait. Their
     # handlers only watch: the compute runs in handlers.LINE's slot (one on a CPU), where every run and sweep
     # waits its turn and sees its place; so many handlers may wait at once without holding a thread. Their
-    # inputs reach decoding/service.py as sent (preprocess=False), so it names every bad field itself.
+    # inputs reach web/service.py as sent (preprocess=False), so it names every bad field itself.
     heavy = dict(concurrency_id="generate", concurrency_limit=4 * LIMITS["queue_size"], validator=admit,
                  preprocess=False)
     run_event = c["run"].click(_run, [*fixed, *param_inputs.values(), *generation_inputs], outputs,

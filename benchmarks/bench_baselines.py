@@ -4,7 +4,7 @@
         [--max-new-tokens 64] [--json benchmarks/results/baselines-cpu.json]
 
 Two copies of the same weights are loaded: one as the app loads it (CPU linear
-kernels chosen per bucket of row counts on this machine, decoding/kernels.py),
+kernels chosen per bucket of row counts on this machine, decoding/runtime/kernels.py),
 one with transformers' default kernels (``kernels="default"``), which is what a
 plain ``generate`` user runs. Everything runs in one process, interleaved,
 after a warm-up; each figure is the median over repeats, then over prompts.
@@ -23,15 +23,15 @@ import argparse
 
 import torch
 
-from common import generate_new_tokens, median, remeasure_kernels, timed, write_json
-
-from decoding.baselines import greedy
-from decoding.kernel_choice import REPEATS
-from decoding.models import load_model
+from decoding.harness.runner import encode_prompt, environment
 from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt, environment
+from decoding.runtime.kernel_choice import REPEATS
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.strategies.baselines import greedy
 from decoding.tracer import NULL_TRACER, Tracer
+
+from common import generate_new_tokens, median, remeasure_kernels, timed, write_json
 
 PROMPTS = [
     "Explain in a short paragraph why the sky looks blue.",

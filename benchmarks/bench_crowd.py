@@ -33,17 +33,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from gradio_client import Client  # noqa: E402
 
-import app  # noqa: E402
-import handlers  # noqa: E402
-from decoding.baselines import greedy  # noqa: E402
-from decoding.kernel_choice import cpu_name  # noqa: E402
-from decoding.models import load_model  # noqa: E402
+from web import handlers  # noqa: E402
+from decoding.harness.runner import encode_prompt  # noqa: E402
 from decoding.params import GreedyParams  # noqa: E402
-from decoding.result import ModelPair  # noqa: E402
-from decoding.runner import encode_prompt  # noqa: E402
-from decoding.service import preload_default  # noqa: E402
-from stop_traffic import stop_loop, stop_routes  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.models import load_model  # noqa: E402
+from decoding.runtime.pair import ModelPair  # noqa: E402
+from decoding.strategies.baselines import greedy  # noqa: E402
 from web.crowd import Recordings  # noqa: E402
+from web.service import preload_default  # noqa: E402
+
+import app  # noqa: E402
+from stop_traffic import stop_loop, stop_routes  # noqa: E402
 
 POLL_S = 0.05
 

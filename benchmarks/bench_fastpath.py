@@ -18,15 +18,16 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import generate_new_tokens, median, timed, write_json
 
-from decoding import fastpath
-from decoding.baselines import greedy
-from decoding.bench import measure_bandwidth, weight_bytes
-from decoding.models import load_model, wrap_model
+from decoding.harness.bench import measure_bandwidth, weight_bytes
+from decoding.harness.runner import encode_prompt
 from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
+from decoding.runtime import fastpath
+from decoding.runtime.models import load_model, wrap_model
+from decoding.runtime.pair import ModelPair
+from decoding.strategies.baselines import greedy
+
+from common import generate_new_tokens, median, timed, write_json
 
 PROMPTS = [
     "Explain in a short paragraph why the sky looks blue.",

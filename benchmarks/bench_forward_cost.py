@@ -9,7 +9,7 @@ lookahead window) at once. They can only win when a T-position forward costs
 far less than T one-position forwards.
 
 On the CPU, which linear kernel is faster depends on the machine and on T
-(decoding/kernels.py): PyTorch's default (MKL sgemm) or weights prepacked for
+(decoding/runtime/kernels.py): PyTorch's default (MKL sgemm) or weights prepacked for
 oneDNN. ``load_model`` times both on the model's layers once per machine and
 runs each bucket of row counts on the faster one ("chosen", decoding/
 kernel_choice.py). This script measures whole forwards on all three on one
@@ -27,14 +27,14 @@ import argparse
 
 import torch
 
-from common import median, remeasure_kernels, timed, write_json
+from decoding.harness.runner import environment
+from decoding.runtime import kernels
+from decoding.runtime.kernel_choice import REPEATS
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
 
-from decoding import kernels
-from decoding.kernel_choice import REPEATS
-from decoding.lm import Session
-from decoding.models import load_model
-from decoding.result import ModelPair
-from decoding.runner import environment
+from common import median, remeasure_kernels, timed, write_json
 
 WIDTHS = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 64, 128)
 

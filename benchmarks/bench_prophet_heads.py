@@ -13,11 +13,11 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decoding.kernel_choice import cpu_name  # noqa: E402
-from decoding.models import PRESETS_DIR, load_model  # noqa: E402
-from decoding.prophet import load_prophet  # noqa: E402
-from decoding.result import ModelPair  # noqa: E402
-from decoding.runner import encode_prompt, run_one  # noqa: E402
+from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
+from decoding.runtime.head import load_prophet  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
+from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
 
 MAX_NEW, REPEATS = 64, 2

@@ -5,7 +5,7 @@
     python benchmarks/bench_suffix.py multiturn [--repeats 3] [--max-new-tokens 96] [--json OUT]
 
 ``grounded``: the input-grounded prompts (three code edits, three summaries) through
-``decoding.bench.run_bench``: greedy, suffix decoding, our prompt lookup (chain, and
+``decoding.harness.bench.run_bench``: greedy, suffix decoding, our prompt lookup (chain, and
 multi-candidate), transformers' ``generate`` greedy and prompt lookup, interleaved after a
 warm-up, median over repeats. Prints the usual table, then per prompt suffix / prompt lookup
 (tok/s) and its median over prompts (issue 16's goal: >= 1.2), and suffix / ``generate``'s
@@ -35,16 +35,17 @@ import statistics
 from pathlib import Path
 
 import yaml
-from common import ROOT, median, timed, write_json
 
-from decoding import bench
 from decoding.context import RunContext
 from decoding.drafting.suffix import SuffixHistory
-from decoding.models import load_model
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt, environment
+from decoding.harness import bench
+from decoding.harness.runner import encode_prompt, environment
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
 from decoding.tracer import NULL_TRACER
+
+from common import ROOT, median, timed, write_json
 
 GROUNDED = ["code:2,4,7", "summarization:0,1,2"]
 

@@ -33,15 +33,15 @@ def median(values: list[float]) -> float:
 
 def generate_new_tokens(lm: Any, prompt_ids: list[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
     """transformers' generate, new tokens only, cut after the first EOS."""
-    from decoding.bench import hf_generate
+    from decoding.harness.bench import hf_generate
     kwargs.pop("do_sample", None)
     return hf_generate(lm, prompt_ids, max_new_tokens, **kwargs)
 
 
 def remeasure_kernels(lm: Any, spec: str, repeats: int) -> None:
-    """Time the CPU linear kernels again for ``lm`` and replace its cached choice (decoding/kernel_choice.py)."""
-    from decoding.kernel_choice import cache_file, configure
-    from decoding.models import cache_root, resolve_source
+    """Time the CPU linear kernels again for ``lm`` and replace its cached choice (decoding/runtime/kernel_choice.py)."""
+    from decoding.runtime.kernel_choice import cache_file, configure
+    from decoding.runtime.models import cache_root, resolve_source
     kind = resolve_source(spec)[2]
     lm.extras["kernel_choice"] = configure(lm.model, "auto", name=lm.name, remeasure=True, repeats=repeats,
                                            budget_s=float("inf"),

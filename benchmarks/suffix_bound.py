@@ -32,9 +32,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decoding.drafting.suffix import run_length  # noqa: E402
-from decoding.models import PRESETS_DIR, load_model  # noqa: E402
-from decoding.result import ModelPair  # noqa: E402
-from decoding.runner import encode_prompt  # noqa: E402
+from decoding.harness.runner import encode_prompt  # noqa: E402
+from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
+from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
 
 GROUNDED = [("code", 2), ("code", 4), ("code", 7), ("summarization", 0), ("summarization", 1),

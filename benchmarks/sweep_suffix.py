@@ -10,12 +10,14 @@ from pathlib import Path
 
 import torch
 import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 torch.set_num_threads(1)
-from decoding.models import load_model
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
+from decoding.harness.runner import encode_prompt
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
+
 P = yaml.safe_load(open(Path(__file__).resolve().parents[1] / "presets" / "prompts.yaml"))
 prompts = [P["code"][i] for i in (2, 4, 7)] + [P["summarization"][i] for i in (0, 1, 2)]
 lm = load_model("smollm2-135m-instruct")

@@ -18,11 +18,20 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from decoding.context import RunContext
+from decoding.harness import bench
+from decoding.harness.runner import encode_prompt, environment, run_comparison, summarize
+from decoding.params import check_max_new_tokens, parse_params
+from decoding.processors import GenerationSettings
+from decoding.runtime.models import ModelLoadError, bundled_file, load_model, load_presets
+from decoding.runtime.pair import make_pair
+from decoding.strategies import get_strategy, registry
+from visualize.report import html_report
+
 EXIT_USAGE = 2
 
 
 def _parse_sets(items: Sequence[str], strategies: Sequence[str]) -> dict[str, dict[str, str]]:
-    from .strategies import get_strategy
     per: dict[str, dict[str, str]] = {s: {} for s in strategies}
     fields = {s: {f.name for f in dataclasses.fields(get_strategy(s).params_cls)} for s in strategies}
     for item in items:
@@ -61,10 +70,6 @@ def _table(rows: list[dict]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .context import RunContext
-    from .params import check_max_new_tokens
-    from .runner import encode_prompt, environment, run_comparison, summarize
-    from .strategies import get_strategy
 
     strategies = args.strategy or ["greedy"]
     for name in strategies:
@@ -125,8 +130,6 @@ GENERATION_FLAGS = {   # --flag -> GenerationSettings field (logits processors a
 
 
 def _generation_settings(args: argparse.Namespace):
-    from .params import parse_params
-    from .processors import GenerationSettings
     values = {k: getattr(args, k) for k in GENERATION_FLAGS if getattr(args, k) is not None}
     return parse_params(GenerationSettings, values)
 
@@ -134,10 +137,6 @@ def _generation_settings(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from . import bench
-    from .params import check_max_new_tokens
-    from .runner import environment
-    from .strategies import get_strategy
 
     strategies = args.strategy or []
     for name in strategies:
@@ -189,15 +188,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(bench.markdown_table(doc["summary"]) + "\n", encoding="utf-8")
     if args.html:
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)
-        bench.html_report(doc, args.html)
+        html_report(doc, args.html)
     bad = [r for r in doc["rows"] if r["equals_greedy"] is False and r["method"] in
            {m.name for m in methods if m.lossless}]
     return 1 if bad else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .models import bundled_file, load_presets
-    from .strategies import registry
     print("strategies:")
     for s in registry().values():
         fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(s.params_cls))
@@ -226,8 +223,6 @@ def _use_chat(args: argparse.Namespace, lm: Any, status: Any) -> bool:
 
 def _load_pair(args: argparse.Namespace, status: Any):
     """The target and its assistant (or prophet head), with the device, dtype and kernel flags."""
-    from .models import load_model
-    from .prophet import make_pair
 
     if args.no_pack and args.kernels not in (None, "default"):
         raise ValueError(f"--no-pack means --kernels default; it contradicts --kernels {args.kernels}")
@@ -311,7 +306,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .models import ModelLoadError
     try:
         return args.func(args)
     except (ValueError, ModelLoadError, OSError) as exc:

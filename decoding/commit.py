@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
-from .events import TokenCommitted
+from decoding.events import TokenCommitted
 
 
 class Output:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from decoding.processors import build
+
 
 @dataclass
 class RunContext:
@@ -20,7 +22,6 @@ class RunContext:
 
     def processors(self, lm: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> Optional[Any]:
         """The logits processors of one generation of ``lm`` on ``prompt_ids`` (None when none is active)."""
-        from .processors import build
         prefix = [lm.decoder_start_token_id] if lm.is_encoder_decoder else list(prompt_ids)
         return build(self.generation, lm, prefix, max_new_tokens)
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 MAX_NEW_TOKENS_CAP = 1024
+MAX_DRAFT = 32       # deepest draft (tokens per chain)
+
+
+MAX_TREE_NODES = 64  # most nodes one tree may hold
 MAX_BEAMS = 16
 # Smaller positive values would reach the float32 kernels as 0 (top_p: every token dropped;
 # temperature: logits divided by 0) and fail inside the run; they mean "argmax" anyway.
@@ -56,7 +60,7 @@ def check_bool(name: str, value: Any) -> None:
 
 
 FAST_HELP = ("fast: a static KV cache with explicit positions and masks; on a GPU every forward "
-             "shape is captured once as a CUDA graph and replayed (decoding/fastpath.py). Same tokens.")
+             "shape is captured once as a CUDA graph and replayed (decoding/runtime/fastpath.py). Same tokens.")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class GreedyParams:
     """Plain greedy decoding: one target forward per token, argmax.
 
     ``fast``: a static KV cache; on a GPU each forward is replayed as a CUDA graph
-    (decoding/fastpath.py). Same tokens either way.
+    (decoding/runtime/fastpath.py). Same tokens either way.
     """
     fast: bool = False
 
@@ -81,7 +85,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    fast: bool = False              # static KV cache + CUDA graphs (decoding/fastpath.py)
+    fast: bool = False              # static KV cache + CUDA graphs (decoding/runtime/fastpath.py)
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, 0.0, 100.0)
@@ -143,7 +147,8 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
                 raise ValueError(f"{name} must be a number, got {value!r}") from None
         if isinstance(value, float) and annotation is int and math.isfinite(value) and value.is_integer():
             return int(value)
-        if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        if annotation is float and isinstance(value, int) and not isinstance(value, bool) \
+                and abs(value) <= MAX_MAGNITUDE:   # a larger one stays an int: check_number names it
             return float(value)
         return value
     if annotation is str:
@@ -174,3 +179,191 @@ def params_to_dict(params: Any) -> dict:
 def check_max_new_tokens(value: Any, cap: int = MAX_NEW_TOKENS_CAP) -> int:
     check_number("max_new_tokens", value, 1, cap, integer=True)
     return int(value)
+
+
+# --------------------------------------------------------------------------- drafting strategies
+
+@dataclass(frozen=True)
+class SpeculativeParams(SamplingParams):
+    """Assistant-model drafting. temperature 0 = greedy verification (lossless).
+
+    ``draft_tokens``: draft length (a chain) or depth (a tree); ``adaptive``:
+    grow it after a fully accepted draft, shrink it after a rejection;
+    ``confidence_threshold``: a chain stops when the drafter's top probability is
+    below it, a tree stops growing when its best path's probability is.
+    ``tree``: draft an EAGLE-2 dynamic tree, expanding the ``tree_topk`` most
+    probable nodes per depth (``tree_topk`` children each) and keeping the
+    ``tree_nodes`` most probable nodes; 0 picks the device's default
+    (``drafting.dynamic.TREE_DEFAULTS``: a CPU verifies few nodes per forward
+    cheaply, a GPU many).
+    """
+    temperature: float = 0.0
+    draft_tokens: int = 4
+    adaptive: bool = True
+    confidence_threshold: float = 0.4
+    tree: bool = False
+    tree_topk: int = 0
+    tree_nodes: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
+        check_bool("adaptive", self.adaptive)
+        check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
+        check_bool("tree", self.tree)
+        check_number("tree_topk", self.tree_topk, 0, 16, integer=True)
+        check_number("tree_nodes", self.tree_nodes, 0, MAX_TREE_NODES, integer=True)
+
+
+@dataclass(frozen=True)
+class ProphetParams(SpeculativeParams):
+    """Prophet-head drafting; temperature 0 = greedy verification (lossless).
+
+    The same knobs as ``speculative``, with defaults chosen for the head: a tree
+    by default (``tree=false`` drafts a chain, for comparison), and a lower
+    confidence threshold, because a head position costs a few percent of a target
+    forward (BENCHMARKS.md has the sweeps behind these defaults). ``lookup``
+    merges the prompt-lookup continuation into the tree as one more branch
+    (greedy only, ``drafting/merged.py``): replies often restate the prompt just
+    where the head, with little answer to attend to yet, is weakest.
+    """
+    draft_tokens: int = 6
+    adaptive: bool = False
+    confidence_threshold: float = 0.1
+    tree: bool = True
+    lookup: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool("lookup", self.lookup)
+
+
+@dataclass(frozen=True)
+class PromptLookupParams(SamplingParams):
+    """Drafts by copying what followed the latest earlier occurrence of the last n-gram.
+
+    ``max_candidates`` > 1: when the n-gram occurred several times, up to that many distinct
+    continuations (latest first) are verified together as a tree (``drafting/lookup.py``); 1 drafts
+    the latest one as a chain. Models without custom 4D mask support always get the chain.
+    """
+    temperature: float = 0.0
+    draft_tokens: int = 8
+    ngram_size: int = 3
+    max_candidates: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
+        check_number("ngram_size", self.ngram_size, 1, 8, integer=True)
+        check_number("max_candidates", self.max_candidates, 1, 16, integer=True)
+
+
+@dataclass(frozen=True)
+class SuffixParams(SamplingParams):
+    """Suffix decoding; temperature 0 = greedy verification (lossless).
+
+    A match of ``m`` tokens (the context's last ``m`` tokens occurred before) may draft up to
+    ``min(draft_tokens, m * spec_factor + spec_offset)`` tokens. ``min_token_prob``: stop a path
+    when the empirical probability of reaching its next token is below it. ``tree``: draft a tree
+    of the ``tree_nodes`` most probable continuations (a chain of the most frequent one otherwise;
+    models without custom 4D mask support always get chains). ``max_depth``: the longest match
+    the suffix trees index. ``history``: also draft from earlier outputs when the run has a
+    history (``RunContext.history``), and add this output to it. ``history_min_match``: the
+    shortest match in the history that may draft (a match of a token or two into unrelated
+    earlier text mostly widens the verify forward). ``edit_tokens``: follow the copied text across
+    small edits: when the target cuts a copy short (a renamed variable, an added word), the next
+    drafts also hold up to ``edit_tokens`` tokens of that text from just after the rejected token
+    (the target replaced it) and from the rejected token itself (the target inserted text before
+    it), match or not; 0 turns this off. The defaults come from deterministic sweeps on the six
+    input-grounded benchmark prompts (BENCHMARKS.md).
+    """
+    temperature: float = 0.0
+    draft_tokens: int = 16
+    spec_factor: float = 4.0        # 1 -> 4: 1.77 -> 2.05 tokens per target forward on the grounded prompts
+    spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    tree: bool = True
+    tree_nodes: int = 16            # 12 -> 16 with edit following: 2.14 -> 2.18 tokens/forward (SmolLM2), 3.29 -> 3.83 (Gemma 3)
+    max_depth: int = 32
+    history: bool = True
+    history_min_match: int = 1
+    edit_tokens: int = 16           # 0 -> 16: 2.07 -> 2.18 tokens/forward (SmolLM2), 3.02 -> 3.83 (Gemma 3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
+        check_number("spec_factor", self.spec_factor, 0.0, 16.0)
+        check_number("spec_offset", self.spec_offset, -16.0, float(MAX_DRAFT))
+        check_number("min_token_prob", self.min_token_prob, 0.0, 1.0)
+        check_bool("tree", self.tree)
+        check_number("tree_nodes", self.tree_nodes, 1, MAX_TREE_NODES, integer=True)
+        check_number("max_depth", self.max_depth, 2, 256, integer=True)
+        check_bool("history", self.history)
+        check_number("history_min_match", self.history_min_match, 1, 256, integer=True)
+        check_number("edit_tokens", self.edit_tokens, 0, MAX_DRAFT, integer=True)
+        if self.spec_factor == 0 and self.spec_offset < 1:
+            raise ValueError("spec_factor 0 with spec_offset below 1 never drafts: raise spec_factor "
+                             f"(in [0, 16]) or spec_offset (in [-16, {MAX_DRAFT}])")
+
+
+# --------------------------------------------------------------------------- Jacobi and lookahead
+
+VARIANTS = ("jacobi", "gs_jacobi", "hybrid", "sliding")   # the paper's three, then ours
+
+
+INITS = ("pad", "repeat", "random")
+
+
+@dataclass(frozen=True)
+class JacobiParams:
+    """Jacobi decoding (Santilli et al. 2023). See the module docstring for the variants.
+
+    ``block_size``: guesses refined together (not used by ``jacobi``, whose block is
+    the whole length budget). ``max_iterations``: the most iterations one block gets
+    (the paper's own bound, n iterations for n tokens, always applies; the default
+    never binds); a block cut short commits its verified prefix. ``init``: the first
+    guess, ``pad`` tokens (the paper's), the newest token repeated, or random tokens.
+    """
+    block_size: int = 8
+    max_iterations: int = MAX_NEW_TOKENS_CAP
+    variant: str = "hybrid"
+    init: str = "pad"
+    fast: bool = False              # static KV cache + CUDA graphs (decoding/runtime/fastpath.py)
+    CHOICES = {"variant": VARIANTS, "init": INITS}
+
+    def __post_init__(self) -> None:
+        check_number("block_size", self.block_size, 1, 64, integer=True)
+        check_number("max_iterations", self.max_iterations, 1, MAX_NEW_TOKENS_CAP, integer=True)
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
+        check_bool("fast", self.fast)
+
+
+@dataclass(frozen=True)
+class LookaheadParams(SamplingParams):
+    """``window`` W, ``ngram`` N, ``guess_set`` G (n-grams kept per key and verified per step).
+
+    ``temperature`` 0 (the default) is greedy and token-identical to greedy
+    decoding; above 0 (with ``top_k``/``top_p``) it samples, exactly in distribution.
+
+    The defaults (W=2, N=4, G=4) are the point of ``make bench-lookahead``'s sweep that
+    meets both CPU goals on code prompts (step compression >= 1.3, wall clock >= greedy);
+    on a GPU, where a wide forward costs what a narrow one does, wider windows pay more
+    (BENCHMARKS.md: W=4, N=5, G=2 was the H100 sweep's best).
+    """
+    temperature: float = 0.0
+    window: int = 2
+    ngram: int = 4
+    guess_set: int = 4
+    pool_from_prompt: bool = True
+    pool_from_output: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("window", self.window, 1, 32, integer=True)
+        check_number("ngram", self.ngram, 2, 8, integer=True)
+        check_number("guess_set", self.guess_set, 1, 32, integer=True)
+        check_bool("pool_from_prompt", self.pool_from_prompt)
+        check_bool("pool_from_output", self.pool_from_output)

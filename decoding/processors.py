@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .params import check_number
+from decoding.params import check_number
 
 MAX_NGRAM = 16
 
@@ -83,11 +83,14 @@ class Processors:
     """The processors of one generation: ``prefix`` is the decoder context before the first new token."""
 
     def __init__(self, settings: GenerationSettings, lm: Any, prefix: Sequence[int], max_new_tokens: int) -> None:
-        from transformers.generation.logits_process import (ForcedBOSTokenLogitsProcessor,
-                                                            ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
-                                                            MinNewTokensLengthLogitsProcessor,
-                                                            NoRepeatNGramLogitsProcessor,
-                                                            RepetitionPenaltyLogitsProcessor)
+        from transformers.generation.logits_process import (
+            ForcedBOSTokenLogitsProcessor,
+            ForcedEOSTokenLogitsProcessor,
+            LogitsProcessorList,
+            MinNewTokensLengthLogitsProcessor,
+            NoRepeatNGramLogitsProcessor,
+            RepetitionPenaltyLogitsProcessor,
+        )
         settings.check_for(lm)
         eos = list(lm.eos_token_ids)
         self.settings = settings

@@ -1,22 +1,9 @@
-"""What a strategy returns, and the models it runs on."""
+"""What a strategy returns: the new tokens and the run's statistics (plain data)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
-
-from .models import LoadedModel
-
-if TYPE_CHECKING:   # the head module imports torch.nn; nothing here needs it at import time
-    from .prophet import Prophet
-
-
-@dataclass
-class ModelPair:
-    """The target model, an optional assistant (draft) model and the target's optional prophet head."""
-    target: LoadedModel
-    assistant: Optional[LoadedModel] = None
-    prophet: Optional["Prophet"] = None
+from typing import Any
 
 
 @dataclass

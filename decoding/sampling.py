@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .params import SamplingParams
+from decoding.params import SamplingParams
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from .events import event_from_dict, event_to_dict
+from decoding.events import event_from_dict, event_to_dict
 
 
 class Tracer:

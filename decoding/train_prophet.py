@@ -36,15 +36,13 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from .prophet import Prophet
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .models import cache_root, load_model
+from decoding.runtime.head import Prophet, ProphetConfig, save_prophet
+from decoding.runtime.models import cache_root, load_model
 
 # --------------------------------------------------------------------------- 1. prompts
 
@@ -575,7 +573,6 @@ def initial_checkpoint(path: Path, lm: Any) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
-    from .prophet import Prophet, ProphetConfig, save_prophet
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

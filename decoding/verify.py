@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .tree import TokenTree
+from decoding.tree import TokenTree
 
 
 @dataclass

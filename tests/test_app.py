@@ -206,7 +206,7 @@ def test_sweep_through_the_server(client):
 # --------------------------------------------------------------------------- the service layer, without a server
 
 def test_stop_flags_live_exactly_as_long_as_their_jobs():
-    from decoding.service import Jobs
+    from web.service import Jobs
     now = [0.0]
     jobs = Jobs(per_session=2, capacity=6, queued_ttl_s=100, count_s=50, clock=lambda: now[0])
     a1, a2 = jobs.admit("a"), jobs.admit("a")
@@ -234,7 +234,7 @@ def test_stop_flags_live_exactly_as_long_as_their_jobs():
 
 
 def test_server_paths_are_redacted_but_urls_and_hub_ids_are_not():
-    from decoding.service import redact_all, redact_paths
+    from web.service import redact_all, redact_paths
     text = ("could not load model 'x' from '/root/.cache/decoding-playground/x': no file in /root/.cache/x; "
             "see https://huggingface.co/org/model or org/model (~/models, ../rel)")
     assert redact_paths(text) == ("could not load model 'x' from '[path]': no file in [path]; "
@@ -244,7 +244,7 @@ def test_server_paths_are_redacted_but_urls_and_hub_ids_are_not():
 
 
 def test_trace_files_and_replay_documents_are_bounded(tmp_path):
-    from decoding.guards import TraceFiles, TraceStore
+    from web.guards import TraceFiles, TraceStore
     files = TraceFiles(keep=3, directory=str(tmp_path))
     paths = [files.write(f'{{"n": {i}}}') for i in range(10)]
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in paths[-3:])
@@ -261,7 +261,7 @@ def test_sweep_specs_are_counted_before_they_are_built():
     spec = ";".join(f"k{i}=" + ",".join(str(v) for v in range(10)) for i in range(12))   # 10**12 points
     with pytest.raises(ValueError, match="sweep at most 2 parameters, got 12"):
         app.parse_sweep_spec("lookahead", spec[:500])
-    from decoding.bench import parse_sweep
+    from decoding.harness.bench import parse_sweep
     with pytest.raises(ValueError, match="1000000000000 combinations; the limit is 4096"):
         parse_sweep("lookahead:" + spec)        # counted: building them first would never get here
     assert app.parse_sweep_spec("lookahead", "window=2,3;ngram=3")[1] == [("2", "3"), ("3", "3")]

@@ -7,12 +7,13 @@ import json
 import pytest
 import torch
 
-from decoding.baselines import beam, greedy, sample
 from decoding.events import event_from_dict, event_to_dict
 from decoding.params import BeamParams, GreedyParams, SampleParams
-from decoding.result import ModelPair
+from decoding.runtime.pair import ModelPair
 from decoding.sampling import filter_logits, make_generator
+from decoding.strategies.baselines import beam, greedy, sample
 from decoding.tracer import Tracer
+
 from tiny_models import ARCHS, prompt, tiny_causal
 
 
@@ -94,8 +95,7 @@ def test_sample_with_top_k_1_is_greedy():
 
 
 def test_filters_match_transformers_warpers():
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
     torch.manual_seed(0)
     logits = torch.randn(4, 50) * 3
     for t, k, p in [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.5, 10, 0.6)]:
@@ -130,7 +130,7 @@ def test_tracing_does_not_change_tokens(name, fn, params):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_static_cache_path_matches_greedy(arch):
     """The GPU fast path (static KV cache; compiled on CUDA) gives greedy's tokens, checked on CPU."""
-    from decoding.lm import Session
+    from decoding.runtime.session import Session
     lm = tiny_causal(arch, seed=1, scale=8.0)
     ids = prompt(8, 1)
     plain = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=30).token_ids

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from decoding import bench, cli
+from decoding import cli
+from decoding.harness import bench
+from visualize.charts import sweep_figure
 
 
 def test_bench_cli_end_to_end(tmp_path, capsys):
@@ -47,6 +49,6 @@ def test_prompt_set_and_sweep_parsing(tmp_path):
     with pytest.raises(ValueError, match="--sweep"):
         bench.parse_sweep("beam")
     assert bench.geomean([1.0, 4.0]) == pytest.approx(2.0)
-    fig = bench.sweep_figure({"strategy": "x", "keys": ["a", "b"],
+    fig = sweep_figure({"strategy": "x", "keys": ["a", "b"],
                               "points": [{"values": [1, 2], "speedup": 1.5}, {"values": [2, 2], "speedup": 0.5}]})
     assert fig.data[0].type == "heatmap"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.baselines import beam, greedy
-from decoding.models import load_model
+from decoding.harness.runner import encode_prompt, token_pieces
 from decoding.params import BeamParams, GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt, token_pieces
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.strategies.baselines import beam, greedy
 
 PROMPTS = ["What is the capital of France? Answer in one sentence.",
            "Write a Python function that reverses a string."]

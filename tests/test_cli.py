@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from decoding import cli
-from decoding.models import cache_root, load_model
+from decoding.runtime.models import cache_root, load_model
 
 PROMPT = "Name three colours of the rainbow."
 RESULT_KEYS = {"strategy", "params", "token_ids", "text", "wall_s", "tokens_per_s",
@@ -114,7 +114,7 @@ def test_bad_generation_settings_exit_2_with_the_field_named(flag, value, messag
 def test_run_uses_the_chat_template_by_default_when_the_model_has_one(tmp_path, capsys):
     """An instruct model fed raw text tends to end its answer at once: without a flag `run` wraps the prompt
     in the chat template; --no-chat keeps the raw text; a model without a template gets raw text."""
-    from decoding.runner import encode_prompt
+    from decoding.harness.runner import encode_prompt
     lm = load_model("smollm2-135m-instruct")
     docs = {}
     for flag in ([], ["--no-chat"], ["--chat"]):

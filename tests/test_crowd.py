@@ -14,10 +14,11 @@ import time
 import pytest
 from gradio_client import Client
 
-import app
-import handlers
-from decoding.service import default_request, run_request
+from web import handlers
 from web.crowd import Board, Computation, Estimator, Line, QueueFull, Recording, Recordings, request_key
+from web.service import default_request, run_request
+
+import app
 
 BUNDLED = "smollm2-135m-instruct"
 
@@ -279,7 +280,7 @@ def test_identical_requests_at_once_are_computed_once_then_replayed(app_url, cou
 
 
 def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url, counted, monkeypatch):
-    import decoding.service as service
+    from web import service
     prompt = "Reply with one word: yes."
     monkeypatch.setattr(service, "DEFAULT_MAX_NEW", 16)            # the page's default, shortened for the test
     assert handlers.record_examples([prompt]) == 1 and len(counted) == 1

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.baselines import greedy
-from decoding.drafting import DraftLength, Drafter, Proposal, make_drafter
-from decoding.lm import Session
-from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.speculative import PromptLookupParams, SpeculativeParams, speculative_loop
+from decoding.drafting import Drafter, DraftLength, Proposal, make_drafter
+from decoding.params import GreedyParams, PromptLookupParams, SpeculativeParams
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.strategies.baselines import greedy
+from decoding.strategies.speculative import speculative_loop
 from decoding.tree import TokenTree
+
 from tiny_models import prompt, tiny_causal
 
 F64 = torch.float64
@@ -131,7 +132,7 @@ def test_a_session_keeps_hidden_rows_for_a_tree_forward():
     lm = tiny_causal("gpt2", seed=1, dtype=F64)
     s = Session(lm)
     s.prefill(prompt(5, 3))
-    from decoding.tree import tree_forward
+    from decoding.runtime.attention import tree_forward
     tree = TokenTree.from_paths([(7, 8), (9,)])
     logits = tree_forward(s, [4], tree, hidden=True)
     assert logits.shape[0] == 4 and s.last_hidden.shape[1] == 4

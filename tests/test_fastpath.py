@@ -13,18 +13,26 @@ import gc
 
 import pytest
 import torch
-
-from decoding import fastpath
-from decoding.baselines import greedy, sample
-from decoding.jacobi import JacobiParams, jacobi
-from decoding.lm import Session
-from decoding.lookahead import LookaheadParams, lookahead
-from decoding.params import GreedyParams, SampleParams
-from decoding.speculative import ProphetParams, prophet
-from decoding.result import ModelPair
-from decoding.sampling import make_generator
-from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
 from test_prophet import random_prophet
+
+from decoding.params import (
+    GreedyParams,
+    JacobiParams,
+    LookaheadParams,
+    PromptLookupParams,
+    ProphetParams,
+    SampleParams,
+    SpeculativeParams,
+)
+from decoding.runtime import fastpath
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.sampling import make_generator
+from decoding.strategies.baselines import greedy, sample
+from decoding.strategies.jacobi import jacobi
+from decoding.strategies.lookahead import lookahead
+from decoding.strategies.speculative import prompt_lookup, prophet, speculative
+
 from tiny_models import prompt, tiny_causal
 
 F64 = torch.float64

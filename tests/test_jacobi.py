@@ -15,15 +15,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from decoding.baselines import greedy
 from decoding.events import JacobiIteration, event_to_dict
-from decoding.jacobi import INITS, VARIANTS, JacobiParams, jacobi, unchanged, verified
-from decoding.models import load_model, wrap_model
-from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
+from decoding.harness.runner import encode_prompt
+from decoding.params import INITS, VARIANTS, GreedyParams, JacobiParams
+from decoding.runtime.models import load_model, wrap_model
+from decoding.runtime.pair import ModelPair
 from decoding.sampling import make_generator
+from decoding.strategies.baselines import greedy
+from decoding.strategies.jacobi import jacobi, unchanged, verified
 from decoding.tracer import Tracer
+
 from tiny_models import prompt, tiny_causal, tiny_marian
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""Choosing the CPU linear kernel per bucket of row counts (decoding/kernel_choice.py): timing, table, cache."""
+"""Choosing the CPU linear kernel per bucket of row counts (decoding/runtime/kernel_choice.py): timing, table, cache."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from decoding import kernel_choice, kernels
-from decoding.kernel_choice import PROBE_ROWS, configure
+from decoding.runtime import kernel_choice, kernels
+from decoding.runtime.kernel_choice import PROBE_ROWS, configure
+
 from tiny_models import tiny_causal
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="this PyTorch build has no oneDNN linear ops")
@@ -148,7 +149,7 @@ def test_forcing_each_kernel_and_bad_modes():
 
 def test_load_model_and_cli_check_the_kernel_arguments():
     from decoding.cli import EXIT_USAGE, main
-    from decoding.models import load_model
+    from decoding.runtime.models import load_model
     with pytest.raises(ValueError, match="kernels must be"):
         load_model("smollm2-135m-instruct", kernels="fastest")
     with pytest.raises(ValueError, match="pack=False"):
@@ -159,8 +160,8 @@ def test_load_model_and_cli_check_the_kernel_arguments():
 
 
 def test_the_environment_names_the_cpu_and_the_kernel_of_each_bucket():
-    from decoding.result import ModelPair
-    from decoding.runner import environment
+    from decoding.harness.runner import environment
+    from decoding.runtime.pair import ModelPair
     lm = tiny_causal("llama")
     lm.extras["kernel_choice"] = configure(lm.model, "auto", timer=FakeTimer())
     env = environment(ModelPair(lm), 0)
@@ -173,7 +174,8 @@ def test_the_environment_names_the_cpu_and_the_kernel_of_each_bucket():
 def test_the_shared_folder_keeps_only_the_newest_decisions(tmp_path):
     """Local directories and Hub models each get a file in the shared folder: it must stay bounded."""
     import os
-    from decoding.kernel_choice import SHARED_FILES, cache_file
+
+    from decoding.runtime.kernel_choice import SHARED_FILES, cache_file
     shared = cache_file(tmp_path / "models", "/some/local/dir", converted=False).parent
     shared.mkdir(parents=True)
     for i in range(SHARED_FILES + 5):                      # older files first

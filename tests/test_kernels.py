@@ -1,21 +1,28 @@
-"""CPU linear kernels per bucket of row counts (decoding/kernels.py): same model, same tokens, faster forwards."""
+"""CPU linear kernels per bucket of row counts (decoding/runtime/kernels.py): same model, same tokens, faster forwards."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_prophet import random_prophet
 from torch import nn
 
-from decoding import kernels
-from decoding.baselines import greedy
-from decoding.jacobi import JacobiParams, jacobi
-from decoding.lookahead import LookaheadParams, lookahead
-from decoding.params import GreedyParams
-from decoding.speculative import ProphetParams, prophet
-from decoding.result import ModelPair
+from decoding.params import (
+    GreedyParams,
+    JacobiParams,
+    LookaheadParams,
+    PromptLookupParams,
+    ProphetParams,
+    SpeculativeParams,
+)
+from decoding.runtime import kernels
+from decoding.runtime.pair import ModelPair
 from decoding.sampling import make_generator
-from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
-from test_prophet import random_prophet
+from decoding.strategies.baselines import greedy
+from decoding.strategies.jacobi import jacobi
+from decoding.strategies.lookahead import lookahead
+from decoding.strategies.speculative import prompt_lookup, prophet, speculative
+
 from tiny_models import prompt, tiny_causal
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="this PyTorch build has no oneDNN linear ops")
@@ -33,7 +40,7 @@ def test_packing_keeps_parameters_ties_and_logits(arch):
     keys = set(lm.model.state_dict())
     before = _logits(lm, prompt(12, 5))
 
-    from decoding.models import model_bytes
+    from decoding.runtime.models import model_bytes
     before_bytes = model_bytes(lm)
     assert kernels.pack_linears(lm.model) == plain_linears > 0
     assert kernels.is_packed(lm.model)
@@ -161,7 +168,7 @@ def test_every_lossless_strategy_matches_greedy_on_packed_and_mixed_kernels(arch
 
 
 def test_bundled_model_on_each_kernel_setting():
-    from decoding.models import load_model
+    from decoding.runtime.models import load_model
     auto = load_model("smollm2-135m-instruct")
     packed = load_model("smollm2-135m-instruct", kernels="packed")
     plain = load_model("smollm2-135m-instruct", pack=False)
@@ -224,5 +231,5 @@ def test_a_prophet_on_float16_weights_drafts_close_to_float32_and_stays_lossless
     for tree in (False, True):
         got = prophet(ids, ModelPair(lm, prophet=head), ProphetParams(tree=tree), max_new_tokens=16)
         assert got.token_ids == want
-    from decoding.runner import environment
+    from decoding.harness.runner import environment
     assert environment(ModelPair(lm, prophet=head), 0)["prophet"] == {"kernels": "fp16-weights", "dtype": "float32"}

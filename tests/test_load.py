@@ -19,12 +19,13 @@ import time
 import pytest
 from gradio_client import Client
 
-import app
-from decoding.baselines import greedy
-from decoding.models import load_model
+from decoding.harness.runner import encode_prompt
 from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.strategies.baselines import greedy
+
+import app
 
 BUNDLED = "smollm2-135m-instruct"
 CLIENTS, RUNS, TOKENS = 16, 2, 3
@@ -301,6 +302,7 @@ def test_cache_cleaner_survives_files_added_while_it_walks(tmp_path, monkeypatch
 
 def test_replay_of_a_huge_imported_trace_is_bounded(app_url, tmp_path):
     from gradio_client import handle_file
+
     from visualize.traces import export_trace
     n = 75_000                       # two columns: 150,000 tokens, as in the probe
     result = {"strategy": "greedy", "label": "Greedy", "token_ids": [5] * n, "pieces": ["ab"] * n,

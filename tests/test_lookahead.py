@@ -8,15 +8,17 @@ import json
 import pytest
 import torch
 
-from decoding.baselines import greedy
 from decoding.events import LookaheadStep, TokenCommitted, event_to_dict
-from decoding.lm import Session
-from decoding.lookahead import LookaheadParams, NgramPool, lookahead, step_layout
-from decoding.params import GreedyParams
-from decoding.result import ModelPair
+from decoding.params import GreedyParams, LookaheadParams
+from decoding.runtime.attention import attention_mask, check_mask_support
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
 from decoding.sampling import make_generator
+from decoding.strategies.baselines import greedy
+from decoding.strategies.lookahead import NgramPool, lookahead, step_layout
 from decoding.tracer import Tracer
-from decoding.tree import TokenTree, attention_mask, check_mask_support
+from decoding.tree import TokenTree
+
 from tiny_models import prompt, tiny_causal, tiny_marian
 
 F64 = torch.float64
@@ -174,8 +176,8 @@ def test_params_validation(bad, msg):
 
 
 def test_bundled_model_equals_greedy():
-    from decoding.models import load_model
-    from decoding.runner import encode_prompt
+    from decoding.harness.runner import encode_prompt
+    from decoding.runtime.models import load_model
     lm = load_model("smollm2-135m-instruct")
     text = "Write a Python function that returns the squares of a list of numbers, and call it on [1, 2, 3]."
     ids = encode_prompt(lm.tokenizer, text, chat=True)
@@ -191,8 +193,9 @@ def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypa
     """temperature > 0: pooled n-grams are verified by speculative sampling with a one-hot q. The empirical
     distribution of 3-token outputs matches the exactly enumerated target distribution; trying a second
     candidate against the unchanged target (no residual) does not."""
-    from decoding import verify as verify_mod
     from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _passes
+
+    from decoding import verify as verify_mod
     lm = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
     ids = [0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5, 0, 3, 1, 4, 2, 5]     # every token is a key with several n-grams
     params = LookaheadParams(temperature=1.0, window=2, ngram=2, guess_set=3)

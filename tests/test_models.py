@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from decoding import models
-from decoding.models import ModelLoadError, load_model, load_presets, pick_device, pick_dtype
+from decoding.runtime import models
+from decoding.runtime.models import ModelLoadError, load_model, load_presets, pick_device, pick_dtype
 
 BUNDLED = "smollm2-135m-instruct"
 
@@ -153,9 +153,9 @@ def test_memory_budget_evicts_least_recently_used(tmp_path):
 
 def test_second_bundled_model_assembles_from_parts_and_matches_generate():
     """gemma-3-270m: four part packages -> one sha256-checked GGUF -> safetensors cache."""
-    from decoding.baselines import greedy
     from decoding.params import GreedyParams
-    from decoding.result import ModelPair
+    from decoding.runtime.pair import ModelPair
+    from decoding.strategies.baselines import greedy
     preset = load_presets()["gemma-3-270m"]
     path = models.bundled_file(preset.bundled)
     assert path is not None and path.name == "gemma-3-270m-q4_k_m.gguf"

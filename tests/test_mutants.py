@@ -15,15 +15,16 @@ import itertools
 
 import pytest
 import torch
+from test_speculative import _chi_square, _passes
 
-from decoding.baselines import greedy
 from decoding.params import GreedyParams
-from decoding.result import ModelPair
+from decoding.runtime.pair import ModelPair
 from decoding.strategies import registry
+from decoding.strategies.baselines import greedy
 from decoding.tracer import Tracer
 from decoding.verify import verify_sampling
+
 from tiny_models import ARCHS, prompt, tiny_causal
-from test_speculative import _chi_square, _passes
 
 
 def _repeats(tokens: list[int], n: int = 3) -> bool:
@@ -55,8 +56,8 @@ def test_prompt_lookup_drafts_and_saves_target_forwards_on_repeating_output(arch
 
 @pytest.mark.bundled
 def test_prompt_lookup_copies_a_list_on_the_bundled_model():
-    from decoding.models import load_model
-    from decoding.runner import encode_prompt
+    from decoding.harness.runner import encode_prompt
+    from decoding.runtime.models import load_model
     lm = load_model("smollm2-135m-instruct")
     ids = encode_prompt(lm.tokenizer, "Repeat this list exactly, once: apple, banana, cherry, damson, elderberry, "
                                       "fig, grape, honeydew, kiwi, lemon, mango.", chat=True)

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from decoding.baselines import beam, greedy, sample
-from decoding.context import RunContext
-from decoding.jacobi import VARIANTS, JacobiParams, jacobi
-from decoding.lookahead import LookaheadParams, lookahead
-from decoding.params import BeamParams, GreedyParams, SampleParams
-from decoding.processors import GenerationSettings, Processors
-from decoding.result import ModelPair
-from decoding.sampling import make_generator, probs
-from decoding.speculative import (ProphetParams, PromptLookupParams, SpeculativeParams, prompt_lookup, prophet,
-                                  speculative)
 from test_baselines import generate_new
 from test_prophet import random_prophet
+
+from decoding.context import RunContext
+from decoding.params import (
+    VARIANTS,
+    BeamParams,
+    GreedyParams,
+    JacobiParams,
+    LookaheadParams,
+    PromptLookupParams,
+    ProphetParams,
+    SampleParams,
+    SpeculativeParams,
+)
+from decoding.processors import GenerationSettings, Processors
+from decoding.runtime.pair import ModelPair
+from decoding.sampling import make_generator, probs
+from decoding.strategies.baselines import beam, greedy, sample
+from decoding.strategies.jacobi import jacobi
+from decoding.strategies.lookahead import lookahead
+from decoding.strategies.speculative import prompt_lookup, prophet, speculative
+
 from tiny_models import ARCHS, prompt, tiny_causal, tiny_marian
 
 F64 = torch.float64
@@ -62,8 +72,12 @@ def test_beam_with_processors_matches_generate(arch):
 
 
 def test_sampling_applies_processors_before_the_warpers_as_generate_does():
-    from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
-                                                        TemperatureLogitsWarper, TopKLogitsWarper)
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+    )
     lm = tiny_causal("llama", seed=2)
     settings = GenerationSettings(repetition_penalty=1.5)
     ctx_ids = prompt(8, 4)
@@ -113,9 +127,10 @@ def test_rows_processed_without_their_draft_path_would_be_caught(monkeypatch):
     """The mutant this suite must kill: verification processing every drafted row with the committed output
     only (forgetting the draft tokens above it). A drafter that proposes the right continuation is fully
     accepted with the right contexts, and diverges from greedy with the wrong ones."""
-    from decoding.drafting import DraftLength
-    from decoding.speculative import speculative_loop
     from test_drafting import ScriptedDrafter
+
+    from decoding.drafting import DraftLength
+    from decoding.strategies.speculative import speculative_loop
     lm = tiny_causal("gpt2", seed=1, scale=8.0, dtype=F64)
     ids = prompt(6, 3) * 2
     ctx = _ctx(GenerationSettings(repetition_penalty=4.0, no_repeat_ngram_size=2))

@@ -6,21 +6,22 @@ import json
 
 import pytest
 import torch
-
-from decoding.baselines import greedy
-from decoding.drafting.prophet import ProphetDrafter
-from decoding.models import load_model
-from decoding.params import GreedyParams
-from decoding.prophet import PROPHET_DIR, Prophet, ProphetConfig, load_prophet, prophet_for, save_prophet
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
-from decoding.sampling import make_generator
-from decoding.speculative import ProphetParams, prophet
-from decoding.strategies import get_strategy
-from decoding.tracer import Tracer
 from test_speculative import _chi_square as chi_square
 from test_speculative import _exact_model_distribution
 from test_speculative import _passes as plausible
+
+from decoding.drafting.prophet import ProphetDrafter
+from decoding.harness.runner import encode_prompt
+from decoding.params import GreedyParams, ProphetParams
+from decoding.runtime.head import PROPHET_DIR, Prophet, ProphetConfig, load_prophet, prophet_for, save_prophet
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.sampling import make_generator
+from decoding.strategies import get_strategy
+from decoding.strategies.baselines import greedy
+from decoding.strategies.speculative import prophet
+from decoding.tracer import Tracer
+
 from tiny_models import prompt, tiny_causal
 
 F64 = torch.float64
@@ -293,8 +294,9 @@ def test_training_continues_a_shipped_head_on_fresh_prompts(tmp_path, keep_threa
     target's layers or a vocabulary rebuilt from the new data); --prompt-offset skips the prompts an
     earlier round used."""
     from safetensors.torch import load_file
+
     from decoding import train_prophet
-    from decoding.models import load_model
+    from decoding.runtime.models import load_model
     first = tmp_path / "w" / "p.safetensors"
     common = ["--out-dir", str(tmp_path / "out"), "--gen-batch", "3", "--max-new", "6", "--batch", "4",
               "--eval-every", "1", "--depth", "2", "--held-out", "0.34", "--threads", "1"]
@@ -328,7 +330,8 @@ def test_training_continues_a_shipped_head_on_fresh_prompts(tmp_path, keep_threa
 def test_training_prompts_never_include_the_benchmark_prompts():
     # the benchmark's chat prompts are held out: training prompts come from our own templates only
     import yaml
-    from decoding.models import PRESETS_DIR
+
+    from decoding.runtime.models import PRESETS_DIR
     from decoding.train_prophet import build_prompts
     sets = yaml.safe_load((PRESETS_DIR / "prompts.yaml").read_text(encoding="utf-8"))
     bench = {p if isinstance(p, str) else str(p) for prompts in sets.values() for p in prompts}
@@ -339,7 +342,7 @@ def test_training_prompts_never_include_the_benchmark_prompts():
 def test_rotary_angles_are_computed_in_float32_under_bfloat16():
     """Training runs under bfloat16 autocast: a bfloat16 angle at position ~100 would be off by up to
     0.25 rad, so the rotation the head learns would not be the one the float32 drafter applies."""
-    from decoding.prophet import _rotate
+    from decoding.runtime.head import _rotate
     torch.manual_seed(0)
     x = torch.randn(1, 2, 3, 64)
     pos = torch.tensor([97, 101, 203])

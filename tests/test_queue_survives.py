@@ -21,10 +21,11 @@ import urllib.request
 import pytest
 from gradio_client import Client
 
+from web import queue_guard
+
 import app
 from conftest import free_port
 from stop_traffic import post, stop_loop, stop_routes
-from web import queue_guard
 
 BUNDLED = "smollm2-135m-instruct"
 CLIENTS, TOKENS = 8, 6
@@ -63,11 +64,11 @@ def served():
 @pytest.fixture(scope="module")
 def expected():
     """Greedy's tokens for a prompt, computed without the server."""
-    from decoding.baselines import greedy
-    from decoding.models import load_model
+    from decoding.harness.runner import encode_prompt
     from decoding.params import GreedyParams
-    from decoding.result import ModelPair
-    from decoding.runner import encode_prompt
+    from decoding.runtime.models import load_model
+    from decoding.runtime.pair import ModelPair
+    from decoding.strategies.baselines import greedy
     lm = load_model(BUNDLED)
 
     def tokens(prompt: str, max_new: int) -> list[int]:

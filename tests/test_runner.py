@@ -8,10 +8,12 @@ from dataclasses import dataclass
 import pytest
 
 from decoding import strategies
+from decoding.harness.runner import Cancelled, run_comparison, summarize
 from decoding.params import GreedyParams
-from decoding.result import ModelPair, Result
-from decoding.runner import Cancelled, run_comparison, summarize
-from decoding.strategies import Strategy
+from decoding.result import Result
+from decoding.runtime.pair import ModelPair
+from decoding.strategies.base import Strategy
+
 from tiny_models import prompt, tiny_causal
 
 
@@ -57,7 +59,7 @@ def test_a_failing_strategy_is_isolated(pair, monkeypatch):
 
 
 def test_divergence_is_reported(pair, monkeypatch):
-    from decoding.baselines import greedy
+    from decoding.strategies.baselines import greedy
 
     def off_by_one(prompt_ids, pair, params, **kw):
         res = greedy(prompt_ids, pair, params, **kw)
@@ -95,7 +97,7 @@ def test_time_limit_returns_partial_trace(pair):
 
 
 def test_needs_assistant_message(pair, monkeypatch):
-    from decoding.baselines import greedy
+    from decoding.strategies.baselines import greedy
     _register(monkeypatch, Strategy("needy", GreedyParams, greedy, lossless=True, needs_assistant=True))
     r = run_comparison(prompt(8), pair, [("needy", {})], max_new_tokens=4)[1]
     assert r.error == "ValueError: strategy 'needy' needs an assistant model"
@@ -108,7 +110,8 @@ def test_cancelled_is_an_exception():
 def test_speedup_is_strategy_over_greedy_throughput(pair, monkeypatch):
     """A strategy that is slower than greedy gets a speedup below 1 (an inverted ratio would exceed 1)."""
     import time
-    from decoding.baselines import greedy
+
+    from decoding.strategies.baselines import greedy
 
     def slow(prompt_ids, pair, params, **kw):
         time.sleep(0.5)
@@ -123,8 +126,9 @@ def test_speedup_is_strategy_over_greedy_throughput(pair, monkeypatch):
 
 def test_every_strategy_writes_a_trace_that_imports():
     """What the runner exports passes the import validation (event vocabularies, ranges, tree structure)."""
-    from tiny_models import tiny_causal as tiny
     from visualize.traces import export_trace, import_trace
+
+    from tiny_models import tiny_causal as tiny
     pair = ModelPair(tiny("llama", seed=0, scale=8.0), tiny("llama", seed=1, scale=8.0))
     plan = [(name, {}) for name in strategies.registry() if name != "greedy"]
     results = run_comparison(prompt(8), pair, plan, max_new_tokens=12, seed=0, warmup=False)
@@ -166,8 +170,9 @@ def test_live_exposes_tokens_before_the_run_ends(pair, monkeypatch):
     """Another thread reads the running strategy's committed tokens while it still runs."""
     import threading
     import time
-    from decoding.baselines import greedy
-    from decoding.live import Live
+
+    from decoding.strategies.baselines import greedy
+    from web.live import Live
 
     gate, seen = threading.Event(), {}
 

@@ -21,13 +21,14 @@ import uuid
 import pytest
 from gradio_client import handle_file
 
-import app
-from decoding.baselines import greedy
-from decoding.models import load_model
+from decoding.harness.runner import encode_prompt
 from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.strategies.baselines import greedy
 from visualize import traces
+
+import app
 
 BUNDLED = "smollm2-135m-instruct"
 GOOD_PROMPT = "Name a colour."

@@ -9,17 +9,18 @@ import pytest
 import torch
 
 from decoding import verify as verify_mod
-from decoding.baselines import greedy
-from decoding.events import event_to_dict
-from decoding.models import load_model
-from decoding.params import GreedyParams
-from decoding.result import ModelPair
-from decoding.runner import encode_prompt
-from decoding.sampling import make_generator
 from decoding.drafting.assistant import check_vocabularies
-from decoding.speculative import PromptLookupParams, SpeculativeParams, prompt_lookup, speculative
+from decoding.events import event_to_dict
+from decoding.harness.runner import encode_prompt
+from decoding.params import GreedyParams, PromptLookupParams, SpeculativeParams
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+from decoding.sampling import make_generator
+from decoding.strategies.baselines import greedy
+from decoding.strategies.speculative import prompt_lookup, speculative
 from decoding.tracer import Tracer
 from decoding.verify import verify_greedy, verify_sampling
+
 from tiny_models import prompt, tiny_causal
 
 F64 = torch.float64

@@ -9,22 +9,23 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_speculative import _chi_square, _exact_model_distribution, _passes
 
 from decoding import verify as verify_mod
-from decoding.baselines import greedy
 from decoding.context import RunContext
 from decoding.drafting import DraftLength, make_drafter
 from decoding.drafting.suffix import SuffixDrafter, SuffixHistory
 from decoding.drafting.suffix_tree import SuffixTree
 from decoding.events import DraftSource, event_from_dict, event_to_dict
-from decoding.params import GreedyParams
-from decoding.result import ModelPair
+from decoding.params import GreedyParams, PromptLookupParams, SuffixParams
+from decoding.runtime.pair import ModelPair
 from decoding.sampling import make_generator
-from decoding.speculative import PromptLookupParams, prompt_lookup, speculative_loop
 from decoding.strategies import get_strategy
-from decoding.suffix import SuffixParams, suffix
+from decoding.strategies.baselines import greedy
+from decoding.strategies.speculative import prompt_lookup, speculative_loop
+from decoding.strategies.suffix_decoding import suffix
 from decoding.tracer import Tracer
-from test_speculative import _chi_square, _exact_model_distribution, _passes
+
 from tiny_models import prompt, tiny_causal
 
 F64 = torch.float64
@@ -287,7 +288,7 @@ def test_multi_candidate_lookup_lists_the_latest_continuation_first_and_caps_the
 
 
 def test_bundled_model_suffix_equals_greedy_with_and_without_history(bundled_pair):
-    from decoding.runner import encode_prompt
+    from decoding.harness.runner import encode_prompt
     lm = bundled_pair.target
     text = ("Repeat this sentence twice: The quick brown fox jumps over the lazy dog.")
     ids = encode_prompt(lm.tokenizer, text, chat=True)
@@ -309,7 +310,7 @@ def test_bundled_model_suffix_equals_greedy_with_and_without_history(bundled_pai
 
 @pytest.fixture(scope="module")
 def bundled_pair():
-    from decoding.models import load_model
+    from decoding.runtime.models import load_model
     return ModelPair(load_model("smollm2-135m-instruct"))
 
 

@@ -6,12 +6,14 @@ import itertools
 
 import pytest
 import torch
+from test_speculative import _chi_square, _passes
 
 from decoding import verify as verify_mod
-from decoding.lm import Session
-from decoding.tree import TokenTree, check_mask_support, tree_forward, tree_layout
+from decoding.runtime.attention import check_mask_support, tree_forward
+from decoding.runtime.session import Session
+from decoding.tree import TokenTree, tree_layout
 from decoding.verify import verify_tree_greedy, verify_tree_sampling
-from test_speculative import _chi_square, _passes
+
 from tiny_models import ARCHS, prompt, tiny_causal, tiny_marian
 
 F64 = torch.float64
@@ -77,7 +79,7 @@ def test_tree_forward_equals_separate_chain_forwards(arch):
 def test_keep_compacts_the_cache_onto_the_accepted_path(arch, fast):
     """After a tree forward, keeping the root and one branch leaves the cache a plain forward would have built."""
     lm = tiny_causal(arch, seed=4, dtype=F64)
-    if fast and not __import__("decoding.fastpath", fromlist=["x"]).supported(lm):
+    if fast and not __import__("decoding.runtime.fastpath", fromlist=["x"]).supported(lm):
         pytest.skip("no fast path for this model")
     context = prompt(7, 6)
     branch = TREE.path(TREE.tokens.index(26))                                 # 20 -> 21 -> 26: not contiguous

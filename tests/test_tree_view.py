@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
-
-from decoding.result import ModelPair
-from decoding.runner import run_comparison
-from decoding.tree import tree_layout
 from test_prophet import random_prophet
-from tiny_models import prompt, tiny_causal
+
+from decoding.harness.runner import run_comparison
+from decoding.runtime.pair import ModelPair
+from decoding.tree import tree_layout
 from visualize.trees import draft_steps, has_trees, mask_matrix, tree_at, tree_figure
+
+from tiny_models import prompt, tiny_causal
 
 
 def _tree_result():

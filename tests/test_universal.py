@@ -15,23 +15,25 @@ import sys
 
 import pytest
 import torch
+from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _passes
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from decoding.bench import Method, _runner
 from decoding.drafting import make_drafter, universal
 from decoding.drafting.assistant import AssistantDrafter
 from decoding.drafting.tokenbridge import Bridge, bridge_for, whole_chars_end
 from decoding.drafting.universal import UniversalDrafter, realign, to_target
 from decoding.events import DraftTranslated, event_from_dict, event_to_dict
-from decoding.result import ModelPair
+from decoding.harness.bench import Method, _runner
+from decoding.params import SpeculativeParams
+from decoding.runtime.pair import ModelPair
 from decoding.sampling import make_generator
-from decoding.speculative import SpeculativeParams, speculative
 from decoding.strategies import get_strategy
+from decoding.strategies.speculative import speculative
 from decoding.tracer import Tracer
-from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _passes
-from tiny_models import tiny_causal
 from visualize.crosstok import crosstok_html, crosstok_view
+
+from tiny_models import tiny_causal
 
 SPACE, G = "\u2581", "\u0120"
 
@@ -114,7 +116,7 @@ def test_utf8_boundaries():
 
 @pytest.fixture(scope="module")
 def bundled_pair():
-    from decoding.models import load_model
+    from decoding.runtime.models import load_model
     return load_model("gemma-3-270m"), load_model("smollm2-135m-instruct")
 
 

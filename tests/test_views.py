@@ -13,8 +13,15 @@ from visualize.beams import beam_figure, beam_tree
 from visualize.guide import HOW_TO_READ
 from visualize.masks import KINDS, kinds, mask_figure, paths_tree, step_layout
 from visualize.page import chart_views, race_views, step_figures, step_html
-from visualize.race import clamp_ms, clock_html, finish_order, live_columns_html, live_status, race_frame, \
-    race_length_ms
+from visualize.race import (
+    clamp_ms,
+    clock_html,
+    finish_order,
+    live_columns_html,
+    live_status,
+    race_frame,
+    race_length_ms,
+)
 from visualize.sampling import filter_at, sampling_figure
 from visualize.tokens import columns_html, event_times
 
@@ -77,7 +84,7 @@ def test_fastest_column_finishes_first_and_the_clock_says_so():
 def test_a_fractional_run_length_ends_on_a_whole_slider_value_and_play_at_the_end_restarts():
     """The clock slider holds whole ms: the race's end must be one of its values (else the slowest column
     never shows finished, and ▶ after a run 'replays' from just short of the end: the race jumps to its end)."""
-    import handlers
+    from web import handlers
     slow = dict(SLOW, wall_s=0.6004)                 # 600.4 ms: round() would put the slider at 600 < end
     fast = dict(FAST, wall_s=0.2)
     results = [slow, fast]
@@ -158,8 +165,8 @@ def test_beam_tree_has_parents_scores_and_pruned_branches():
 
 # --------------------------------------------------------------------------- sampling filters
 def test_sampling_filter_renormalizes_and_zeroes_what_top_k_and_top_p_remove():
-    from decoding.baselines import sampling_filter
     from decoding.params import SampleParams
+    from decoding.strategies.baselines import sampling_filter
     logits = torch.tensor([3.0, 2.5, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0])
     for params, kept in ((SampleParams(temperature=0.7, top_k=3), 3), (SampleParams(temperature=1.5, top_p=0.6), None)):
         e = sampling_filter(logits, 1, params, step=4, position=3)
@@ -199,7 +206,7 @@ def test_sampling_view_picks_the_position_and_escapes_token_text():
 @pytest.mark.parametrize("paths,levels,width", [
     ([], 2, 3), ([(4, 5, 6)], 1, 4), ([(4, 5), (4, 7), (8, 9, 1)], 3, 5), ([(1, 2, 3), (2,), (1, 2, 9)], 4, 2)])
 def test_mask_picture_is_the_forward_passes_attention_mask(paths, levels, width):
-    from decoding.lookahead import step_layout as real_layout
+    from decoding.strategies.lookahead import step_layout as real_layout
     from decoding.tree import TokenTree
     tree = TokenTree.from_paths(paths)
     tokens, parents = paths_tree(paths)

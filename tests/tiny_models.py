@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.models import wrap_model
+from decoding.runtime.models import wrap_model
 
 VOCAB = 96
 

@@ -1,7 +1,7 @@
 """Lookahead's 4D attention mask as a picture: which token of a step may see which. Never imports torch.
 
 A lookahead step feeds ``pending + branch + window`` in one forward
-(``decoding/lookahead.py``): the pending committed token (the *key*), the
+(``decoding/strategies/lookahead.py``): the pending committed token (the *key*), the
 verification branch (pool n-grams merged by common prefix into a tree) and the
 2D window (``levels`` x ``width`` guesses). ``step_layout`` and ``paths_tree``
 are pure-Python twins of ``decoding.lookahead.step_layout`` and

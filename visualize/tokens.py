@@ -10,6 +10,7 @@ where they were proposed).
 from __future__ import annotations
 
 import html
+import math
 from typing import Any, Iterable
 
 # One legend for every view (Okabe–Ito palette, safe for colour-blind viewers).
@@ -46,8 +47,14 @@ def plot_text(value: Any) -> str:
 
 
 def number(value: Any, default: float | None = 0.0) -> float | None:
-    """``value`` as a float for formatting, ``default`` when it is not a number (or is a bool)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    """``value`` as a float for formatting, ``default`` when it is not a number (or is a bool). A JSON
+    integer too large for a float is plus or minus infinity (``float()`` would raise OverflowError)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return default
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 # What one replay frame draws at most, over all columns together: a frame is

@@ -12,8 +12,17 @@ from typing import Any, Optional
 
 import torch
 
-from ..tracer import NULL_TRACER
-from .base import MAX_DRAFT, MAX_TREE_NODES, Drafter, DraftLength, Proposal
+from decoding.drafting.assistant import AssistantDrafter, check_vocabularies
+from decoding.drafting.base import Drafter, DraftLength, Proposal
+from decoding.drafting.lookup import PromptLookupDrafter
+from decoding.drafting.merged import with_lookup
+from decoding.drafting.prophet import ProphetDrafter
+from decoding.drafting.suffix import SuffixDrafter, SuffixHistory
+from decoding.drafting.universal import UniversalDrafter, shares_tokenizer
+from decoding.params import MAX_DRAFT, MAX_TREE_NODES
+from decoding.runtime.attention import supports_trees
+from decoding.runtime.head import prophet_for
+from decoding.tracer import NULL_TRACER
 
 __all__ = ["Drafter", "DraftLength", "Proposal", "MAX_DRAFT", "MAX_TREE_NODES", "make_drafter"]
 
@@ -32,32 +41,25 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
       prophet head when the pair has no assistant.
     """
     if kind == "prompt_lookup":
-        from .lookup import PromptLookupDrafter
         tree = getattr(params, "max_candidates", 1) > 1 and _trees_ok(pair)
         return PromptLookupDrafter(params, tree=tree, tracer=tracer, clock=clock)
     if kind == "suffix":
-        from .suffix import SuffixDrafter, SuffixHistory
         history = getattr(context, "history", None) if params.history else None
         if history is not None and not isinstance(history, SuffixHistory):
             raise ValueError(f"the suffix drafter's history must be a SuffixHistory, got {type(history).__name__}")
         return SuffixDrafter(params, history=history, tree=params.tree and _trees_ok(pair), tracer=tracer,
                              clock=clock)
     if kind == "prophet" or (kind == "speculative" and pair.assistant is None and pair.prophet is not None):
-        from ..prophet import prophet_for
-        from .prophet import ProphetDrafter
         if pair.target.is_encoder_decoder:
             raise ValueError("the prophet head drafts for decoder-only targets")
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)
         drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng)
         if kind == "prophet" and params.tree and params.lookup:   # a prompt-lookup branch in the tree
-            from .merged import with_lookup
             return with_lookup(drafter, params)
         return drafter
     if kind == "speculative":
         if pair.assistant is None:
             raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")
-        from .assistant import AssistantDrafter, check_vocabularies
-        from .universal import UniversalDrafter, shares_tokenizer
         if not shares_tokenizer(pair.target, pair.assistant):   # another tokenizer: translate its drafts
             return UniversalDrafter(pair.target, pair.assistant, params, tracer, clock, rng, max_len=max_len)
         check_vocabularies(pair.target, pair.assistant)
@@ -67,5 +69,4 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
 
 def _trees_ok(pair: Any) -> bool:
     """Model-free drafters fall back to chains on a target that cannot verify a tree (no 4D masks)."""
-    from ..tree import supports_trees
     return supports_trees(pair.target)

@@ -14,12 +14,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..lm import Session
-from ..sampling import probs as filtered_probs
-from ..tracer import NULL_TRACER
-from ..tree import attention_mask, check_mask_support
-from .base import Drafter, Proposal
-from .dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.runtime.attention import attention_mask, check_mask_support
+from decoding.runtime.session import Session
+from decoding.sampling import probs as filtered_probs
+from decoding.tracer import NULL_TRACER
 
 
 def check_vocabularies(target: Any, assistant: Any) -> None:

@@ -1,6 +1,6 @@
 """The drafter contract: everything the propose -> verify -> accept loop asks of a drafter.
 
-The loop (``decoding/speculative.py``) never asks which drafter it has. It calls:
+The loop (``decoding/strategies/speculative.py``) never asks which drafter it has. It calls:
 
 * ``begin(prompt_ids)`` once per generation;
 * ``draft(context, k)``: a timed ``propose``, returning a :class:`Proposal` of at
@@ -25,10 +25,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..tree import TokenTree
-
-MAX_DRAFT = 32       # deepest draft (tokens per chain)
-MAX_TREE_NODES = 64  # most nodes one tree may hold
+from decoding.params import MAX_DRAFT
+from decoding.tree import TokenTree
 
 
 @dataclass

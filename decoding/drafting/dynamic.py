@@ -30,9 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..tree import TokenTree
-from .base import Proposal
-
+from decoding.drafting.base import Proposal
+from decoding.tree import TokenTree
 
 # (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` (BENCHMARKS.md). On the
 # AVX2 EPYC with the first head, top-k 4 with 8, 12 or 16 nodes were within noise (geomean 1.63, 1.63,

@@ -15,9 +15,11 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
-from ..tracer import NULL_TRACER
-from ..tree import TokenTree
-from .base import MAX_TREE_NODES, Drafter, Proposal
+from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.suffix import source_event
+from decoding.params import MAX_TREE_NODES
+from decoding.tracer import NULL_TRACER
+from decoding.tree import TokenTree
 
 
 class PromptLookupDrafter(Drafter):
@@ -95,7 +97,6 @@ class PromptLookupDrafter(Drafter):
         return ("prompt", -1, index) if index < self.prompt_len else ("output", -1, index - self.prompt_len)
 
     def _trace(self, context: list[int], start: int, n: int, copied: int, occurrences: int, nodes: int) -> None:
-        from .suffix import source_event
         text, _, _ = self._text(start + n)
         floor = 0 if text == "prompt" else self.prompt_len
         self.tracer.emit(source_event(context, start, n, copied, floor, step=self.clock(),

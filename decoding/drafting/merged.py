@@ -21,8 +21,10 @@ from typing import Any, Sequence
 
 import torch
 
-from ..tree import TokenTree
-from .base import Drafter, Proposal
+from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.lookup import PromptLookupDrafter
+from decoding.params import PromptLookupParams
+from decoding.tree import TokenTree
 
 
 def _paths(tree: TokenTree) -> list[list[int]]:
@@ -81,6 +83,4 @@ def _q_of(main: Proposal, merged: TokenTree, node: int) -> float:
 
 def with_lookup(primary: Drafter, params: Any) -> Drafter:
     """``primary`` with a prompt-lookup branch (as deep as the draft) merged into its tree."""
-    from ..speculative import PromptLookupParams   # (the params module of the loop imports this package)
-    from .lookup import PromptLookupDrafter
     return MergedDrafter(primary, [PromptLookupDrafter(PromptLookupParams())], greedy=params.is_greedy)

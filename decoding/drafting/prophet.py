@@ -1,4 +1,4 @@
-"""The prophet drafter: drafts from the target's own hidden states with a trained head (``decoding/prophet.py``).
+"""The prophet drafter: drafts from the target's own hidden states with a trained head (``decoding/runtime/head.py``).
 
 The verify forward the loop runs anyway returns the target's last-layer states;
 ``observe`` queues them with the tokens they predicted, and the next ``propose``
@@ -25,12 +25,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..events import ForwardPass
-from ..sampling import probs as filtered_probs
-from ..sampling import sample
-from ..tracer import NULL_TRACER
-from .base import Drafter, Proposal
-from .dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.events import ForwardPass
+from decoding.sampling import probs as filtered_probs
+from decoding.sampling import sample
+from decoding.tracer import NULL_TRACER
 
 
 class ProphetDrafter(Drafter):

@@ -30,11 +30,11 @@ import contextlib
 import threading
 from typing import Any, Optional, Sequence
 
-from ..events import DraftSource
-from ..tracer import NULL_TRACER
-from ..tree import TokenTree
-from .base import Drafter, Proposal
-from .suffix_tree import SEP, Continuation, SuffixTree
+from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.suffix_tree import SEP, Continuation, SuffixTree
+from decoding.events import DraftSource
+from decoding.tracer import NULL_TRACER
+from decoding.tree import TokenTree
 
 SOURCE_WINDOW = 6          # tokens shown before a match in the draft view (DraftSource.tokens)
 EDIT_CURSORS = 4           # cursors kept (two per cut-short copy: the newest two copies)

@@ -31,12 +31,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..events import DraftTranslated
-from ..lm import Session
-from ..sampling import probs as filtered_probs
-from ..tracer import NULL_TRACER
-from .base import Drafter, Proposal
-from .tokenbridge import Bridge, Vocab, bridge_for, is_continuation
+from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.tokenbridge import Bridge, Vocab, bridge_for, is_continuation
+from decoding.events import DraftTranslated
+from decoding.runtime.session import Session
+from decoding.sampling import probs as filtered_probs
+from decoding.tracer import NULL_TRACER
 
 LOOKBEHIND = 2           # assistant tokens re-encoded before the agreed boundary
 TARGET_LOOKBEHIND = 8    # committed target tokens re-encoded with a draft

@@ -12,9 +12,10 @@ and the exactness check, and the JSON shape written by ``--json``::
                   "matches_greedy", "first_divergence", "stop_reason", "error"}]}
 
 ``times_ms[i]`` is when ``events[i]`` was recorded, in milliseconds since the
-strategy's timed run started (the wall-clock race replay). A ``Live`` object
-passed to ``run_comparison`` lets another thread read the results so far and the
-running strategy's events while they are produced (the app's live race).
+strategy's timed run started (the wall-clock race replay). An observer passed to
+``run_comparison`` (``RunObserver``: the app's ``web.live.Live``) hears of each
+strategy as it starts and finishes, and gets its tracer, so another thread can
+read the results so far and the running strategy's events (the app's live race).
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ import math
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
-from .context import RunContext
-from .live import Live
-from .events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
-from .params import check_max_new_tokens, params_to_dict
-from .result import ModelPair, Result
-from .sampling import make_generator
-from .strategies import Strategy, get_strategy
-from .tracer import NULL_TRACER, Tracer
+from decoding.context import RunContext
+from decoding.drafting.dynamic import tree_shape
+from decoding.events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
+from decoding.params import check_max_new_tokens, params_to_dict
+from decoding.result import Result
+from decoding.runtime.kernel_choice import cpu_name
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.sampling import make_generator
+from decoding.strategies import get_strategy
+from decoding.strategies.base import Strategy
+from decoding.tracer import NULL_TRACER, Tracer
 
 
 class Cancelled(Exception):
@@ -153,7 +158,6 @@ def environment(pair: ModelPair, seed: int) -> dict:
         "threads": torch.get_num_threads(), "seed": seed,
     }
     if pair.target.device.type == "cpu":   # the kernel per bucket of row counts is in target.kernel_buckets
-        from .kernel_choice import cpu_name
         env["cpu"] = cpu_name()
     if pair.target.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(pair.target.device)
@@ -202,6 +206,19 @@ class HookTracer(Tracer):
             raise Cancelled("stopped by the user")
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise Cancelled("time limit reached")
+
+
+class RunObserver(Protocol):
+    """What ``run_comparison`` tells an observer (the app's live race, ``web.live.Live``)."""
+
+    def plan(self, names: Sequence[tuple[str, str]], tokenizer: Any) -> None:
+        """The (strategy, label) pairs about to run, in order."""
+
+    def begin(self, rr: "RunResult", hook: Optional["HookTracer"], warming: bool) -> None:
+        """A strategy starts its warm-up (``warming``, no tracer) or its timed run (its tracer)."""
+
+    def finish(self, rr: "RunResult") -> None:
+        """A strategy's result is complete."""
 
 
 def _sync(device: torch.device) -> None:
@@ -265,7 +282,7 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
                    should_stop: Optional[Callable[[], bool]] = None,
                    time_limit_s: Optional[float] = None,
                    context: Optional[RunContext] = None,
-                   live: Optional[Live] = None) -> list[RunResult]:
+                   live: Optional[RunObserver] = None) -> list[RunResult]:
     """Run ``runs`` = [(strategy name, params dict or params object)] on one prompt.
 
     ``context`` (generation settings, a drafting history) applies to every run, the
@@ -277,7 +294,7 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
     raises is reported in its own result's ``error``; the others still run.
     Strategies run one after the other (each timing stays honest), each warmed up
     right before its own timed run. ``on_progress(index, strategy, tokens_done)``
-    is called as tokens commit; ``live`` (a :class:`Live`) exposes partial results.
+    is called as tokens commit; ``live`` (a :class:`RunObserver`) hears of each strategy.
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     if context is not None and context.generation is not None:
@@ -337,7 +354,6 @@ def shown_params(params: Any, pair: ModelPair) -> dict:
     """The parameters as the run uses them: a tree's 0 (= the device's default shape) resolved to its numbers."""
     values = params_to_dict(params)
     if values.get("tree") and "tree_topk" in values and "tree_nodes" in values:
-        from .drafting.dynamic import tree_shape
         values["tree_topk"], values["tree_nodes"] = tree_shape(params, pair.target.device)
     return values
 
@@ -374,7 +390,6 @@ def _warmup_context(context: Optional[RunContext]) -> Optional[RunContext]:
 def _explain_divergence(r: RunResult, results: list[RunResult], prompt_ids: Sequence[int],
                         pair: ModelPair, max_new_tokens: int, context: Optional[RunContext]) -> None:
     """Fill ``divergence_margin``: the target's top-2 logit gap (after the run's processors) where outputs differ."""
-    from .lm import Session
     base = next(x for x in results if x.strategy == "greedy" and not x.error)
     pos = r.first_divergence
     try:

@@ -1,7 +1,7 @@
 """Which CPU linear kernel runs which row bucket: measured on this machine, cached per machine and model.
 
 ``configure(model, "auto", ...)`` times PyTorch's default kernel and oneDNN's
-packed one (``decoding/kernels.py``) on the model's own linear layers, all of
+packed one (``decoding/runtime/kernels.py``) on the model's own linear layers, all of
 them in module order (so weights stream from memory as in a real forward, the
 LM head included), for one row count per bucket. The two kernels alternate
 layer by layer, and each call counts its fastest time over a few repeats (a
@@ -31,8 +31,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from . import kernels
-from .kernels import BUCKETS, KINDS, PackedLinear, bucket_label, shape_of
+from decoding.runtime import kernels
+from decoding.runtime.kernels import BUCKETS, KINDS, PackedLinear, bucket_label, shape_of
 
 MODES = ("auto", "packed", "default")
 PROBE_ROWS = (1, 3, 6, 13, 32, 128)      # one row count inside each of kernels.BUCKETS

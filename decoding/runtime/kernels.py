@@ -17,7 +17,7 @@ layer's own ``weight``/``bias`` parameters (tied weights stay tied,
 plain attribute (out of ``parameters()``, ``buffers()`` and ``state_dict()``).
 At every call the number of rows (the product of the input's leading
 dimensions) picks one of the ``BUCKETS`` and the layer's ``choice`` for that
-bucket says which kernel runs. ``decoding/kernel_choice.py`` fills the choices
+bucket says which kernel runs. ``decoding/runtime/kernel_choice.py`` fills the choices
 by timing both kernels on the model's own layers, once per machine and model.
 
 Arithmetic stays in the model's dtype with float32 accumulation: the packed

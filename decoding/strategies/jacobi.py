@@ -60,44 +60,15 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .commit import Output
-from .context import EMPTY, RunContext
-from .events import JacobiIteration
-from .lm import Session
-from .params import MAX_NEW_TOKENS_CAP, check_bool, check_number
-from .result import ModelPair, Result
-from .strategies import Strategy
-from .tracer import NULL_TRACER
-
-VARIANTS = ("jacobi", "gs_jacobi", "hybrid", "sliding")   # the paper's three, then ours
-INITS = ("pad", "repeat", "random")
-
-
-@dataclass(frozen=True)
-class JacobiParams:
-    """Jacobi decoding (Santilli et al. 2023). See the module docstring for the variants.
-
-    ``block_size``: guesses refined together (not used by ``jacobi``, whose block is
-    the whole length budget). ``max_iterations``: the most iterations one block gets
-    (the paper's own bound, n iterations for n tokens, always applies; the default
-    never binds); a block cut short commits its verified prefix. ``init``: the first
-    guess, ``pad`` tokens (the paper's), the newest token repeated, or random tokens.
-    """
-    block_size: int = 8
-    max_iterations: int = MAX_NEW_TOKENS_CAP
-    variant: str = "hybrid"
-    init: str = "pad"
-    fast: bool = False              # static KV cache + CUDA graphs (decoding/fastpath.py)
-    CHOICES = {"variant": VARIANTS, "init": INITS}
-
-    def __post_init__(self) -> None:
-        check_number("block_size", self.block_size, 1, 64, integer=True)
-        check_number("max_iterations", self.max_iterations, 1, MAX_NEW_TOKENS_CAP, integer=True)
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
-        check_bool("fast", self.fast)
+from decoding.commit import Output
+from decoding.context import EMPTY, RunContext
+from decoding.events import JacobiIteration
+from decoding.params import JacobiParams
+from decoding.result import Result
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.strategies.base import Strategy
+from decoding.tracer import NULL_TRACER
 
 
 def verified(prev: Sequence[int], new: Sequence[int]) -> int:

@@ -2,7 +2,7 @@
 
 Handlers return (or, for a run, yield) ``{view name: value}``; ``app.py`` maps view
 names onto components, builds the page and wires the events. Requests are
-validated, run and bounded in ``decoding/service.py`` and ``decoding/guards.py``;
+validated, run and bounded in ``web/service.py`` and ``web/guards.py``;
 which view shows what comes from ``visualize/page.py``.
 
 On Hugging Face ZeroGPU the ``gpu``-wrapped compute runs in a forked process, so it
@@ -27,22 +27,37 @@ import gradio as gr
 import plotly.graph_objects as go
 from gradio.components.plot import PlotData
 
-from decoding.bench import _num as sweep_value
 from decoding.context import RunContext
-from decoding.guards import Histories, TraceFiles, TraceStore, history_from
-from decoding.models import ModelLoadError
-from decoding.runner import run_comparison
-from decoding.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, Jobs, RunRequest, SweepRequest, complete,
-                              device_text, history_outputs, needs_assistant, prepare_checked, public_message,
-                              redact_paths, run_document, run_request, stream_comparison, sweep_request,
-                              default_request)
+from decoding.harness.bench import sweep_value
+from decoding.harness.runner import run_comparison
+from decoding.runtime.models import ModelLoadError
 from visualize.charts import sweep_figure
 from visualize.page import chart_views, drafted, inspector_view, race_views, step_figures, step_html, top_step
 from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, race_length_ms
-from visualize.tokens import columns_html
-from visualize.traces import export_trace, import_trace
-
+from visualize.tokens import columns_html, number
+from visualize.traces import export_trace, import_trace_file
 from web.crowd import Board, Computation, Line, QueueFull, Recording, Recordings
+from web.guards import Histories, TraceFiles, TraceStore, history_from
+from web.service import (
+    GENERATION_FIELDS,
+    LIMITS,
+    SESSION_FALLBACK,
+    Jobs,
+    RunRequest,
+    SweepRequest,
+    complete,
+    default_request,
+    device_text,
+    history_outputs,
+    needs_assistant,
+    prepare_checked,
+    public_message,
+    redact_paths,
+    run_document,
+    run_request,
+    stream_comparison,
+    sweep_request,
+)
 
 try:  # Hugging Face Spaces ZeroGPU: request a GPU for the compute, for as long as the request needs
     import spaces
@@ -54,11 +69,12 @@ except ImportError:
         return lambda fn: fn
 
 POLL_S = 0.2          # the live race redraws at least this often while tokens come
+MAX_CLOCK_MS = 1e12      # a replay clock beyond any run (the anchor stays a finite number)
 WATCH_S = 0.1         # how often a visitor's handler looks at its computation (an await, no thread held)
 EXPIRED = ("<div class='dp-muted'>This trace is no longer held by the server (it keeps the most recent "
            "ones); run again or import the trace file.</div>")
 
-# Every store a request can add to is bounded (decoding/service.py, decoding/guards.py).
+# Every store a request can add to is bounded (web/service.py, web/guards.py).
 JOBS = Jobs(LIMITS["jobs_per_session"], capacity=4 * LIMITS["queue_size"],
             queued_ttl_s=LIMITS["time_limit_s"] * (LIMITS["queue_size"] + 1), count_s=LIMITS["time_limit_s"])
 TRACE_FILES = TraceFiles(LIMITS["trace_files"])
@@ -434,8 +450,11 @@ def _held(key: Any) -> tuple[Optional[dict], int]:
 
 
 def _step(step: Any, top: int) -> int:
-    ok = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
-    return min(max(int(step), 0), top) if ok else 0
+    """A replay step from the browser, clamped to [0, top]; 0 when it is not a number."""
+    value = number(step, None)
+    if value is None or value != value:
+        return 0
+    return int(min(max(value, 0.0), float(top)))
 
 
 def replay(key: Any, step: Any) -> dict:
@@ -503,8 +522,8 @@ def race_tick(key: Any, anchor: Any, speed: Any) -> dict:
     if doc is None or not isinstance(anchor, dict):
         return stopped
     total = race_length_ms(doc["results"])
-    wall, start = anchor.get("wall"), anchor.get("from")
-    if not isinstance(wall, (int, float)) or not isinstance(start, (int, float)):
+    wall, start = number(anchor.get("wall"), None), number(anchor.get("from"), None)
+    if wall is None or start is None or not math.isfinite(wall) or not math.isfinite(start):
         return stopped
     now = clamp_ms(start + (time.monotonic() - wall) * 1e3 * _speed(speed), total)
     return {**race_at(key, now, speed), "clock": round(now), "race_ticker": gr.Timer(active=now < total),
@@ -523,7 +542,7 @@ def race_rebase(anchor: Any, at_ms: Any) -> Any:
     """A new speed while playing: go on from where the clock is."""
     if not isinstance(anchor, dict):
         return gr.skip()
-    return {"wall": time.monotonic(), "from": float(at_ms) if isinstance(at_ms, (int, float)) else 0.0}
+    return {"wall": time.monotonic(), "from": clamp_ms(at_ms, MAX_CLOCK_MS)}
 
 
 def inspect_position(key: Any, strategy: Any, position: Any) -> Any:
@@ -536,15 +555,10 @@ def import_file(path: Any, request: gr.Request = None) -> dict:
     with job(request):
         if not isinstance(path, str) or not path:
             raise gr.Error("trace: choose a JSON file exported from this app")
-        limit = LIMITS["upload_bytes"]
-        try:
+        try:   # read in chunks: a file over a cap (size, events, depth, ...) is refused before it is all read
             size = os.path.getsize(path)
-            if size > limit:   # Gradio refuses larger uploads; this guards direct calls
-                raise ValueError(f"trace file is {size / 2**20:.1f} MB; the limit is {limit / 2**20:g} MB")
-            with open(path, "rb") as fh:
-                data = fh.read(limit + 1)
-            doc = import_trace(data, max_bytes=limit)
+            doc = import_trace_file(path, max_bytes=LIMITS["upload_bytes"])
         except (OSError, ValueError) as exc:
             raise _error(exc, "trace: ") from None
     return _outputs(doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).",
-                    len(data), None)
+                    size, None)

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from .events import event_to_dict
+from decoding.events import event_to_dict
 
 
 class Live:

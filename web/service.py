@@ -26,18 +26,17 @@ from typing import Any, Callable, Optional
 import torch
 import transformers
 
-from .bench import _num as sweep_value
-from .bench import parse_sweep
-from .kernel_choice import cpu_name
-from .models import cache_root, default_target, load_model, load_presets
-from .params import check_max_new_tokens, params_to_dict
-from .processors import GenerationSettings
-from .prophet import PROPHET, has_prophet, make_pair
-from .context import RunContext
-from .live import Live
-from .runner import encode_prompt, environment, run_comparison
-from .strategies import registry
+from decoding.context import RunContext
+from decoding.harness.bench import parse_sweep, sweep_value
+from decoding.harness.runner import encode_prompt, environment, run_comparison
+from decoding.params import check_max_new_tokens, params_to_dict
+from decoding.processors import GenerationSettings
+from decoding.runtime.kernel_choice import cpu_name
+from decoding.runtime.models import cache_root, default_target, load_model, load_presets
+from decoding.runtime.pair import PROPHET, has_prophet, make_pair
+from decoding.strategies import registry
 from web.crowd import request_key
+from web.live import Live
 
 # --------------------------------------------------------------------------- limits (one place)
 LIMITS: dict[str, Any] = {

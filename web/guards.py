@@ -17,6 +17,8 @@ import threading
 from collections import OrderedDict, deque
 from typing import Any, Awaitable, Callable, Optional
 
+from decoding.drafting.suffix import SuffixHistory
+
 Scope = dict
 Message = dict
 Receive = Callable[[], Awaitable[Message]]
@@ -245,7 +247,6 @@ class Histories:
 
 
 def _suffix_history(max_tokens: int) -> Any:
-    from .drafting.suffix import SuffixHistory
     return SuffixHistory(max_tokens=max_tokens)
 
 

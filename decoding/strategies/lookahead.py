@@ -43,46 +43,19 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .commit import Output
-from .context import EMPTY, RunContext
-from .events import LookaheadStep
-from .lm import Session
-from .params import SamplingParams, check_bool, check_number
-from .result import ModelPair, Result
-from .sampling import probs as filtered_probs
-from .strategies import Strategy
-from .tracer import NULL_TRACER
-from .tree import TokenTree, attention_mask, check_mask_support, tree_layout
-from .verify import verify_tree_greedy, verify_tree_sampling
-
-
-@dataclass(frozen=True)
-class LookaheadParams(SamplingParams):
-    """``window`` W, ``ngram`` N, ``guess_set`` G (n-grams kept per key and verified per step).
-
-    ``temperature`` 0 (the default) is greedy and token-identical to greedy
-    decoding; above 0 (with ``top_k``/``top_p``) it samples, exactly in distribution.
-
-    The defaults (W=2, N=4, G=4) are the point of ``make bench-lookahead``'s sweep that
-    meets both CPU goals on code prompts (step compression >= 1.3, wall clock >= greedy);
-    on a GPU, where a wide forward costs what a narrow one does, wider windows pay more
-    (BENCHMARKS.md: W=4, N=5, G=2 was the H100 sweep's best).
-    """
-    temperature: float = 0.0
-    window: int = 2
-    ngram: int = 4
-    guess_set: int = 4
-    pool_from_prompt: bool = True
-    pool_from_output: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_number("window", self.window, 1, 32, integer=True)
-        check_number("ngram", self.ngram, 2, 8, integer=True)
-        check_number("guess_set", self.guess_set, 1, 32, integer=True)
-        check_bool("pool_from_prompt", self.pool_from_prompt)
-        check_bool("pool_from_output", self.pool_from_output)
-
+from decoding.commit import Output
+from decoding.context import EMPTY, RunContext
+from decoding.events import LookaheadStep
+from decoding.params import LookaheadParams
+from decoding.result import Result
+from decoding.runtime.attention import attention_mask, check_mask_support
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.sampling import probs as filtered_probs
+from decoding.strategies.base import Strategy
+from decoding.tracer import NULL_TRACER
+from decoding.tree import TokenTree, tree_layout
+from decoding.verify import verify_tree_greedy, verify_tree_sampling
 
 # --------------------------------------------------------------------------- n-gram pool
 

@@ -19,7 +19,7 @@ exactly greedy, whatever the prophet's weights.
 
 Drafting (``decoding/drafting/prophet.py``, a chain or an EAGLE-2-style
 dynamic tree) runs inside the shared propose -> verify -> accept loop of
-``decoding/speculative.py`` (strategy ``prophet``); the hidden states come from
+``decoding/strategies/speculative.py`` (strategy ``prophet``); the hidden states come from
 the verify forward the loop already runs (``needs_hidden``), never from an
 extra target forward.
 Training (``decoding/train_prophet.py``) runs every anchor of whole answers in
@@ -33,14 +33,14 @@ import json
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import PRESETS_DIR, LoadedModel
-from .result import ModelPair
+from decoding.runtime import kernels
+from decoding.runtime.models import PRESETS_DIR, LoadedModel
 
 PROPHET_DIR = PRESETS_DIR / "prophet"
 
@@ -200,14 +200,13 @@ class Prophet(nn.Module):
         return feature @ self.head.to(feature.dtype).T
 
     def pack(self, half: bool = True) -> int:
-        """Inference kernels on the CPU (see ``decoding/kernels.py``); how many layers were swapped (0: none).
+        """Inference kernels on the CPU (see ``decoding/runtime/kernels.py``); how many layers were swapped (0: none).
 
         ``half``: float16 weights (``kernels.HalfLinear``) where the build has FBGEMM. The
         head only drafts, so rounding its weights changes at most which tokens are
         proposed, never what is committed; it halves the bytes a draft step reads.
         Otherwise oneDNN's packed float32 kernels.
         """
-        from . import kernels
         use_half = half and self.dtype == torch.float32 and self.device.type == "cpu" and kernels.half_available()
         swapped = kernels.half_linears(self) if use_half else kernels.pack_linears(self)
         if swapped:
@@ -410,17 +409,3 @@ def prophet_for(target: LoadedModel) -> Prophet:
         return _LOADED[key]
 
 
-PROPHET = "prophet"   # the assistant name that selects the target's trained prophet head
-
-
-def has_prophet(target_name: str) -> bool:
-    return (PROPHET_DIR / f"{target_name}.safetensors").is_file()
-
-
-def make_pair(target: LoadedModel, assistant: Optional[str], load: Any) -> ModelPair:
-    """The model pair for an assistant choice: ``None``, ``"prophet"`` (the shipped head) or a model name."""
-    if assistant is None:
-        return ModelPair(target)
-    if assistant == PROPHET:
-        return ModelPair(target, None, prophet=prophet_for(target))
-    return ModelPair(target, load(assistant))

@@ -23,12 +23,13 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import yaml
 
-from .models import PRESETS_DIR, LoadedModel
-from .result import ModelPair
-from .runner import encode_prompt, environment
-from .sampling import make_generator
-from .strategies import get_strategy
-from .tracer import NULL_TRACER
+from decoding.drafting.universal import shares_tokenizer
+from decoding.harness.runner import encode_prompt
+from decoding.runtime.models import PRESETS_DIR, LoadedModel
+from decoding.runtime.pair import ModelPair
+from decoding.sampling import make_generator
+from decoding.strategies import get_strategy
+from decoding.tracer import NULL_TRACER
 
 ANCHORS = ("hf_greedy", "hf_prompt_lookup", "hf_assisted")
 FAST_GREEDY = "greedy[fast=true]"     # a second reference when the fast path is benchmarked
@@ -99,7 +100,6 @@ def _runner(method: Method, pair: ModelPair, max_new: int, seed: int,
                                          prompt_lookup_num_tokens=prompt_lookup_tokens), {}, 0, 0)
     if method.anchor == "hf_assisted":
         assisted: dict = {"assistant_model": pair.assistant.model}
-        from .drafting.universal import shares_tokenizer
         if not shares_tokenizer(pair.target, pair.assistant):   # transformers' Universal Assisted Decoding
             assisted.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
         return lambda ids: (hf_generate(pair.target, ids, max_new, **assisted), {}, 0, 0)
@@ -263,36 +263,6 @@ def markdown_table(summary: list[dict], category: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def html_report(doc: dict, path: str) -> None:
-    """A self-contained plotly report: speedup per category and method, plus sweeps."""
-    import plotly.graph_objects as go
-    summary = [s for s in doc["summary"] if s["category"] != "all"]
-    methods = list(dict.fromkeys(s["method"] for s in summary))
-    cats = list(dict.fromkeys(s["category"] for s in summary))
-    fig = go.Figure()
-    for m in methods:
-        ys = [next((s["speedup_geomean"] for s in summary if s["method"] == m and s["category"] == c), None)
-              for c in cats]
-        fig.add_bar(name=m, x=cats, y=ys)
-    fig.update_layout(title="Speedup vs our greedy (geometric mean over prompts)", barmode="group",
-                      yaxis_title="speedup x")
-    parts = [fig.to_html(full_html=False, include_plotlyjs="cdn")]
-    for sweep in doc.get("sweeps", []):
-        parts.append(sweep_figure(sweep).to_html(full_html=False, include_plotlyjs=False))
-    body = "\n".join(parts)
-    env = doc.get("environment", {})
-    Path(path).write_text(f"<html><head><meta charset='utf-8'><title>decoding bench</title></head><body>"
-                          f"<h1>Decoding benchmark</h1><p>{env.get('device')} {env.get('dtype')} "
-                          f"torch {env.get('torch')} transformers {env.get('transformers')}</p>{body}"
-                          f"</body></html>", encoding="utf-8")
-
-
-def sweep_figure(sweep: dict) -> Any:
-    """A curve for a one-parameter sweep, a heatmap for two parameters (the app draws the same)."""
-    from visualize.charts import sweep_figure as figure
-    return figure(sweep)
-
-
 def parse_sweep(spec: str, *, max_keys: Optional[int] = None,
                 max_points: Optional[int] = 4096) -> tuple[str, list[str], list[tuple]]:
     """``"lookahead:window=4,8;ngram=3,4"`` -> (strategy, keys, [value tuples]).
@@ -337,7 +307,7 @@ def sweep_points(doc: dict, sweeps: list[tuple[str, list[str], list[tuple]]]) ->
             name = sweep_method_name(strategy, keys, combo)
             if name in overall:
                 s = overall[name]
-                points.append({"values": [_num(v) for v in combo], "speedup": s["speedup_geomean"],
+                points.append({"values": [sweep_value(v) for v in combo], "speedup": s["speedup_geomean"],
                                "tokens_per_target_forward": s["tokens_per_target_forward"]})
         out.append({"strategy": strategy, "keys": keys, "points": points})
     return out
@@ -347,7 +317,7 @@ def sweep_method_name(strategy: str, keys: list[str], combo: tuple) -> str:
     return f"{strategy}[" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)) + "]"
 
 
-def _num(v: str) -> Any:
+def sweep_value(v: str) -> Any:
     try:
         f = float(v)
         return int(f) if f.is_integer() else f

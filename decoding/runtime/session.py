@@ -15,17 +15,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import fastpath
-from .events import ForwardPass
-from .models import LoadedModel
-from .tracer import NULL_TRACER
-
-
-def crop_cache(cache: Any, length: int) -> None:
-    """Shrink a transformers cache to ``length`` positions (5.x ``crop`` takes a negative count)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+from decoding.events import ForwardPass
+from decoding.runtime import fastpath
+from decoding.runtime.kvcache import compact_cache, crop_cache
+from decoding.runtime.models import LoadedModel
+from decoding.tracer import NULL_TRACER
 
 
 class Session:
@@ -51,7 +45,7 @@ class Session:
         self.last_hidden: Optional[torch.Tensor] = None
         self._encoder_kwargs: dict = {}
         self._sync = lm.device.type == "cuda"
-        # Fast path (decoding/fastpath.py): a static KV cache with explicit positions and
+        # Fast path (decoding/runtime/fastpath.py): a static KV cache with explicit positions and
         # masks, replayed as CUDA graphs on a GPU. ``max_len`` (prompt + new tokens) sizes
         # it; ``static_len`` asks for exactly that capacity. Same tokens either way.
         self.fast = bool(fast or static_len) and fastpath.supported(lm)
@@ -88,7 +82,6 @@ class Session:
         elif self.runner is not None:
             self.runner.keep(base, rows)
         else:
-            from .tree import compact_cache
             compact_cache(self.cache, base, rows)
 
     def tensor(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:

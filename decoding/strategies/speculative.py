@@ -19,97 +19,24 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .commit import Output
-from .context import EMPTY, RunContext
-from .drafting import MAX_DRAFT, MAX_TREE_NODES, Drafter, DraftLength, Proposal, make_drafter
-from .events import (CorrectionToken, DraftProposed, DraftTree, Distribution, StepTiming, TokenVerified)
-from .lm import Session
-from .params import SamplingParams, check_bool, check_number
-from .result import ModelPair, Result
-from .sampling import probs as filtered_probs
-from .strategies import Strategy
-from .tracer import NULL_TRACER
-from .tree import tree_forward
-from .verify import Verdict, verify_tree_greedy, verify_tree_sampling
+from decoding.commit import Output
+from decoding.context import EMPTY, RunContext
+from decoding.drafting import Drafter, DraftLength, Proposal, make_drafter
+from decoding.events import CorrectionToken, Distribution, DraftProposed, DraftTree, StepTiming, TokenVerified
+from decoding.params import MAX_TREE_NODES, PromptLookupParams, ProphetParams, SamplingParams, SpeculativeParams
+from decoding.result import Result
+from decoding.runtime.attention import tree_forward
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.sampling import probs as filtered_probs
+from decoding.strategies.base import Strategy
+from decoding.tracer import NULL_TRACER
+from decoding.verify import Verdict, verify_tree_greedy, verify_tree_sampling
 
 TOP = 10  # tokens shown per position in the inspector
 
 
 # --------------------------------------------------------------------------- parameters
-
-@dataclass(frozen=True)
-class SpeculativeParams(SamplingParams):
-    """Assistant-model drafting. temperature 0 = greedy verification (lossless).
-
-    ``draft_tokens``: draft length (a chain) or depth (a tree); ``adaptive``:
-    grow it after a fully accepted draft, shrink it after a rejection;
-    ``confidence_threshold``: a chain stops when the drafter's top probability is
-    below it, a tree stops growing when its best path's probability is.
-    ``tree``: draft an EAGLE-2 dynamic tree, expanding the ``tree_topk`` most
-    probable nodes per depth (``tree_topk`` children each) and keeping the
-    ``tree_nodes`` most probable nodes; 0 picks the device's default
-    (``drafting.dynamic.TREE_DEFAULTS``: a CPU verifies few nodes per forward
-    cheaply, a GPU many).
-    """
-    temperature: float = 0.0
-    draft_tokens: int = 4
-    adaptive: bool = True
-    confidence_threshold: float = 0.4
-    tree: bool = False
-    tree_topk: int = 0
-    tree_nodes: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
-        check_bool("adaptive", self.adaptive)
-        check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
-        check_bool("tree", self.tree)
-        check_number("tree_topk", self.tree_topk, 0, 16, integer=True)
-        check_number("tree_nodes", self.tree_nodes, 0, MAX_TREE_NODES, integer=True)
-
-
-@dataclass(frozen=True)
-class ProphetParams(SpeculativeParams):
-    """Prophet-head drafting; temperature 0 = greedy verification (lossless).
-
-    The same knobs as ``speculative``, with defaults chosen for the head: a tree
-    by default (``tree=false`` drafts a chain, for comparison), and a lower
-    confidence threshold, because a head position costs a few percent of a target
-    forward (BENCHMARKS.md has the sweeps behind these defaults). ``lookup``
-    merges the prompt-lookup continuation into the tree as one more branch
-    (greedy only, ``drafting/merged.py``): replies often restate the prompt just
-    where the head, with little answer to attend to yet, is weakest.
-    """
-    draft_tokens: int = 6
-    adaptive: bool = False
-    confidence_threshold: float = 0.1
-    tree: bool = True
-    lookup: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_bool("lookup", self.lookup)
-
-
-@dataclass(frozen=True)
-class PromptLookupParams(SamplingParams):
-    """Drafts by copying what followed the latest earlier occurrence of the last n-gram.
-
-    ``max_candidates`` > 1: when the n-gram occurred several times, up to that many distinct
-    continuations (latest first) are verified together as a tree (``drafting/lookup.py``); 1 drafts
-    the latest one as a chain. Models without custom 4D mask support always get the chain.
-    """
-    temperature: float = 0.0
-    draft_tokens: int = 8
-    ngram_size: int = 3
-    max_candidates: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
-        check_number("ngram_size", self.ngram_size, 1, 8, integer=True)
-        check_number("max_candidates", self.max_candidates, 1, 16, integer=True)
 
 
 # --------------------------------------------------------------------------- the loop

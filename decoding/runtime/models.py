@@ -28,9 +28,10 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
-from . import kernels
+from decoding.runtime import kernels
+from decoding.runtime.kernel_choice import cache_file, configure
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"   # decoding/runtime/ -> the repository
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float64": torch.float64}
@@ -185,7 +186,7 @@ class LoadedModel:
 
     @property
     def kernels(self) -> str:
-        """How the linear layers run (decoding/kernels.py): ``default``, ``onednn-packed``, or
+        """How the linear layers run (decoding/runtime/kernels.py): ``default``, ``onednn-packed``, or
         ``mixed: ...`` naming the kernel of each range of row counts."""
         return kernels.label(self.model)
 
@@ -349,8 +350,7 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
         raise ModelLoadError(f"could not load model {spec!r} from {source!r}: {exc}") from None
     model.to(device)
     # CPU linear kernels per bucket of row counts, measured once per machine and cached next to
-    # the converted model (decoding/kernel_choice.py); a no-op on other devices
-    from .kernel_choice import cache_file, configure
+    # the converted model (decoding/runtime/kernel_choice.py); a no-op on other devices
     choice = configure(model, kernel_mode, name=name, file=cache_file(cache_root(), name, kind == "bundled"),
                        progress=progress)
     loaded = wrap_model(model, tokenizer, name=name, source=source,
@@ -365,7 +365,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
                kernels: str | None = None) -> LoadedModel:
     """Load (or fetch from the in-process cache) a model by preset name, directory or Hub id.
 
-    ``kernels`` picks a CPU model's linear kernels (decoding/kernels.py): ``"auto"`` (the
+    ``kernels`` picks a CPU model's linear kernels (decoding/runtime/kernels.py): ``"auto"`` (the
     default) runs each weight shape and bucket of row counts on whichever of PyTorch's
     default kernel and oneDNN's prepacked one measured faster on this machine (timed once,
     cached per machine and model); ``"packed"`` or ``"default"`` forces one. ``pack=False``

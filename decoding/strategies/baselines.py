@@ -10,15 +10,17 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .commit import Output
-from .context import EMPTY, RunContext
-from .events import BeamStep, SamplingFilter
-from .lm import Session
-from .params import BeamParams, GreedyParams, SampleParams
-from .result import ModelPair, Result
-from .sampling import probs as sampling_probs
-from .sampling import sample as draw
-from .tracer import NULL_TRACER
+from decoding.commit import Output
+from decoding.context import EMPTY, RunContext
+from decoding.events import BeamStep, SamplingFilter
+from decoding.params import BeamParams, GreedyParams, SampleParams
+from decoding.result import Result
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.sampling import probs as sampling_probs
+from decoding.sampling import sample as draw
+from decoding.strategies.base import Strategy
+from decoding.tracer import NULL_TRACER
 
 NEG = -1.0e9  # transformers' "impossible" score in beam search
 
@@ -176,3 +178,13 @@ def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,
     out.commit(done_seqs[0, :int(done_lens[0])].tolist(), target.forwards, "beam")
     return Result(out.tokens, target.forwards, stats={"beam_score": round(float(done_scores[0]), 6)},
                   stop_reason=out.stop_reason)
+
+
+STRATEGIES = [
+    Strategy("greedy", GreedyParams, greedy, lossless=True, label="Greedy",
+             description="One target forward per token, argmax. The reference every lossless method must match."),
+    Strategy("sample", SampleParams, sample, lossless=False, label="Sampling",
+             description="Temperature, top-k and top-p sampling with a seeded generator."),
+    Strategy("beam", BeamParams, beam, lossless=False, label="Beam search",
+             description="Beam search with transformers' scoring and stopping rules."),
+]
