@@ -19,34 +19,35 @@ Medians and 90th percentiles are printed with the machine; the model is loaded f
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
 
-sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
-                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")]
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from gradio_client import Client  # noqa: E402
 
-from web import handlers  # noqa: E402
 from decoding.harness.runner import encode_prompt  # noqa: E402
 from decoding.params import GreedyParams  # noqa: E402
 from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
 from decoding.runtime.models import load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies.baselines import greedy  # noqa: E402
-from web.crowd import Recordings  # noqa: E402
-from web.service import preload_default  # noqa: E402
 
 import app  # noqa: E402
+from conftest import free_port  # noqa: E402
 from stop_traffic import stop_loop, stop_routes  # noqa: E402
 
 POLL_S = 0.05
+STATUS, COLUMNS = app.RUN_VIEWS.index("status"), app.RUN_VIEWS.index("columns")   # in the raw API's outputs
 
 
 def page_values(prompt: str, max_new: int = app.DEFAULT_MAX_NEW, strategies=None, seed: int = 0) -> list:
@@ -55,35 +56,48 @@ def page_values(prompt: str, max_new: int = app.DEFAULT_MAX_NEW, strategies=None
             *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS)]
 
 
-def watch(url: str, values: list, t0: float, row: dict) -> None:
-    """Submit ``values`` and note when the first place in line, first token and the result came."""
-    job = Client(url, verbose=False).submit(*values, api_name="/run")
-    seen = 0
-    while True:
-        outputs = job.outputs()
-        for out in outputs[seen:]:
-            now = time.perf_counter() - t0
-            status, columns = str(out[6] or ""), out[1] if isinstance(out[1], str) else str(out[1])
-            if "Waiting for the compute slot" in status:
-                row.setdefault("place_s", now)
-            if "data-source=" in columns:
-                row.setdefault("token_s", now)
-                row.setdefault("place_s", now)
-        seen = len(outputs)
-        if job.done():
+def watch(url: str, values: list, start: threading.Barrier, row: dict) -> None:
+    """Press Run (all visitors at once, through Gradio's HTTP API: a thread that only reads its stream, as a
+    browser tab would) and note when the first place in line, the first token and the result came."""
+    host, port = url.split("//")[1].strip("/").split(":")
+    body = json.dumps({"data": values}).encode()
+    start.wait()
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(host, int(port), timeout=900)
+    conn.request("POST", "/gradio_api/call/run", body=body, headers={"Content-Type": "application/json"})
+    event_id = json.load(conn.getresponse())["event_id"]
+    conn.request("GET", f"/gradio_api/call/run/{event_id}")
+    stream, kind = conn.getresponse(), None
+    for raw in stream:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if line.startswith("event: "):
+            kind = line[7:]
+            continue
+        if not line.startswith("data: "):
+            continue
+        now = time.perf_counter() - t0
+        if kind == "error":
+            row["done_s"], row["error"] = now, line[6:200]
             break
-        time.sleep(POLL_S)
-    try:
-        out = job.result()
-        row["done_s"], row["status"] = time.perf_counter() - t0, str(out[6])
-    except Exception as exc:  # noqa: BLE001 - reported in the row
-        row["done_s"], row["error"] = time.perf_counter() - t0, str(exc)[:200]
+        out = json.loads(line[6:]) if kind in ("generating", "complete") else None
+        if not isinstance(out, list) or len(out) != len(app.RUN_VIEWS):
+            continue
+        status, columns = str(out[STATUS] or ""), json.dumps(out[COLUMNS])
+        if "Waiting for the compute slot" in status:
+            row.setdefault("place_s", now)
+        if "data-source=" in columns:
+            row.setdefault("token_s", now)
+            row.setdefault("place_s", now)
+        if kind == "complete":
+            row["done_s"], row["status"] = now, status
+            break
+    conn.close()
 
 
 def crowd(url: str, requests: list[list]) -> list[dict]:
     rows = [{} for _ in requests]
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=watch, args=(url, v, t0, row)) for v, row in zip(requests, rows)]
+    start = threading.Barrier(len(requests))
+    threads = [threading.Thread(target=watch, args=(url, v, start, row)) for v, row in zip(requests, rows)]
     for t in threads:
         t.start()
     for t in threads:
@@ -137,6 +151,19 @@ def _trace(job) -> dict:
         return json.load(fh)
 
 
+def wait_healthy(url: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "healthz", timeout=5) as resp:
+                if json.load(resp)["ok"]:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise SystemExit("the server did not come up")
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))] if values else float("nan")
@@ -162,13 +189,13 @@ def main() -> None:
     ap.add_argument("--skip-crowd", action="store_true", help="only the Stop rounds")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    handlers.RECORDINGS = Recordings(app.LIMITS["recordings_bytes"])     # memory only: nothing recorded yet
-    preload_default()
-    from conftest import free_port
-    demo = app.build_demo()
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    # the server in its own process, as on a Space: the visitors' clients here do not share its GIL
+    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--no-record-examples",
+                               "--recordings-dir", "none"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
+    wait_healthy(url)
     prompts = [p for group in app.example_prompts().values() for p in group]
     print(f"machine: {cpu_name()} ({os.cpu_count()} CPUs); default comparison {', '.join(app.DEFAULT_STRATEGIES)}, "
           f"{app.DEFAULT_MAX_NEW} tokens")
@@ -176,6 +203,8 @@ def main() -> None:
     try:
         Client(url, verbose=False).predict(*page_values("Warm up.", max_new=4), api_name="/run")   # untimed
         if not args.skip_crowd:
+            lines.append(summary("one visitor alone", rows := crowd(url, [page_values(prompts[-1])]), "token_s"))
+            lines.append(summary("one visitor alone", rows, "done_s"))
             same = [page_values(prompts[0])] * args.clients
             lines.append(summary("same example, first press (shared)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, first press (shared)", rows, "done_s"))
@@ -199,7 +228,8 @@ def main() -> None:
         with urllib.request.urlopen(url + "healthz", timeout=10) as resp:
             health = json.load(resp)
     finally:
-        demo.close()
+        server.terminate()
+        server.wait(30)
     print(f"health afterwards: {health}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
