@@ -239,7 +239,7 @@ def test_traces_draw_in_the_jacobi_view():
     # The scripted EOS run of each variant, drawn: every output token after the prefill's is
     # committed exactly once; cells after EOS are "past"; iteration 1 of the whole-output
     # jacobi already has every token right, but only its first verified: the rest are "early".
-    from visualize.jacobi import jacobi_view
+    from visualize.iterations import jacobi_view
     tokens = [3, 4, 5, 6, 7, 8, EOS, 10, 11, 12, 13, 14, 3]
     lm = scripted([0] * 13, tokens)
     for variant in VARIANTS:

@@ -1,4 +1,4 @@
-"""The Jacobi view (visualize/jacobi.py) and the upgrade of version-1 traces (visualize/legacy.py)."""
+"""The Jacobi view (visualize/iterations.py) and the upgrade of version-1 traces (visualize/legacy.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from visualize.jacobi import (FOCUS_ROWS, MAX_CELLS, STEP_POSITIONS, WINDOW, frame, has_iterations,
+from visualize.iterations import (FOCUS_ROWS, MAX_CELLS, STEP_POSITIONS, WINDOW, frame, has_iterations,
                               jacobi_heatmap, jacobi_view, rows)
 from visualize.legacy import upgrade
 
@@ -197,6 +197,6 @@ def test_v1_sliding_trace_draws_with_window_labels_and_commits():
 
 
 def test_visualize_modules_do_not_import_torch():
-    code = ("import sys, visualize.jacobi, visualize.legacy\n"
+    code = ("import sys, visualize.iterations, visualize.legacy\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)

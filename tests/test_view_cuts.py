@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from visualize import beams, charts, crosstok, drafts, jacobi, legacy, lookahead, masks, page, sampling, speculative
+from visualize import acceptance, beams, charts, crosstok, drafts, filters, iterations, legacy, masks, page, windows
 from visualize import tokens, trees
 
 EVIL = "<img src=x onerror=alert(1)>"
@@ -67,16 +67,16 @@ def test_the_mask_keeps_every_level_it_can_and_the_first_columns(branch, levels,
 
 def test_the_lookahead_tables_and_chart_say_what_they_leave_out():
     big = _lookahead(1, [list(range(100))] * 70, [list(range(70))] * 80, list(range(90)))
-    steps = [big] + [_lookahead(s, [[1]], [[1]], [1]) for s in range(2, lookahead.MAX_STEPS + 10)]
+    steps = [big] + [_lookahead(s, [[1]], [[1]], [1]) for s in range(2, windows.MAX_STEPS + 10)]
     r = _result(steps, vocab={"1": EVIL * 40})
-    html = lookahead.lookahead_step_html(r, 1)
+    html = windows.lookahead_step_html(r, 1)
     assert "Showing the first 64 of 70 window levels, first 64 of 100 columns." in html
     assert "Showing the first 64 of 80 n-grams, first 64 of 70 tokens of each n-gram, first 64 of 90 committed" in html
-    assert "<img" not in lookahead.lookahead_step_html(r, 5) and "…" in lookahead.lookahead_step_html(r, 5)
-    fig = lookahead.lookahead_figure(r)
-    assert f"(first {lookahead.MAX_STEPS} of {len(steps)} steps)" in fig.layout.title.text
-    assert len(fig.data[0].x) == lookahead.MAX_STEPS
-    assert all(len(t) <= 2 * lookahead.MAX_HOVER for t in fig.data[1].hovertext)
+    assert "<img" not in windows.lookahead_step_html(r, 5) and "…" in windows.lookahead_step_html(r, 5)
+    fig = windows.lookahead_figure(r)
+    assert f"(first {windows.MAX_STEPS} of {len(steps)} steps)" in fig.layout.title.text
+    assert len(fig.data[0].x) == windows.MAX_STEPS
+    assert all(len(t) <= 2 * windows.MAX_HOVER for t in fig.data[1].hovertext)
 
 
 def test_trees_beams_sampling_and_the_inspector_say_what_they_leave_out():
@@ -87,16 +87,16 @@ def test_trees_beams_sampling_and_the_inspector_say_what_they_leave_out():
     assert f"of {n} nodes (the first {trees.MAX_NODES} shown)" in title
     step = {"type": "BeamStep", "step": 1, "tokens": [[i] for i in range(40)], "scores": [-1.0] * 40, "finished": 0}
     assert f"the first {beams.MAX_BEAMS} of 40 beams" in beams.beam_figure(_result([step])).layout.title.text
-    k = sampling.MAX_BARS + 36
+    k = filters.MAX_BARS + 36
     sample = {"type": "SamplingFilter", "step": 1, "position": 1, "tokens": list(range(k)), "p_raw": [0.5] * k,
               "chosen": k - 1}
-    fig = sampling.sampling_figure(_result([sample]))
-    assert f"{sampling.MAX_BARS + 1} of its {k} tokens shown" in fig.layout.title.text
-    assert len(fig.data[0].x) == sampling.MAX_BARS + 1 and fig.data[0].x[-1].startswith("★")   # the drawn token
+    fig = filters.sampling_figure(_result([sample]))
+    assert f"{filters.MAX_BARS + 1} of its {k} tokens shown" in fig.layout.title.text
+    assert len(fig.data[0].x) == filters.MAX_BARS + 1 and fig.data[0].x[-1].startswith("★")   # the drawn token
     dist = {"type": "Distribution", "step": 1, "position": 2, "tokens": list(range(k)), "p_target": [0.1] * k}
-    fig = speculative.inspector(_result([dist], vocab={"3": EVIL * 100}), 2)
-    assert f"(the first {speculative.MAX_TOKENS} of {k} tokens)" in fig.layout.title.text
-    assert len(fig.data[0].x) == speculative.MAX_TOKENS and "<" not in "".join(fig.data[0].x)
+    fig = acceptance.inspector(_result([dist], vocab={"3": EVIL * 100}), 2)
+    assert f"(the first {acceptance.MAX_TOKENS} of {k} tokens)" in fig.layout.title.text
+    assert len(fig.data[0].x) == acceptance.MAX_TOKENS and "<" not in "".join(fig.data[0].x)
     assert max(len(x) for x in fig.data[0].x) < 60
 
 
@@ -115,10 +115,10 @@ def test_the_timeline_and_the_sweep_say_what_they_leave_out():
 def test_jacobi_says_which_positions_and_iterations_it_shows():
     far = {"type": "JacobiIteration", "step": 1, "block": 0, "iteration": 0, "start": 10**6, "guess": [5],
            "converged": 0, "committed": 0}
-    view = jacobi.jacobi_view(_result([far]))
-    assert "Showing positions 0–47 of 1000001" in view and view.count("<th data-pos=") == jacobi.WINDOW
+    view = iterations.jacobi_view(_result([far]))
+    assert "Showing positions 0–47 of 1000001" in view and view.count("<th data-pos=") == iterations.WINDOW
     many = [dict(far, step=s, start=s % 50) for s in range(1, 1100)]
-    assert "Showing positions 0–" in jacobi.jacobi_view(_result(many))           # over MAX_ROWS: focused
+    assert "Showing positions 0–" in iterations.jacobi_view(_result(many))           # over MAX_ROWS: focused
     html = page.step_html({"results": [_result(many)]}, None)["jacobi"]
     assert f"The first {page.MAX_JACOBI_ROWS} of 1099 Jacobi iterations are drawn." in html
 

@@ -66,7 +66,7 @@ def _sizes(views: dict, out: dict) -> None:
 def draw_everything(doc: dict) -> dict:
     """The views of the page at the first and a middle replay step and at the end (the last step is
     ``first_views``), the wall-clock race, the live columns, the Jacobi heatmap: view -> bytes."""
-    from visualize import jacobi, page, race
+    from visualize import iterations, page, race
     out: dict = {}
     steps = sorted({e["step"] for r in doc["results"] for e in r["events"]})
     for step in [steps[0], steps[len(steps) // 2]] if steps else []:
@@ -81,9 +81,9 @@ def draw_everything(doc: dict) -> dict:
     snapshot = {"done": doc["results"][:-1], "running": dict(doc["results"][-1], running=True), "waiting": []}
     _sizes({"live": race.live_columns_html(snapshot)}, out)
     for r in doc["results"]:
-        if jacobi.has_iterations(r):
-            _sizes({"jacobi_view": jacobi.jacobi_view(r), "jacobi_heatmap": jacobi.jacobi_heatmap(r),
-                    "jacobi_heatmap@1": jacobi.jacobi_heatmap(r, 1)}, out)
+        if iterations.has_iterations(r):
+            _sizes({"jacobi_view": iterations.jacobi_view(r), "jacobi_heatmap": iterations.jacobi_heatmap(r),
+                    "jacobi_heatmap@1": iterations.jacobi_heatmap(r, 1)}, out)
     return out
 
 

@@ -22,7 +22,7 @@ from visualize.race import (
     race_frame,
     race_length_ms,
 )
-from visualize.sampling import filter_at, sampling_figure
+from visualize.filters import filter_at, sampling_figure
 from visualize.tokens import columns_html, event_times
 
 EVIL = "<img src=x onerror=alert(1)>"

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from visualize.charts import forward_timeline, source_counts, speed_chart
-from visualize.jacobi import jacobi_heatmap
-from visualize.speculative import accepted_length_histogram, inspector
+from visualize.iterations import jacobi_heatmap
+from visualize.acceptance import accepted_length_histogram, inspector
 from visualize.tokens import LEGEND, columns_html, max_step, token_items, tokens_html
 from visualize.traces import MAX_BYTES, export_trace, import_trace
 
@@ -104,7 +104,7 @@ def test_trace_round_trip_and_bad_uploads():
 
 def test_visualize_imports_no_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import visualize.tokens, visualize.charts, visualize.traces, visualize.speculative, visualize.jacobi\n"
+            "import visualize.tokens, visualize.charts, visualize.traces, visualize.acceptance, visualize.iterations\n"
             "print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=".")
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr

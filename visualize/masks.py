@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from decoding.treeshape import depth_first, merge_paths, reorder  # pure Python; no torch
 
-from .lookahead import step_at
+from .windows import step_at
 from .tokens import LEGEND, plot_text
 
 MAX_ROWS = 160       # queries (and keys) drawn at most: a real step has up to 1 + 32*8 + 7*32 rows, traces more

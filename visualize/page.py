@@ -15,12 +15,12 @@ import plotly.graph_objects as go
 
 from .beams import beam_figure, has_beams
 from .charts import forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart, time_breakdown
-from .jacobi import has_iterations, jacobi_view
-from .lookahead import has_steps, lookahead_figure, lookahead_step_html
+from .iterations import has_iterations, jacobi_view
+from .windows import has_steps, lookahead_figure, lookahead_step_html
 from .masks import mask_figure
 from .race import clock_html, race_length_ms
-from .sampling import has_filters, sampling_figure
-from .speculative import accepted_length_histogram, has_drafts, inspectable_positions, inspector
+from .filters import has_filters, sampling_figure
+from .acceptance import accepted_length_histogram, has_drafts, inspectable_positions, inspector
 from .tokens import columns_html, max_step
 from .trees import draft_steps, tree_figure
 
