@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -97,6 +97,12 @@ bench-prophet: setup
 	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat --category math --repeats 2 \
 	    --max-new-tokens 64 --sweep "prophet:tree=false" --json benchmarks/results/bench-cpu-prophet.json \
 	    --markdown benchmarks/results/bench-cpu-prophet.md --html benchmarks/results/bench-cpu-prophet.html
+
+# The headline prophet benchmark: prompts this project did not write and never trains on (presets/bench_unseen.yaml:
+# MT-Bench, HumanEval, held-out self-generated), greedy and the prophet in one process, median ratios per category.
+bench-prophet-unseen: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_unseen.py --repeats 2 --max-new-tokens 64 \
+	    --json benchmarks/results/bench-cpu-prophet-unseen.json
 
 # The sweep behind the CPU tree defaults (drafting/dynamic.py TREE_DEFAULTS): node budget x top-k.
 bench-prophet-sweep: setup

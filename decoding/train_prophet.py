@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from decoding.runtime.head import Prophet, ProphetConfig, save_prophet
-from decoding.runtime.models import cache_root, load_model
+from decoding.runtime.models import PRESETS_DIR, cache_root, load_model
+from decoding.training.prophet_data import final_records, generate_mix
 
 # --------------------------------------------------------------------------- 1. prompts
 
@@ -279,8 +280,8 @@ def build_prompts(n: int, seed: int = 0, exclude: frozenset = frozenset()) -> li
 
 # --------------------------------------------------------------------------- 2. data
 
-def default_data_dir(target: str) -> Path:
-    return cache_root().parent / "prophet-data" / target.replace("/", "--")
+def default_data_dir(target: str, kind: str = "") -> Path:
+    return cache_root().parent / "prophet-data" / (target.replace("/", "--") + (f"-{kind}" if kind else ""))
 
 
 def _shards(data_dir: Path) -> list[Path]:
@@ -520,6 +521,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-new", type=int, default=96)
     p.add_argument("--gen-minutes", type=float, default=60.0, help="stop generating data after this long")
     p.add_argument("--skip-data", action="store_true", help="train on the shards that already exist")
+    p.add_argument("--data", choices=("templates", "mix"), default="templates",
+                   help="templates: the target's answers to our template prompts (--prompts of them); mix: "
+                        "self-generated (Magpie), grounded, code/math/translation and template prompts, held out "
+                        "by source (decoding/training/prophet_data.py; --units of them)")
+    p.add_argument("--units", type=int, default=120, help="--data mix: batches of prompts to make and answer")
+    p.add_argument("--workers", type=int, default=1, help="--data mix: processes sharing the data folder")
+    p.add_argument("--worker", type=int, default=0, help="--data mix: this process's index among --workers")
+    p.add_argument("--data-only", action="store_true", help="make the data, then stop")
     p.add_argument("--vocab", type=int, default=4096, help="draft vocabulary size (most frequent tokens)")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--depth", type=int, default=5, help="draft positions unrolled in training")
@@ -557,6 +566,36 @@ def bf16_is_native(device: torch.device) -> bool:
     return False
 
 
+def benchmark_prompts() -> list[str]:
+    """Every prompt of the project's benchmarks (the template set and the unseen set): never trained on."""
+    import yaml
+    out = []
+    for name in ("prompts.yaml", "bench_unseen.yaml"):
+        path = PRESETS_DIR / name
+        if path.is_file():
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            for items in data.values():
+                out += [i.get("prompt") if isinstance(i, dict) else i for i in items or []]
+    return [t for t in out if isinstance(t, str)]
+
+
+def mixed_data(lm: Any, args: argparse.Namespace) -> tuple[list[dict], list[dict], float]:
+    """``--data mix``: units of self-generated, grounded and template prompts with the target's answers
+    (``decoding/training/prophet_data.py``), held out by source; (held, train, seconds generating)."""
+    data_dir = args.data_dir or default_data_dir(args.target, "mix")
+    t0 = time.time()
+    exclude = benchmark_prompts()
+    if not args.skip_data:
+        generate_mix(lm, data_dir, units=args.units, minutes=args.gen_minutes, batch=args.gen_batch,
+                     max_new=args.max_new, worker=args.worker, workers=args.workers, exclude=exclude,
+                     templates=lambda n, seed: build_prompts(n, seed=seed, exclude=frozenset(exclude)))
+    train_records, held, counts = final_records(data_dir, exclude)
+    print(f"mixed data in {data_dir}: {json.dumps(counts)}")
+    if not args.data_only and (len(train_records) < 2 or not held):
+        raise SystemExit(f"not enough mixed data in {data_dir}; run without --skip-data")
+    return held, train_records, time.time() - t0
+
+
 def initial_checkpoint(path: Path, lm: Any) -> dict:
     """A shipped weights file as a step-0 checkpoint (no optimizer state): ``--init-from``."""
     from safetensors import safe_open
@@ -582,22 +621,30 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.bf16 is None:
         args.bf16 = bf16_is_native(lm.device)
     print(f"training under {'bfloat16 autocast' if args.bf16 else 'float32'} on {lm.device}")
-    data_dir = args.data_dir or default_data_dir(args.target)
-    # 1-2. prompts and the target's greedy responses with hidden states
-    if not args.skip_data:
-        if args.prompts < 1 or args.prompt_offset < 0:
-            raise SystemExit(f"--prompts must be >= 1 and --prompt-offset >= 0; got {args.prompts}, "
-                             f"{args.prompt_offset}")
-        prompts = build_prompts(args.prompt_offset + args.prompts, seed=args.seed)[args.prompt_offset:]
-        generate_data(lm, prompts, data_dir, batch=args.gen_batch, max_new=args.max_new, minutes=args.gen_minutes)
-    t_data = time.time() - t_start
-    records = load_records(data_dir)
-    if len(records) < 2:
-        raise SystemExit(f"no training data in {data_dir}; run without --skip-data")
-    rng = random.Random(args.seed)
-    rng.shuffle(records)
-    n_held = max(1, int(len(records) * args.held_out))
-    held, train_records = records[:n_held], records[n_held:]
+    if args.data == "mix":
+        held, train_records, t_data = mixed_data(lm, args)
+        if args.data_only:
+            return {"train_responses": len(train_records), "held_out_responses": len(held)}
+        n_held = len(held)
+        data_dir = args.data_dir or default_data_dir(args.target, "mix")
+    else:
+        data_dir = args.data_dir or default_data_dir(args.target)
+        # 1-2. prompts and the target's greedy responses with hidden states
+        if not args.skip_data:
+            if args.prompts < 1 or args.prompt_offset < 0:
+                raise SystemExit(f"--prompts must be >= 1 and --prompt-offset >= 0; got {args.prompts}, "
+                                 f"{args.prompt_offset}")
+            prompts = build_prompts(args.prompt_offset + args.prompts, seed=args.seed)[args.prompt_offset:]
+            generate_data(lm, prompts, data_dir, batch=args.gen_batch, max_new=args.max_new,
+                          minutes=args.gen_minutes)
+        t_data = time.time() - t_start
+        records = load_records(data_dir)
+        if len(records) < 2:
+            raise SystemExit(f"no training data in {data_dir}; run without --skip-data")
+        rng = random.Random(args.seed)
+        rng.shuffle(records)
+        n_held = max(1, int(len(records) * args.held_out))
+        held, train_records = records[:n_held], records[n_held:]
     n_tokens = sum(len(r["tokens"]) for r in train_records)
     print(f"data: {len(train_records)} responses / {n_tokens} tokens for training, {n_held} held out "
           f"({data_dir}, {t_data:.0f} s)")

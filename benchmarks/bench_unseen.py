@@ -1,0 +1,134 @@
+"""The prophet on prompts this project did not write (presets/bench_unseen.yaml), against greedy, in one process.
+
+    python benchmarks/bench_unseen.py                                 # the shipped head, defaults
+    python benchmarks/bench_unseen.py --head old:OLD.safetensors --head new:NEW.safetensors
+    python benchmarks/bench_unseen.py --variant fixed8:tree_nodes=8   # parameter variants of each head
+
+Greedy and every (head, variant) run interleaved on each prompt after a warm-up, ``--repeats`` times, untraced;
+speedup = greedy's median wall time / the method's (same tokens, so the same token count). Prints one line
+per prompt, then per category and overall: the median and geometric mean of the speedups, the mean tokens per
+target forward and how many outputs equal greedy's. The CPU is named in the output and the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decoding.harness.bench import load_prompt_set  # noqa: E402
+from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
+from decoding.runtime.head import PROPHET_DIR, load_prophet  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
+from decoding.runtime.pair import ModelPair  # noqa: E402
+from decoding.strategies import get_strategy  # noqa: E402
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
+    p.add_argument("--category", action="append", help="only these categories (NAME or NAME:I,J)")
+    p.add_argument("--per-category", type=int, default=None)
+    p.add_argument("--head", action="append", help="NAME:FILE (default: the shipped head)")
+    p.add_argument("--variant", action="append", help="NAME:KEY=V[,KEY=V] prophet parameters (default: defaults)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--json", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def _variants(specs: list[str] | None) -> dict[str, dict]:
+    out = {}
+    for spec in specs or ["defaults:"]:
+        name, _, rest = spec.partition(":")
+        out[name] = {k: v for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
+    return out
+
+
+def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
+    out = []
+    for cat in list(dict.fromkeys(r["category"] for r in rows)) + ["all"]:
+        rs = [r for r in rows if cat in ("all", r["category"])]
+        for m in methods:
+            s = [r["methods"][m]["speedup"] for r in rs]
+            out.append({"category": cat, "method": m, "prompts": len(rs), "median": statistics.median(s),
+                        "geomean": statistics.geometric_mean(s), "min": min(s), "max": max(s),
+                        "tokens_per_forward": statistics.fmean(r["methods"][m]["tokens_per_forward"] for r in rs),
+                        "equal": sum(r["methods"][m]["equal"] for r in rs)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    print(f"CPU: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
+    target = load_model(args.target)
+    prompts = load_prompt_set(args.prompts, args.category, args.per_category)
+    greedy, prophet = get_strategy("greedy"), get_strategy("prophet")
+    heads = dict(h.split(":", 1) for h in args.head or [f"shipped:{PROPHET_DIR / (args.target + '.safetensors')}"])
+    pairs = {name: ModelPair(target, None, prophet=load_prophet(Path(path), target)) for name, path in heads.items()}
+    variants = {name: prophet.parse(v) for name, v in _variants(args.variant).items()}
+    def name(h: str, v: str) -> str:
+        return f"{h}/{v}" if len(pairs) > 1 and len(variants) > 1 else h if len(pairs) > 1 else v
+    methods = {name(h, v): (pairs[h], params) for h in pairs for v, params in variants.items()}
+    g_params, g_pair = greedy.parse({}), ModelPair(target)
+
+    def timed(strategy, params, ids, pair, n=args.max_new_tokens):
+        return run_one(strategy, params, ids, pair, max_new_tokens=n, trace=False)
+    for text in (prompts[0][1], prompts[-1][1]):                              # 1. warm-up, untimed
+        ids = encode_prompt(target.tokenizer, text, chat=True)
+        timed(greedy, g_params, ids, g_pair, 16)
+        for pair, params in methods.values():
+            timed(prophet, params, ids, pair, 16)
+    rows, t_start = [], time.time()
+    for i, (cat, text) in enumerate(prompts):
+        ids = encode_prompt(target.tokenizer, text, chat=True)
+        times: dict[str, list[float]] = {m: [] for m in ["greedy", *methods]}
+        results: dict = {}
+        for _ in range(args.repeats):                                          # 2. interleaved repeats
+            results["greedy"], seconds, _ = timed(greedy, g_params, ids, g_pair)
+            times["greedy"].append(seconds)
+            for m, (pair, params) in methods.items():
+                results[m], seconds, _ = timed(prophet, params, ids, pair)
+                times[m].append(seconds)
+        ref = results["greedy"].token_ids
+        row = {"category": cat, "prompt": text[:80], "tokens": len(ref), "methods": {}}
+        for m in methods:
+            res = results[m]
+            row["methods"][m] = {"speedup": statistics.median(times["greedy"]) / statistics.median(times[m]),
+                                 "tokens_per_forward": len(res.token_ids) / max(1, res.target_forwards),
+                                 "equal": res.token_ids == ref}
+        rows.append(row)
+        print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['speedup']:.2f}x/{v['tokens_per_forward']:.2f}"
+                                              f"{'' if v['equal'] else ' (DIFFERS)'}" for m, v in row["methods"].items()),
+              flush=True)
+    summary = summarize(rows, list(methods))
+    print(f"\nCPU: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
+          f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
+    print("| category | method | median speedup vs greedy | geomean | range | tokens / target forward | = greedy |")
+    print("|---|---|---|---|---|---|---|")
+    for s in summary:
+        print(f"| {s['category']} ({s['prompts']}) | {s['method']} | {s['median']:.3f} | {s['geomean']:.3f} | "
+              f"{s['min']:.2f}-{s['max']:.2f} | {s['tokens_per_forward']:.3f} | {s['equal']}/{s['prompts']} |")
+    doc = {"machine": machine, "prompts_file": str(args.prompts), "heads": heads,
+           "variants": {k: dict(v) for k, v in _variants(args.variant).items()}, "repeats": args.repeats,
+           "max_new_tokens": args.max_new_tokens, "rows": rows, "summary": summary}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+if __name__ == "__main__":
+    main()
