@@ -22,7 +22,7 @@ import yaml
 from starlette.middleware import Middleware
 
 from decoding.processors import GenerationSettings
-from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, default_target, load_presets, set_memory_budget
+from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, budget_bytes, default_target, load_presets
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from visualize.guide import HOW_TO_READ
@@ -62,7 +62,8 @@ from web.service import (
     GENERATION_FIELDS,
     LIMITS,
     SESSION_FALLBACK,
-    SETTINGS,
+    DEFAULT_SETTINGS,
+    Settings,
     SWEEP_DEFAULTS,
     Jobs,
     Prepared,
@@ -320,7 +321,8 @@ def _tabs(ui: Views) -> None:
                                        type="filepath", elem_id="trace-upload")
 
 
-def build_demo() -> gr.Blocks:
+def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:
+    """The page; ``settings`` (what the operator chose at start) reach every run and sweep."""
     presets = load_presets()
     reg = registry()
     prompts = example_prompts()
@@ -371,7 +373,7 @@ def build_demo() -> gr.Blocks:
         _wire(ui, demo, prompts, [model, assistant, strategies, prompt, chat, max_new, seed],
               param_inputs, generation_inputs, dict(category=category, example=example, prompt=prompt,
                                                     run=run_btn, stop=stop_btn, clear=clear_btn,
-                                                    cancel_queued=cancel_queued))
+                                                    cancel_queued=cancel_queued), settings)
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (handlers.LINE) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
@@ -379,7 +381,7 @@ def build_demo() -> gr.Blocks:
 
 
 def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: dict, generation_inputs: list,
-          c: dict) -> None:
+          c: dict, settings: Settings) -> None:
     """Every event: runs and sweeps share one queued worker; replays are unqueued and bounded."""
     keys, n_params = list(param_inputs), len(param_inputs)
     outputs = ui.list(RUN_VIEWS)
@@ -388,13 +390,13 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
     async def _run(request: gr.Request, progress=gr.Progress(), *values):
         params = dict(zip(keys, values[7:7 + n_params]))
         async for item in run_playground(*values[:7], params, list(values[7 + n_params:]), progress=progress,
-                                         request=request):
+                                         request=request, settings=settings):
             yield ui.pack(item)
 
     async def _sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
                      progress=gr.Progress(), request: gr.Request = None):
         async for item in run_sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
-                                    progress=progress, request=request):
+                                    progress=progress, request=request, settings=settings):
             yield item
 
     def _import(path, request: gr.Request = None):
@@ -475,13 +477,13 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
     demo.run_event, demo.ui = run_event, ui
 
 
-def _warm_start(preload: bool, record: bool) -> None:
+def _warm_start(settings: Settings, preload: bool, record: bool) -> None:
     """In the background at start: load the default model (and its head), so the first Run does not wait
     for it; then record the default comparison of every example prompt while no visitor's run is waiting."""
     if preload:
-        preload_default()
+        preload_default(settings)
     if record:
-        record_examples([p for group in example_prompts().values() for p in group])
+        record_examples([p for group in example_prompts().values() for p in group], settings)
 
 
 def server_address(host: Optional[str], port: Optional[int], env: Optional[dict] = None) -> tuple[str, int]:
@@ -515,14 +517,17 @@ def main() -> None:
                     help="keep recorded runs here across restarts (default: a folder under ~/.cache per code "
                          "version, machine and library versions; 'none' keeps them in memory only)")
     args = ap.parse_args()
-    SETTINGS["allow_any_model"] = args.allow_any_model
-    set_memory_budget(args.memory_budget_gb or None)
+    try:
+        budget_bytes(args.memory_budget_gb or None)
+    except ValueError as exc:
+        ap.error(f"--memory-budget-gb: {exc}")
+    settings = Settings(allow_any_model=args.allow_any_model, memory_budget_gb=args.memory_budget_gb or None)
     host, port = server_address(args.host, args.port)
     if args.recordings_dir != "none":
         RECORDINGS.persist_to(args.recordings_dir or recordings_dir())
-    threading.Thread(target=_warm_start, args=(not args.no_preload, not args.no_record_examples),
+    threading.Thread(target=_warm_start, args=(settings, not args.no_preload, not args.no_record_examples),
                      name="warm-start", daemon=True).start()
-    build_demo().launch(server_name=host, server_port=port)
+    build_demo(settings).launch(server_name=host, server_port=port)
 
 
 if __name__ == "__main__":

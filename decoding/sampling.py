@@ -7,7 +7,7 @@ sampling targets exactly the distribution plain sampling draws from.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -41,6 +41,14 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(p: torch.Tensor, rng: Optional[torch.Generator]) -> int:
     """Draw one token id from a 1-D distribution with a seeded generator."""
     return int(torch.multinomial(p, 1, generator=rng).item())
+
+
+def chooser(params: SamplingParams, rng: Optional[torch.Generator]) -> Callable[[torch.Tensor], int]:
+    """How a loop picks a token from one position's logits ``[V]``: argmax at temperature 0, else a draw
+    from the filtered distribution with the run's seeded generator."""
+    if params.is_greedy:
+        return lambda logits: int(torch.argmax(logits))
+    return lambda logits: sample(probs(logits, params), rng)
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -112,12 +112,12 @@ def test_host_and_port_flags_win_over_the_environment():
 def test_preload_loads_the_default_model_and_its_head_and_never_raises():
     """app.py's background preload: the default target and its prophet head land in the in-process caches
     (a visitor's first Run then starts generating at once); a loader that fails is reported as None."""
-    from decoding.runtime import head as prophet
-    from decoding.runtime.models import cached_models, default_target
+    from decoding.runtime.head import Prophet
+    from decoding.runtime.models import cached_models, default_target, load_model
     from web.service import preload_default
     assert preload_default() == default_target()
     assert default_target() in cached_models()
-    assert any(key[0].endswith(f"{default_target()}.safetensors") for key in prophet._LOADED)
+    assert isinstance(load_model(default_target()).extras.get("prophet_head"), Prophet)   # on the loaded target
     calls = []
 
     def broken(name):

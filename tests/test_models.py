@@ -138,16 +138,16 @@ def test_memory_budget_evicts_least_recently_used(tmp_path):
     # default kernels: the per-machine kernel choice may pack one model's weights and not another's,
     # which would make the three sizes differ
     size = models.model_bytes(load_model(dirs[0], kernels="default"))
+    budget = 2.5 * size / 2**30
     try:
-        models.set_memory_budget(2.5 * size / 2**30)
-        load_model(dirs[1], kernels="default")
-        load_model(dirs[0], kernels="default")  # touch m0: m1 is now least recently used
-        load_model(dirs[2], kernels="default")  # over budget: evicts m1
+        load_model(dirs[1], kernels="default", memory_budget_gb=budget)
+        load_model(dirs[0], kernels="default", memory_budget_gb=budget)  # touch m0: m1 is now least recently used
+        load_model(dirs[2], kernels="default", memory_budget_gb=budget)  # over budget: evicts m1
         assert models.cached_models() == [dirs[0], dirs[2]]
-        with pytest.raises(ValueError, match="memory budget"):
-            models.set_memory_budget(0)
+        for bad in (0, -1.0, float("inf"), True, "8"):
+            with pytest.raises(ValueError, match="memory budget"):
+                load_model(dirs[0], kernels="default", memory_budget_gb=bad)
     finally:
-        models.set_memory_budget(None)
         models.clear_model_cache()
 
 

@@ -12,7 +12,7 @@ from decoding.harness.runner import Cancelled, run_comparison, summarize
 from decoding.params import GreedyParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
-from decoding.strategies.base import Strategy
+from decoding.strategies.strategy import Strategy
 
 from tiny_models import prompt, tiny_causal
 

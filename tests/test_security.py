@@ -156,6 +156,19 @@ def test_hostile_request_gets_the_exact_error(client, app_url, expected, api, vi
     still_serving(client, expected)
 
 
+@pytest.fixture(scope="module")
+def any_model_client():
+    """An app started with --allow-any-model (its own settings; the other tests' app keeps the presets only)."""
+    from gradio_client import Client
+
+    from conftest import free_port
+    demo = app.build_demo(app.Settings(allow_any_model=True))
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    demo.close()
+
+
 @pytest.mark.parametrize("name,message", [
     ("decoding", "model: 'decoding' names something on the server; local paths are not accepted"),   # a folder
     ("README.md", "model: 'README.md' names something on the server"),                                 # a file
@@ -163,14 +176,13 @@ def test_hostile_request_gets_the_exact_error(client, app_url, expected, api, vi
     ("~/models", "model: '[path]' is not a Hugging Face Hub id"),   # echoed with the path redacted
     ("someone/missing-model", "must be downloaded from the Hugging Face Hub, but this machine is offline"),
 ])
-def test_any_model_mode_refuses_local_names_and_reveals_no_paths(client, expected, monkeypatch, name, message):
-    monkeypatch.setitem(app.SETTINGS, "allow_any_model", True)
+def test_any_model_mode_refuses_local_names_and_reveals_no_paths(any_model_client, expected, name, message):
     with pytest.raises(Exception) as err:
-        client.predict(*run_data(model=name), api_name="/run")
+        any_model_client.predict(*run_data(model=name), api_name="/run")
     text = str(err.value)
     assert message in text
     assert os.getcwd() not in text and os.path.expanduser("~") not in text
-    still_serving(client, expected)
+    still_serving(any_model_client, expected)
 
 
 def test_prophet_assistant_without_a_drafting_strategy(client, expected):

@@ -123,7 +123,7 @@ def bundled_pair():
 @pytest.fixture(scope="module")
 def bridge(bundled_pair):
     g, s = bundled_pair
-    return bridge_for(g.tokenizer, s.tokenizer, g.vocab_size)
+    return bridge_for(g, s)
 
 
 TEXT = "Tokenizers disagree: the 日本語 word, an emoji 🙂, naïve café (€3.50)\n\n  indented code();\tdone."

@@ -38,7 +38,7 @@ from visualize.tokens import columns_html, number
 from visualize.traces import export_trace, import_trace_file
 from web.crowd import Board, Computation, Line, QueueFull, Recording, Recordings
 from web.guards import Histories, TraceFiles, TraceStore, history_from
-from web.service import (
+from web.service import (DEFAULT_SETTINGS, Settings, 
     GENERATION_FIELDS,
     LIMITS,
     SESSION_FALLBACK,
@@ -164,7 +164,7 @@ def compute_run(stop: Any, req: RunRequest) -> Iterator[tuple]:
     """Load and run a checked request; yields ``("live", snapshot, max_new)`` then ``("done", document,
     message, outputs for the history)``. Raises ValueError / ModelLoadError for what only the model can tell."""
     plan = list(req.plan)
-    prep = prepare_checked(req.inputs, needs_assistant(plan),
+    prep = prepare_checked(req.inputs, needs_assistant(plan), load=req.settings.load,
                            generation=req.generation if req.generation.active else None)
     context = RunContext(generation=req.generation if req.generation.active else None,
                          history=history_from(None if req.history is None else list(req.history),
@@ -183,7 +183,7 @@ def compute_run(stop: Any, req: RunRequest) -> Iterator[tuple]:
 @gpu(_sweep_seconds)
 def compute_sweep(stop: Any, req: SweepRequest) -> tuple[dict, str]:
     """One strategy over a parameter grid against one greedy reference: (sweep, message)."""
-    prep = prepare_checked(req.inputs, needs_assistant(req.plan))
+    prep = prepare_checked(req.inputs, needs_assistant(req.plan), load=req.settings.load)
     results = run_comparison(prep.prompt_ids, prep.pair, req.plan, max_new_tokens=prep.max_new, seed=prep.seed,
                              should_stop=stop.is_set, time_limit_s=LIMITS["time_limit_s"])
     runs = [r for r in results if not r.reference]
@@ -233,7 +233,8 @@ def submit_run(req: RunRequest, background: bool = False) -> tuple[Computation, 
     return BOARD.join(req.key, make, LINE)
 
 
-def record_examples(prompts: list[str], stop: Optional[Any] = None, idle_s: float = 1.0) -> int:
+def record_examples(prompts: list[str], settings: Settings = DEFAULT_SETTINGS, stop: Optional[Any] = None,
+                    idle_s: float = 1.0) -> int:
     """Record the page's default comparison of each example prompt, so a visitor who presses Run on one
     sees its race at once. One at a time and only while no visitor's run waits or runs: a visitor arriving
     stops the one being recorded, which is recorded again later. Returns how many were recorded."""
@@ -242,7 +243,7 @@ def record_examples(prompts: list[str], stop: Optional[Any] = None, idle_s: floa
         if not LINE.idle():
             time.sleep(idle_s)
             continue
-        req = default_request(pending[0])
+        req = default_request(pending[0], settings)
         if RECORDINGS.get(req.key) is not None:
             pending.pop(0)
             continue
@@ -308,7 +309,7 @@ async def _until_done(comp: Computation) -> None:
 # --------------------------------------------------------------------------- handlers: return {view name: value}
 async def run_playground(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any,
                          max_new_tokens: Any, seed: Any, params: dict, generation: Any = None, progress: Any = None,
-                         request: Any = None) -> AsyncIterator[dict]:
+                         request: Any = None, settings: Settings = DEFAULT_SETTINGS) -> AsyncIterator[dict]:
     """Run the selected strategies (or join the identical run under way, or replay its recording), streaming
     the visitor's place in line, then each column as it fills."""
     with job(request) as (_, stop):
@@ -319,7 +320,7 @@ async def run_playground(model: Any, assistant: Any, strategies: Any, prompt: An
         try:
             req = run_request(model, assistant, strategies, prompt, chat, max_new_tokens, seed, params,
                               generation if generation is not None else [None] * len(GENERATION_FIELDS),
-                              HISTORIES.items(session))
+                              HISTORIES.items(session), settings)
         except ValueError as exc:
             raise _error(exc) from None
         rec = None if req.private else await anyio.to_thread.run_sync(RECORDINGS.get, req.key)
@@ -377,14 +378,15 @@ def _fraction(snap: dict, max_new: int) -> float:
 
 
 async def run_sweep(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-                    strategy: Any, spec: Any, progress: Any = None, request: Any = None) -> AsyncIterator[tuple]:
+                    strategy: Any, spec: Any, progress: Any = None, request: Any = None,
+                    settings: Settings = DEFAULT_SETTINGS) -> AsyncIterator[tuple]:
     """The sweep's (figure, message): it waits in the same line as runs, showing its place."""
     with job(request) as (_, stop):
         if stop.is_set():
             yield gr.skip(), "Stopped before the sweep started."
             return
         try:
-            req = sweep_request(model, assistant, prompt, chat, max_new_tokens, seed, strategy, spec)
+            req = sweep_request(model, assistant, prompt, chat, max_new_tokens, seed, strategy, spec, settings)
         except ValueError as exc:
             raise _error(exc) from None
         comp = Computation(f"sweep-{uuid.uuid4().hex}", lambda c: compute_sweep(c.stop, req), units=req.units)

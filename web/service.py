@@ -32,7 +32,7 @@ from decoding.harness.runner import encode_prompt, environment, run_comparison
 from decoding.params import check_max_new_tokens, params_to_dict
 from decoding.processors import GenerationSettings
 from decoding.runtime.kernel_choice import cpu_name
-from decoding.runtime.models import cache_root, default_target, load_model, load_presets
+from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, cache_root, default_target, load_model, load_presets
 from decoding.runtime.pair import PROPHET, has_prophet, make_pair
 from decoding.strategies import registry
 from web.crowd import request_key
@@ -59,7 +59,23 @@ LIMITS: dict[str, Any] = {
     "history_tokens": 2048,       # earlier output tokens one session's history keeps (oldest outputs dropped)
     "history_nodes": 1_000_000,   # suffix-tree nodes over all histories (about 300 bytes each)
 }
-SETTINGS = {"allow_any_model": False}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the operator chose when starting the app (``python app.py --allow-any-model --memory-budget-gb``).
+
+    Passed to every request (``build_demo(settings)`` hands it to the handlers), never a module global
+    changed at start: two apps in one process (the tests run several) keep their own."""
+    allow_any_model: bool = False                             # any Hub id in the model pickers, not just presets
+    memory_budget_gb: Optional[float] = DEFAULT_MEMORY_BUDGET_GB   # cached models beyond it are evicted (None: no cap)
+
+    def load(self, name: str) -> Any:
+        """Load a model (or take it from the cache) under this app's memory budget."""
+        return load_model(name, memory_budget_gb=self.memory_budget_gb)
+
+
+DEFAULT_SETTINGS = Settings()
 # the page's default comparison: the flagship (the prophet head's token trees) against greedy, prompt lookup, lookahead
 DEFAULT_STRATEGIES = ("greedy", "prophet", "prompt_lookup", "lookahead")
 DEFAULT_MAX_NEW = 64
@@ -85,15 +101,16 @@ def field_kind(cls: type, name: str) -> Any:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
 
-def check_model_name(name: Any, what: str, presets: dict) -> str:
-    """A preset name, or (with ``allow_any_model``) a Hub id that names nothing on this server."""
+def check_model_name(name: Any, what: str, presets: dict, allow_any: bool = False) -> str:
+    """A preset name, or (with ``allow_any``: ``Settings.allow_any_model``) a Hub id that names nothing on
+    this server."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{what}: choose a model")
     name = name.strip()
     if name in presets:
         return name
     shown = name if len(name) <= 60 else name[:57] + "..."
-    if not SETTINGS["allow_any_model"]:
+    if not allow_any:
         raise ValueError(f"{what}: {shown!r} is not one of the presets ({', '.join(presets)}); "
                          f"the operator can allow any Hub model with --allow-any-model")
     if not _HUB_ID.match(name) or ".." in name or "--" in name:
@@ -210,14 +227,15 @@ class Checked:
 
 
 def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-                 needs_assistant: bool, plan: Optional[list] = None) -> Checked:
+                 needs_assistant: bool, plan: Optional[list] = None,
+                 settings: Settings = DEFAULT_SETTINGS) -> Checked:
     """Every check that needs no model, cheap ones first; raises ValueError naming the field."""
     presets = load_presets()
-    model = check_model_name(model, "model", presets)
+    model = check_model_name(model, "model", presets, settings.allow_any_model)
     if assistant in (None, "", "none"):
         assistant = None
     elif assistant != PROPHET:
-        assistant = check_model_name(assistant, "assistant", presets)
+        assistant = check_model_name(assistant, "assistant", presets, settings.allow_any_model)
     max_new = check_max_new_tokens(max_new_tokens, LIMITS["max_new_tokens"])
     seed = check_seed(seed)
     prompt = check_prompt(prompt)
@@ -233,8 +251,9 @@ def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tok
 
 
 def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-            needs_assistant: bool, progress: Any = None, load: Callable[[str], Any] = load_model,
-            generation: Optional[GenerationSettings] = None, plan: Optional[list] = None) -> Prepared:
+            needs_assistant: bool, progress: Any = None, load: Optional[Callable[[str], Any]] = None,
+            generation: Optional[GenerationSettings] = None, plan: Optional[list] = None,
+            settings: Settings = DEFAULT_SETTINGS) -> Prepared:
     """The validation boundary shared by runs and sweeps; raises ValueError / ModelLoadError.
 
     The assistant (a model or the prophet head) is loaded only when a strategy
@@ -242,12 +261,12 @@ def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: 
     checked against the target model (token ids within its vocabulary); ``plan``
     against what the target ships (the prophet strategy needs its head).
     """
-    return prepare_checked(check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant,
-                                        plan), needs_assistant, progress, load, generation)
+    checked = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant, plan, settings)
+    return prepare_checked(checked, needs_assistant, progress, load or settings.load, generation)
 
 
 def prepare_checked(checked: Checked, needs_assistant: bool, progress: Any = None,
-                    load: Callable[[str], Any] = load_model,
+                    load: Callable[[str], Any] = DEFAULT_SETTINGS.load,
                     generation: Optional[GenerationSettings] = None) -> Prepared:
     """Load the models of a checked request and tokenize its prompt (limits checked on the tokens)."""
     model, assistant, prompt, chat = checked.model, checked.assistant, checked.prompt, checked.chat
@@ -286,6 +305,7 @@ class RunRequest:
     plan: tuple                         # ((strategy name, params), ...)
     generation: GenerationSettings
     history: Optional[tuple] = None
+    settings: Settings = DEFAULT_SETTINGS   # how it loads its models (not part of the key: the result is the same)
 
     @property
     def uses_history(self) -> bool:
@@ -312,18 +332,19 @@ class RunRequest:
                   "plan": [[name, params_to_dict(params)] for name, params in self.plan],
                   "generation": dataclasses.asdict(self.generation),
                   "history": ("unused" if not self.uses_history else
-                              None if self.history is None else [list(t) for t in self.history]),
-                  "allow_any_model": SETTINGS["allow_any_model"]}
+                              None if self.history is None else [list(t) for t in self.history])}
         return request_key(fields)
 
 
 def run_request(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
-                seed: Any, params: Any, generation: Any, history: Optional[list] = None) -> RunRequest:
+                seed: Any, params: Any, generation: Any, history: Optional[list] = None,
+                settings: Settings = DEFAULT_SETTINGS) -> RunRequest:
     """Check a run request without loading anything (ValueError names the field)."""
     plan = build_plan(strategies, params or {})
-    settings = generation_settings(generation)
-    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan=plan)
-    return RunRequest(inputs, tuple(plan), settings, None if history is None else tuple(map(tuple, history)))
+    processors = generation_settings(generation)
+    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan, settings)
+    return RunRequest(inputs, tuple(plan), processors, None if history is None else tuple(map(tuple, history)),
+                      settings)
 
 
 def recordings_dir() -> str:
@@ -352,6 +373,7 @@ class SweepRequest:
     keys: list
     combos: list
     plan: list
+    settings: Settings = DEFAULT_SETTINGS
 
     @property
     def units(self) -> int:
@@ -359,11 +381,11 @@ class SweepRequest:
 
 
 def sweep_request(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
-                  strategy: Any, spec: Any) -> SweepRequest:
+                  strategy: Any, spec: Any, settings: Settings = DEFAULT_SETTINGS) -> SweepRequest:
     """Check a sweep request without loading anything (ValueError names the field)."""
     keys, combos, plan = parse_sweep_spec(strategy, spec)
-    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan=plan)
-    return SweepRequest(inputs, strategy, keys, combos, plan)
+    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan, settings)
+    return SweepRequest(inputs, strategy, keys, combos, plan, settings)
 
 
 def complete(doc: dict) -> bool:
@@ -390,20 +412,20 @@ def ui_default(strategy: str, field: str) -> Any:
     return default
 
 
-def default_request(prompt: str) -> RunRequest:
+def default_request(prompt: str, settings: Settings = DEFAULT_SETTINGS) -> RunRequest:
     """The request the page sends for ``prompt`` when nothing else was changed (what examples are recorded as)."""
     model = default_target()
     plan = [name for name in DEFAULT_STRATEGIES if name in registry()]
     values = {(s, f): ui_default(s, f) for s, f in param_fields() if s in plan}
     return run_request(model, PROPHET if has_prophet(model) else "none", plan, prompt, True, DEFAULT_MAX_NEW, 0,
-                       values, [None] * len(GENERATION_FIELDS), history=None)
+                       values, [None] * len(GENERATION_FIELDS), history=None, settings=settings)
 
 
-def preload_default(load: Callable[[str], Any] = load_model) -> Optional[str]:
+def preload_default(settings: Settings = DEFAULT_SETTINGS, load: Optional[Callable[[str], Any]] = None) -> Optional[str]:
     """Load the default target and its prophet head into the in-process caches (the app calls this in a
     background thread at start, so a visitor's first Run does not wait for the load). Returns the model
     name, or None when it could not be loaded (the first Run then reports why)."""
-    name = default_target()
+    name, load = default_target(), load or settings.load
     try:                            # the pair prepare() builds for the default comparison (head included)
         make_pair(load(name), PROPHET if has_prophet(name) else None, load)
     except Exception:               # noqa: BLE001: a Run will load it again and name the error

@@ -41,10 +41,10 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
       prophet head when the pair has no assistant.
     """
     if kind == "prompt_lookup":
-        tree = getattr(params, "max_candidates", 1) > 1 and _trees_ok(pair)
+        tree = params.max_candidates > 1 and _trees_ok(pair)
         return PromptLookupDrafter(params, tree=tree, tracer=tracer, clock=clock)
     if kind == "suffix":
-        history = getattr(context, "history", None) if params.history else None
+        history = context.history if params.history and context is not None else None
         if history is not None and not isinstance(history, SuffixHistory):
             raise ValueError(f"the suffix drafter's history must be a SuffixHistory, got {type(history).__name__}")
         return SuffixDrafter(params, history=history, tree=params.tree and _trees_ok(pair), tracer=tracer,

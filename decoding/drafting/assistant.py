@@ -16,6 +16,7 @@ import torch
 
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.params import SpeculativeParams
 from decoding.runtime.attention import attention_mask, check_mask_support
 from decoding.runtime.session import Session
 from decoding.sampling import probs as filtered_probs
@@ -35,7 +36,7 @@ def check_vocabularies(target: Any, assistant: Any) -> None:
 class AssistantDrafter(Drafter):
     source = "assistant"
 
-    def __init__(self, assistant: Any, params: Any, tracer: Any = NULL_TRACER, clock: Any = None,
+    def __init__(self, assistant: Any, params: SpeculativeParams, tracer: Any = NULL_TRACER, clock: Any = None,
                  rng: Optional[torch.Generator] = None, max_len: Optional[int] = None) -> None:
         super().__init__()
         self.session = Session(assistant, "draft", tracer, clock=clock, fast=params.fast and not params.tree,

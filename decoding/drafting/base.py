@@ -119,6 +119,14 @@ class Drafter:
         index of the output) bring it up to date here; the default keeps nothing.
         """
 
+    def finish(self, output: Sequence[int]) -> None:
+        """The generation ended with ``output`` (every new token); drafters that learn across runs keep it."""
+
+    # ------------------------------------------------------------------ what it reports
+    def stats(self) -> dict:
+        """The drafter's own statistics for the run's ``Result.stats`` (the loop never reads its attributes)."""
+        return {}
+
 
 class DraftLength:
     """Fixed, or transformers' heuristic: +2 after a fully accepted draft, -1 after a rejection."""

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.suffix import source_event
-from decoding.params import MAX_TREE_NODES
+from decoding.params import MAX_TREE_NODES, PromptLookupParams
 from decoding.tracer import NULL_TRACER
 from decoding.tree import TokenTree
 
@@ -25,10 +25,10 @@ from decoding.tree import TokenTree
 class PromptLookupDrafter(Drafter):
     source = "prompt_lookup"
 
-    def __init__(self, params: Any, *, tree: bool = False, tracer: Any = NULL_TRACER, clock: Any = None) -> None:
+    def __init__(self, params: PromptLookupParams, *, tree: bool = False, tracer: Any = NULL_TRACER, clock: Any = None) -> None:
         super().__init__()
         self.params = params
-        self.candidates = max(1, int(getattr(params, "max_candidates", 1))) if tree else 1
+        self.candidates = params.max_candidates if tree else 1
         self.tracer, self.clock = tracer, clock or (lambda: 0)
         self.prompt_len = 0
 

@@ -17,13 +17,13 @@ sampling that keeps the target distribution.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.lookup import PromptLookupDrafter
-from decoding.params import PromptLookupParams
+from decoding.params import PromptLookupParams, ProphetParams
 from decoding.tree import TokenTree
 
 
@@ -53,6 +53,13 @@ class MergedDrafter(Drafter):
     def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
         self.primary.observe(hidden, tokens)
 
+    def finish(self, output: Sequence[int]) -> None:
+        for d in [self.primary] + self.extras:
+            d.finish(output)
+
+    def stats(self) -> dict:
+        return self.primary.stats()
+
     def feedback(self, proposal: Proposal, accepted: Sequence[int]) -> None:
         for d in [self.primary] + self.extras:
             d.feedback(proposal, accepted)
@@ -81,6 +88,6 @@ def _q_of(main: Proposal, merged: TokenTree, node: int) -> float:
     return main.q_token[at] if at < len(main.q_token) else 1.0
 
 
-def with_lookup(primary: Drafter, params: Any) -> Drafter:
+def with_lookup(primary: Drafter, params: ProphetParams) -> Drafter:
     """``primary`` with a prompt-lookup branch (as deep as the draft) merged into its tree."""
     return MergedDrafter(primary, [PromptLookupDrafter(PromptLookupParams())], greedy=params.is_greedy)

@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.suffix_tree import SEP, Continuation, SuffixTree
 from decoding.events import DraftSource
+from decoding.params import SuffixParams
 from decoding.tracer import NULL_TRACER
 from decoding.tree import TokenTree
 
@@ -103,7 +104,7 @@ class SuffixDrafter(Drafter):
     source = "suffix"
     accepted_source = "suffix"
 
-    def __init__(self, params: Any, *, history: Optional[SuffixHistory] = None, tree: bool = False,
+    def __init__(self, params: SuffixParams, *, history: Optional[SuffixHistory] = None, tree: bool = False,
                  tracer: Any = NULL_TRACER, clock: Any = None) -> None:
         super().__init__()
         self.params, self.tree_mode = params, tree
@@ -122,6 +123,15 @@ class SuffixDrafter(Drafter):
         self._edit_len, self._edit_offered = min(EDIT_START, params.edit_tokens), False
 
     # ------------------------------------------------------------------ the loop's calls
+    def stats(self) -> dict:
+        """Where the accepted tokens were copied from, and whether it drafted trees."""
+        return {"accepted_from": dict(self.accepted_from), "tree": self.tree_mode}
+
+    def finish(self, output: Sequence[int]) -> None:
+        """The run's output joins the history it drafted from (the next run can copy it)."""
+        if self.history is not None:
+            self.history.add(list(output))
+
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.local = SuffixTree(self.params.max_depth)
         self.local.extend(prompt_ids)

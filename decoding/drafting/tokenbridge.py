@@ -194,15 +194,17 @@ class Bridge:
         return out.index_add_(0, self.to_target.to(q_assistant.device)[idx], q_assistant[idx])
 
 
-_BRIDGES: "weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def bridge_for(target_tokenizer: Any, assistant_tokenizer: Any, target_vocab_size: int) -> Bridge:
-    """The bridge between two tokenizers, built once per pair (a few hundred ms for a 262k vocabulary)."""
+def bridge_for(target: Any, assistant: Any) -> Bridge:
+    """The bridge from ``assistant``'s tokenizer to ``target``'s (loaded models), built once per pair (a few
+    hundred ms for a 262k vocabulary). Kept on the target, one per assistant, and dropped when the assistant
+    is freed, so evicting either model frees the bridge."""
     with _LOCK:
-        inner = _BRIDGES.setdefault(target_tokenizer, weakref.WeakKeyDictionary())
-        bridge = inner.get(assistant_tokenizer)
-        if bridge is None or bridge.target_vocab_size != target_vocab_size:
-            bridge = inner[assistant_tokenizer] = Bridge(target_tokenizer, assistant_tokenizer, target_vocab_size)
+        bridges = target.extras.setdefault("bridges", {})
+        bridge = bridges.get(assistant.uid)
+        if bridge is None:
+            bridge = bridges[assistant.uid] = Bridge(target.tokenizer, assistant.tokenizer, target.vocab_size)
+            weakref.finalize(assistant, bridges.pop, assistant.uid, None)
         return bridge

@@ -34,6 +34,7 @@ import torch
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.tokenbridge import Bridge, Vocab, bridge_for, is_continuation
 from decoding.events import DraftTranslated
+from decoding.params import SpeculativeParams
 from decoding.runtime.session import Session
 from decoding.sampling import probs as filtered_probs
 from decoding.tracer import NULL_TRACER
@@ -130,7 +131,7 @@ def to_target(vocab: Vocab, text: bytes, t_ends: list[int], draft: bytes) -> tup
 class UniversalDrafter(Drafter):
     source = "assistant"
 
-    def __init__(self, target: Any, assistant: Any, params: Any, tracer: Any = NULL_TRACER, clock: Any = None,
+    def __init__(self, target: Any, assistant: Any, params: SpeculativeParams, tracer: Any = NULL_TRACER, clock: Any = None,
                  rng: Optional[torch.Generator] = None, max_len: Optional[int] = None) -> None:
         super().__init__()
         if params.tree:
@@ -138,7 +139,7 @@ class UniversalDrafter(Drafter):
                              "(token trees need the target's tokenizer)")
         if target.is_encoder_decoder or assistant.is_encoder_decoder:
             raise ValueError("cross-tokenizer drafting needs decoder-only target and assistant models")
-        self.bridge: Bridge = bridge_for(target.tokenizer, assistant.tokenizer, target.vocab_size)
+        self.bridge: Bridge = bridge_for(target, assistant)
         self.session = Session(assistant, "draft", tracer, clock=clock, fast=params.fast,
                                max_len=2 * max_len if max_len else None)
         self.params, self.rng, self.tracer, self.clock = params, rng, tracer, clock

@@ -39,7 +39,7 @@ from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
 from decoding.sampling import make_generator
 from decoding.strategies import get_strategy
-from decoding.strategies.base import Strategy
+from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER, Tracer
 
 
@@ -253,21 +253,18 @@ def _first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-_WARMED: set = set()   # (target, assistant, strategy, fast) already warmed up in this process
-
-
 def _warm_up(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
              seed: int, context: Optional[RunContext]) -> None:
-    """Allocate caches and kernels (and capture CUDA graphs) once per process and strategy, untimed.
+    """Allocate caches and kernels (and capture CUDA graphs) once per loaded model and strategy, untimed.
 
     Called right before the strategy's own timed run, so the first strategy's tokens
     are not held back by the warm-up of the others.
     """
-    key = (id(pair.target.model), id(pair.assistant.model) if pair.assistant else None,
-           strategy.name, bool(getattr(params, "fast", False)))
-    if key in _WARMED:
+    warmed = pair.target.extras.setdefault("warmed", set())     # marks die with the loaded target
+    key = (pair.assistant.uid if pair.assistant else None, strategy.name, bool(getattr(params, "fast", False)))
+    if key in warmed:
         return
-    _WARMED.add(key)
+    warmed.add(key)
     try:
         run_one(strategy, params, prompt_ids, pair, max_new_tokens=min(4, max_new_tokens),
                 seed=seed, trace=False, context=_warmup_context(context))

@@ -75,10 +75,10 @@ def check_mask_support(lm: Any) -> None:
     token fed after a sibling it must not see are compared with those of a plain
     forward that never saw the sibling.
     """
-    verdict = lm.extras.get("lookahead_mask")
+    verdict = lm.extras.get("mask_support")
     if verdict is None:
         verdict = _probe(lm)
-        lm.extras["lookahead_mask"] = verdict
+        lm.extras["mask_support"] = verdict
     if verdict != "ok":
         raise ValueError(f"tree drafts and lookahead need a model that accepts a custom 4D attention mask "
                          f"with explicit position ids; {type(lm.model).__name__} does not ({verdict})")

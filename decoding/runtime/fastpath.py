@@ -200,7 +200,11 @@ class StaticRunner:
 # --------------------------------------------------------------------------- runner pool
 
 _LOCK = threading.Lock()
-_POOLS: "weakref.WeakKeyDictionary[Any, list[list]]" = weakref.WeakKeyDictionary()
+
+
+def _pool(lm: Any) -> list[list]:
+    """The model's runners, ``[runner, weak reference to its owner]``, kept on the loaded model (its extras)."""
+    return lm.extras.setdefault("fastpath_runners", [])
 
 
 def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:
@@ -212,7 +216,7 @@ def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:
     """
     capacity = capacity_for(positions)
     with _LOCK:
-        pool = _POOLS.setdefault(lm.model, [])
+        pool = _pool(lm)
         free = [e for e in pool if e[1]() is None]
         for entry in free:
             if entry[0].capacity == capacity:
@@ -231,13 +235,13 @@ def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:
 
 def replace(lm: Any, old: StaticRunner, new: StaticRunner, owner: Any) -> None:
     with _LOCK:
-        pool = _POOLS.setdefault(lm.model, [])
+        pool = _pool(lm)
         pool[:] = [e for e in pool if e[0] is not old]
         pool.append([new, weakref.ref(owner)])
 
 
 def pool_stats(lm: Any) -> dict:
     with _LOCK:
-        pool = _POOLS.get(lm.model, [])
+        pool = _pool(lm)
         return {"runners": len(pool), "captures": sum(e[0].captures for e in pool),
                 "replays": sum(e[0].replays for e in pool)}

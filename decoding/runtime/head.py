@@ -392,20 +392,19 @@ def load_prophet(path: Path, target: LoadedModel) -> Prophet:
     return prophet
 
 
-_LOADED: dict[tuple, Prophet] = {}
 _LOCK = threading.Lock()
 
 
 def prophet_for(target: LoadedModel) -> Prophet:
-    """The shipped prophet weights for ``target`` (by its preset name), loaded once per model and device."""
+    """The shipped prophet weights for ``target`` (by its preset name), loaded once per loaded model."""
     path = PROPHET_DIR / f"{target.name}.safetensors"
     if not path.is_file():
         raise ValueError(f"no prophet head is shipped for target {target.name!r}; train one with "
                          f"python -m decoding.train_prophet --target {target.name}")
-    key = (str(path), id(target.model), str(target.device))
-    with _LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = load_prophet(path, target)
-        return _LOADED[key]
+    with _LOCK:   # kept on the target: evicting the target frees its head (which borrows its embeddings)
+        head = target.extras.get("prophet_head")
+        if head is None:
+            head = target.extras["prophet_head"] = load_prophet(path, target)
+        return head
 
 

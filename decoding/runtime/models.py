@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import os
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ import torch
 import yaml
 
 from decoding.runtime import kernels
+from decoding.runtime.adapter import merge_adapter
 from decoding.runtime.kernel_choice import cache_file, configure
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"   # decoding/runtime/ -> the repository
@@ -53,6 +55,8 @@ class ModelPreset:
     task: str = "text-generation"
     description: str = ""
     bundled: Optional[dict] = None
+    base: Optional[str] = None       # another preset whose weights this one starts from (same files, same cache)
+    adapter: Optional[str] = None    # a LoRA file under presets/, merged into those weights at load time
 
 
 def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
@@ -60,7 +64,11 @@ def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
         data = yaml.safe_load(fh)
     known = {f.name for f in dataclasses.fields(ModelPreset)}
     presets = {}
-    for name, entry in (data.get("models") or {}).items():
+    models = data.get("models") or {}
+    for name, entry in models.items():
+        if entry.get("base"):           # inherits where the weights come from; says the rest itself
+            inherited = {k: models[entry["base"]].get(k) for k in ("hub_id", "bundled", "network", "chat", "task")}
+            entry = {**{k: v for k, v in inherited.items() if v is not None}, **entry}
         presets[name] = ModelPreset(name=name, **{k: v for k, v in entry.items() if k in known})
     return presets
 
@@ -146,9 +154,20 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
 
 # --------------------------------------------------------------------------- loaded model
 
-@dataclass
+_UIDS = itertools.count(1)
+
+
+@dataclass(eq=False)
 class LoadedModel:
-    """A model with its tokenizer and the facts the decoding loops need."""
+    """A model with its tokenizer and the facts the decoding loops need.
+
+    Everything built for one loaded model hangs on it, so evicting the model from the cache frees it all:
+    ``extras`` holds the kernel choice (``kernel_choice``), the 4D-mask probe's verdict (``mask_support``),
+    the prophet head loaded for it (``prophet_head``), the strategies warmed up on it (``warmed``), the
+    fast path's static runners (``fastpath_runners``) and the token bridges to its assistants (``bridges``).
+    ``uid`` tells loaded models apart for as long as the process runs (an ``id()`` can be reused).
+    Compared by identity (``eq=False``), so a loaded model can be a weak-reference key.
+    """
     name: str
     source: str
     model: Any
@@ -159,6 +178,7 @@ class LoadedModel:
     network: bool = False
     supports_logits_to_keep: bool = False
     extras: dict = field(default_factory=dict)
+    uid: int = field(default_factory=lambda: next(_UIDS))
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -221,21 +241,18 @@ _cache: "OrderedDict[tuple, LoadedModel]" = OrderedDict()  # least recently used
 _cache_lock = threading.Lock()
 _key_locks: dict[tuple, threading.Lock] = {}
 # Half of a free Hugging Face Space's 16 GB: a model is loaded before older ones are evicted,
-# so while it loads the process holds the cached models plus the new one.
+# so while it loads the process holds the cached models plus the new one. The app passes its own.
 DEFAULT_MEMORY_BUDGET_GB = 8.0
-_budget_bytes: Optional[int] = int(DEFAULT_MEMORY_BUDGET_GB * 2**30)
 
 
-def set_memory_budget(gigabytes: Optional[float]) -> None:
-    """Cap the memory held by cached models (default ``DEFAULT_MEMORY_BUDGET_GB``); least recently used go first.
-
-    ``None`` removes the cap. A model larger than the budget still loads (alone).
-    """
-    global _budget_bytes
-    if gigabytes is not None and (isinstance(gigabytes, bool) or not isinstance(gigabytes, (int, float))
-                                  or not 0 < gigabytes < float("inf")):
+def budget_bytes(gigabytes: Optional[float]) -> Optional[int]:
+    """A memory budget for the cached models in bytes (None: no cap); ValueError for anything but a finite
+    number of GB above 0."""
+    if gigabytes is None:
+        return None
+    if isinstance(gigabytes, bool) or not isinstance(gigabytes, (int, float)) or not 0 < gigabytes < float("inf"):
         raise ValueError(f"memory budget must be a finite number of GB > 0, got {gigabytes!r}")
-    _budget_bytes = None if gigabytes is None else int(gigabytes * 2**30)
+    return int(gigabytes * 2**30)
 
 
 def model_bytes(loaded: LoadedModel) -> int:
@@ -247,13 +264,13 @@ def model_bytes(loaded: LoadedModel) -> int:
     return total + kernels.packed_bytes(loaded.model)     # packed copies sit outside parameters()
 
 
-def _evict_for(incoming: int) -> list[str]:
-    """Drop least recently used models until ``incoming`` more bytes fit the budget."""
+def _evict_for(incoming: int, budget: Optional[int]) -> list[str]:
+    """Drop least recently used models until ``incoming`` more bytes fit ``budget`` (bytes; None: no cap)."""
     evicted = []
-    if _budget_bytes is None:
+    if budget is None:
         return evicted
     held = sum(model_bytes(m) for m in _cache.values())
-    while _cache and held + incoming > _budget_bytes:
+    while _cache and held + incoming > budget:
         key, old = _cache.popitem(last=False)
         held -= model_bytes(old)
         evicted.append(old.name)
@@ -330,8 +347,9 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
                    progress: Callable[[str], None], kernel_mode: str) -> LoadedModel:
     source, preset, kind = resolve_source(spec)
     name = preset.name if preset else spec
+    stem = preset.base if preset and preset.base else name      # whose converted cache and kernel choice
     if kind == "bundled":
-        cached = cache_root() / name
+        cached = cache_root() / stem
         if not (cached / "config.json").is_file():
             progress(f"converting {Path(source).name} to a safetensors cache (once, ~40 s)")
             convert_gguf(Path(source), cached)
@@ -348,22 +366,29 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
                 f"model {source!r} must be downloaded from the Hugging Face Hub, but this machine is "
                 f"offline (HF_HUB_OFFLINE=1).{hint} Offline, use a bundled preset or a local directory.") from None
         raise ModelLoadError(f"could not load model {spec!r} from {source!r}: {exc}") from None
+    if preset and preset.adapter:        # before the kernels pack the weights
+        merge_adapter(model, PRESETS_DIR / preset.adapter)
     model.to(device)
     # CPU linear kernels per bucket of row counts, measured once per machine and cached next to
     # the converted model (decoding/runtime/kernel_choice.py); a no-op on other devices
-    choice = configure(model, kernel_mode, name=name, file=cache_file(cache_root(), name, kind == "bundled"),
+    choice = configure(model, kernel_mode, name=stem, file=cache_file(cache_root(), stem, kind == "bundled"),
                        progress=progress)
     loaded = wrap_model(model, tokenizer, name=name, source=source,
                         chat=bool(preset.chat) if preset else bool(getattr(tokenizer, "chat_template", None)),
                         network=bool(preset.network) if preset else kind == "hub",
-                        extras={"kernel_choice": choice})
+                        extras={"kernel_choice": choice, "adapter": preset.adapter if preset else None})
     return loaded
 
 
 def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype | None = None,
                progress: Callable[[str], None] | None = None, pack: bool = True,
-               kernels: str | None = None) -> LoadedModel:
+               kernels: str | None = None,
+               memory_budget_gb: Optional[float] = DEFAULT_MEMORY_BUDGET_GB) -> LoadedModel:
     """Load (or fetch from the in-process cache) a model by preset name, directory or Hub id.
+
+    Before a newly loaded model joins the cache, the least recently used ones are evicted until all fit
+    ``memory_budget_gb`` (None: no cap; a model larger than the budget still loads, alone). Evicting a
+    model frees everything built for it (``LoadedModel.extras``).
 
     ``kernels`` picks a CPU model's linear kernels (decoding/runtime/kernels.py): ``"auto"`` (the
     default) runs each weight shape and bucket of row counts on whichever of PyTorch's
@@ -379,6 +404,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
     if not pack and mode != "default":
         raise ValueError(f"pack=False means kernels='default'; it contradicts kernels={kernels!r}")
     spec = spec.strip()
+    budget = budget_bytes(memory_budget_gb)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     key = (spec, str(dev), str(dt), mode)
@@ -394,7 +420,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
                 return _cache[key]
         loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None), mode)
         with _cache_lock:
-            _evict_for(model_bytes(loaded))
+            _evict_for(model_bytes(loaded), budget)
             _cache[key] = loaded
         return loaded
 

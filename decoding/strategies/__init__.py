@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from decoding.strategies import baselines, jacobi, lookahead, speculative, suffix_decoding
-from decoding.strategies.base import Strategy
+from decoding.strategies.strategy import Strategy
 
 _REGISTRY: Mapping[str, Strategy] = MappingProxyType(
     {s.name: s for module in (baselines, speculative, jacobi, lookahead, suffix_decoding)

@@ -17,9 +17,10 @@ from decoding.params import BeamParams, GreedyParams, SampleParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
+from decoding.sampling import chooser
 from decoding.sampling import probs as sampling_probs
-from decoding.sampling import sample as draw
-from decoding.strategies.base import Strategy
+from decoding.strategies.stages import choose_and_commit, first_token
+from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 
 NEG = -1.0e9  # transformers' "impossible" score in beam search
@@ -36,20 +37,13 @@ def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: 
     target = Session(pair.target, "target", tracer, fast=fast, max_len=len(prompt_ids) + max_new_tokens)
     out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
     proc = (context or EMPTY).processors(pair.target, prompt_ids, max_new_tokens)
-    logits = target.prefill(prompt_ids)[0]                       # [V]
-    while True:
-        # 1. pick the next token from the last position's (processed) logits and commit it
-        if proc is not None:
-            logits = proc(out.tokens, logits)
-        token = choose(logits)
-        if observe is not None and tracer.enabled:
-            observe(logits, token, target.forwards, len(out.tokens))
-        out.commit([token], target.forwards, source, [float(logits.softmax(-1)[token])] if tracer.enabled else None)
-        # 2. stop on EOS or length
-        if out.done:
-            return Result(out.tokens, target.forwards, stop_reason=out.stop_reason)
-        # 3. feed it back through the cache
-        logits = target.forward(target.tensor([[token]]), last_only=True)[0, -1]
+    # 1. prefill; the first token
+    token = first_token(target, prompt_ids, out, proc, choose, source, observe=observe)
+    while not out.done:
+        # 2. feed the newest token back through the cache, 3. choose and commit the next (stops on EOS or length)
+        logits = target.forward(target.tensor([[token]]), last_only=True)[0, -1]      # [V]
+        token = choose_and_commit(logits, out, proc, choose, target.forwards, source, observe)
+    return Result(out.tokens, target.forwards, stop_reason=out.stop_reason)
 
 
 def greedy(prompt_ids: Sequence[int], pair: ModelPair, params: GreedyParams, *,
@@ -62,10 +56,7 @@ def greedy(prompt_ids: Sequence[int], pair: ModelPair, params: GreedyParams, *,
 def sample(prompt_ids: Sequence[int], pair: ModelPair, params: SampleParams, *,
            max_new_tokens: int, tracer: Any = NULL_TRACER,
            rng: Optional[torch.Generator] = None, context: Optional[RunContext] = None) -> Result:
-    if params.is_greedy:
-        choose = lambda logits: int(torch.argmax(logits))                        # noqa: E731
-    else:
-        choose = lambda logits: draw(sampling_probs(logits, params), rng)        # noqa: E731
+    choose = chooser(params, rng)
 
     def observe(logits: torch.Tensor, token: int, step: int, position: int) -> None:
         if not params.is_greedy:

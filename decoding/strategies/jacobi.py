@@ -67,7 +67,8 @@ from decoding.params import JacobiParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
-from decoding.strategies.base import Strategy
+from decoding.strategies.stages import first_token
+from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 
 
@@ -106,6 +107,7 @@ class _Run:
     decoded: list[int] = field(default_factory=list)   # output, then (jacobi, gs_jacobi) past EOS
     iterations: int = 0
     blocks: int = 0
+    per_block: list = field(default_factory=list)     # [iterations, tokens decided] of each block or window
 
     def init(self, n: int, last: int) -> list[int]:
         if n <= 0:
@@ -140,6 +142,13 @@ class _Run:
                                              start=start, guess=tuple(guess), converged=right,
                                              probs=tuple(probs), committed=committed))
 
+    def tally(self, decided: int) -> None:
+        """Count one iteration, and the tokens it decided, for the current block (or window)."""
+        if len(self.per_block) < self.blocks:
+            self.per_block.append([0, 0])
+        self.per_block[-1][0] += 1
+        self.per_block[-1][1] += decided
+
     def accept(self, tokens: list[int]) -> None:
         """Tokens decoded for good: into ``decoded``, and into the output until EOS or the limit."""
         self.decoded += tokens
@@ -171,6 +180,7 @@ def _solve_block(run: _Run, n: int) -> int:
         right = verified(prev, new)
         count = right if stop else 0                 # = n unless cut short by max_iterations
         run.emit(k, start, new, right, count, probs)
+        run.tally(count)
         if stop:
             # 3. the cached inputs [last] + new[:count-1] are greedy's: keep them
             run.target.crop(base + count)
@@ -208,6 +218,7 @@ def _sliding(run: _Run) -> None:
         cut = k >= run.params.max_iterations
         count = right if cut else unchanged(guess, new)
         run.emit(k, start, new, right, count, probs)
+        run.tally(count)
         # 3. commit and keep the cache of the inputs [last] + new[:count-1]
         run.target.crop(base + count)
         run.accept(new[:count])
@@ -228,19 +239,17 @@ def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, 
     pad = pad if pad is not None else (min(eos) if eos else 0)
     run = _Run(target, Output(eos, max_new_tokens, tracer), params, tracer, int(pad), lm.vocab_size, rng,
                max_new_tokens, proc=(context or EMPTY).processors(lm, prompt_ids, max_new_tokens))
-    logits = target.prefill(prompt_ids)[0]                                           # [V]
-    if run.proc is not None:
-        logits = run.proc([], logits)
-    first = int(logits.argmax())
+    first = first_token(target, prompt_ids, run.out, run.proc, lambda logits: int(logits.argmax()), "greedy")
     run.decoded.append(first)
-    run.out.commit([first], target.forwards, "greedy",
-                   [float(logits.softmax(-1)[first])] if tracer.enabled else None)
     (_sliding if params.variant == "sliding" else _blocks)(run)
     n = len(run.out)
     return Result(list(run.out.tokens), target.forwards, stats={
         "iterations": run.iterations, "blocks": run.blocks,
         "step_compression": round(n / target.forwards, 4),
-        "mean_tokens_per_target_forward": round(n / target.forwards, 4)},
+        "mean_tokens_per_target_forward": round(n / target.forwards, 4),
+        # per block (per window for sliding): its iterations and the tokens they decided (past EOS too)
+        "iterations_per_block": [b[0] for b in run.per_block], "tokens_per_block": [b[1] for b in run.per_block],
+        "mean_iterations_per_block": round(run.iterations / max(1, len(run.per_block)), 4)},
         stop_reason=run.out.stop_reason)
 
 

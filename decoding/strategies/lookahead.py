@@ -51,11 +51,11 @@ from decoding.result import Result
 from decoding.runtime.attention import attention_mask, check_mask_support
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
-from decoding.sampling import probs as filtered_probs
-from decoding.strategies.base import Strategy
+from decoding.sampling import chooser
+from decoding.strategies.stages import first_token, verify
+from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 from decoding.tree import TokenTree, tree_layout
-from decoding.verify import verify_tree_greedy, verify_tree_sampling
 
 # --------------------------------------------------------------------------- n-gram pool
 
@@ -159,12 +159,7 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
 
     proc = (context or EMPTY).processors(lm, prompt_ids, max_new_tokens)
     # 1. prefill; the first token is the target's own
-    logits = target.prefill(seq)[0]
-    if proc is not None:
-        logits = proc([], logits)
-    first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
-                                                                      generator=rng))
-    out.commit([first], target.forwards, own, [float(logits.softmax(-1)[first])] if tracer.enabled else None)
+    first = first_token(target, seq, out, proc, chooser(params, rng), own)
     seq.append(first)
     pending = [first]                       # committed, not yet in the cache; the last is the key
     levels = [_initial_level(seq, width, rng)]
@@ -186,14 +181,7 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
                                 kind="lookahead")[0]                            # [T, V]
         # 4. verification branch: the key row, then one row per tree node (processed with their own context)
         rows = [len(pending) - 1] + list(range(len(pending), len(pending) + len(tree)))
-        branch = logits[rows]                                                   # [1 + n, V]
-        if proc is not None:
-            paths = [[tree.tokens[k] for k in tree.path(i)] for i in range(len(tree))]
-            branch = proc.rows([out.tokens] + [out.tokens + p for p in paths], branch)
-        if greedy:
-            verdict = verify_tree_greedy(branch, tree)
-        else:
-            verdict = verify_tree_sampling(filtered_probs(branch, params), tree, None, rng)
+        verdict, _, branch = verify(logits[rows], tree, out.tokens, proc, params, rng)     # rows: [1 + n, V]
         path = verdict.path
         new = [tree.tokens[k] for k in path] + [verdict.next_token]
         choice = next(j for j, c in enumerate(cands) if list(c[:len(path)]) == new[:len(path)]) if path else -1

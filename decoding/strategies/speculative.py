@@ -28,10 +28,11 @@ from decoding.result import Result
 from decoding.runtime.attention import tree_forward
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
-from decoding.sampling import probs as filtered_probs
-from decoding.strategies.base import Strategy
+from decoding.sampling import chooser
+from decoding.strategies.stages import first_token, verify
+from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
-from decoding.verify import Verdict, verify_tree_greedy, verify_tree_sampling
+from decoding.verify import Verdict
 
 TOP = 10  # tokens shown per position in the inspector
 
@@ -65,15 +66,10 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
     drafter.begin(prompt)
 
     # 1. prefill: the first token comes from the target alone
-    logits = target.prefill(prompt, hidden=hidden)[0]
-    if proc is not None:
-        logits = proc([], logits)
-    first = int(logits.argmax()) if greedy else int(torch.multinomial(filtered_probs(logits, params), 1,
-                                                                      generator=rng))
+    first = first_token(target, prompt, out, proc, chooser(params, rng), "greedy" if greedy else "sample",
+                        hidden=hidden)
     if hidden:   # the last prompt position predicted the first token
         drafter.observe(target.last_hidden[0, -1:], [first])
-    out.commit([first], 1, "greedy" if greedy else "sample",
-               [float(logits.softmax(-1)[first])] if tracer.enabled else None)
     tally = _Tally()
     while not out.done:
         t0 = time.perf_counter()
@@ -87,15 +83,8 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
         # 3. verify everything in one target forward: [newest committed token] + nodes
         base = target.length
         logits = tree_forward(target, [out.last], tree, hidden=hidden)                  # [1 + n, V]
-        if proc is not None:   # each row continues the output plus the draft path above it
-            paths = [[tree.tokens[k] for k in tree.path(i)] for i in range(len(tree))]
-            logits = proc.rows([out.tokens] + [out.tokens + p for p in paths], logits)
         t2 = time.perf_counter()
-        if greedy:
-            p, verdict = None, verify_tree_greedy(logits, tree)
-        else:
-            p = filtered_probs(logits, params)                                          # [1 + n, V]
-            verdict = verify_tree_sampling(p, tree, proposal.q, rng, proposal.replacement)
+        verdict, p, logits = verify(logits, tree, out.tokens, proc, params, rng, proposal.q, proposal.replacement)
         new = [tree.tokens[i] for i in verdict.path] + [verdict.next_token]
         leaf = not tree.children(verdict.path[-1] if verdict.path else -1)
         sources = [drafter.accepted_source] * verdict.n_accepted + ["bonus" if leaf else "correction"]
@@ -119,8 +108,9 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
             tracer.emit(StepTiming(step=step, draft_ms=round((t1 - t0) * 1e3, 3),
                                    verify_ms=round((t2 - t1) * 1e3, 3), overhead_ms=round((t3 - t2) * 1e3, 3),
                                    drafted=tree.depth, accepted=verdict.n_accepted))
-    return Result(out.tokens, target.forwards, drafter.forwards, stats=_stats(target, drafter, tally, len(out)),
-                  stop_reason=out.stop_reason)
+    drafter.finish(out.tokens)
+    return Result(out.tokens, target.forwards, drafter.forwards,
+                  stats={**_stats(target, drafter, tally, len(out)), **drafter.stats()}, stop_reason=out.stop_reason)
 
 
 def _top(row: torch.Tensor, n: int = TOP) -> tuple[list[int], list[float]]:
@@ -188,8 +178,10 @@ def _stats(target: Session, drafter: Drafter, t: _Tally, n_out: int) -> dict:
 
 # --------------------------------------------------------------------------- strategies
 
-def _run(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: Any, *, max_new_tokens: int,
-         tracer: Any, rng: Optional[torch.Generator], adaptive: bool, context: Optional[RunContext]) -> Result:
+def run_drafted(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: Any, *, max_new_tokens: int,
+                tracer: Any, rng: Optional[torch.Generator], adaptive: bool, context: Optional[RunContext]) -> Result:
+    """A strategy of the shared loop: the target's session, the drafter ``make_drafter`` builds for ``kind``
+    (it owns its defaults and reports its own statistics), then ``speculative_loop``."""
     max_len = len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1
     target = Session(pair.target, "target", tracer, fast=params.fast, max_len=max_len)
     drafter = make_drafter(kind, pair, params, tracer=tracer, clock=lambda: target.forwards + 1, rng=rng,
@@ -201,23 +193,23 @@ def _run(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: Any, *, 
 def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeParams, *, max_new_tokens: int,
                 tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
                 context: Optional[RunContext] = None) -> Result:
-    return _run("speculative", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                adaptive=params.adaptive, context=context)
+    return run_drafted("speculative", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                       adaptive=params.adaptive, context=context)
 
 
 def prophet(prompt_ids: Sequence[int], pair: ModelPair, params: ProphetParams, *, max_new_tokens: int,
             tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
             context: Optional[RunContext] = None) -> Result:
     """Speculative decoding with the target's prophet head drafting (a tree by default)."""
-    return _run("prophet", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                adaptive=params.adaptive, context=context)
+    return run_drafted("prophet", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                       adaptive=params.adaptive, context=context)
 
 
 def prompt_lookup(prompt_ids: Sequence[int], pair: ModelPair, params: PromptLookupParams, *,
                   max_new_tokens: int, tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
                   context: Optional[RunContext] = None) -> Result:
-    return _run("prompt_lookup", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
-                adaptive=False, context=context)
+    return run_drafted("prompt_lookup", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                       adaptive=False, context=context)
 
 
 STRATEGIES = [

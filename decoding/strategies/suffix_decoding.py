@@ -14,32 +14,19 @@ from typing import Any, Optional, Sequence
 import torch
 
 from decoding.context import EMPTY, RunContext
-from decoding.drafting import DraftLength, make_drafter
-from decoding.params import MAX_TREE_NODES, SuffixParams
+from decoding.params import SuffixParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
-from decoding.runtime.session import Session
-from decoding.strategies.base import Strategy
-from decoding.strategies.speculative import speculative_loop
+from decoding.strategies.speculative import run_drafted
+from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 
 
 def suffix(prompt_ids: Sequence[int], pair: ModelPair, params: SuffixParams, *, max_new_tokens: int,
            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
            context: Optional[RunContext] = None) -> Result:
-    context = context or EMPTY
-    max_len = len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1
-    target = Session(pair.target, "target", tracer, fast=params.fast, max_len=max_len)
-    drafter = make_drafter("suffix", pair, params, tracer=tracer, clock=lambda: target.forwards + 1,
-                           context=context)
-    result = speculative_loop(prompt_ids, pair, params, drafter, DraftLength(params.draft_tokens, False),
-                              max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng,
-                              context=context)
-    result.stats["accepted_from"] = dict(drafter.accepted_from)
-    result.stats["tree"] = drafter.tree_mode
-    if drafter.history is not None:
-        drafter.history.add(result.token_ids)
-    return result
+    return run_drafted("suffix", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                       adaptive=False, context=context or EMPTY)
 
 
 STRATEGIES = [

@@ -22,7 +22,7 @@ import torch
 
 from decoding.training.magpie import (CODE_TASKS, HELD_SEEDS, SEEDS, TEXT_TASKS, Deduper, Source,
                                       grounded_prompts, held_origin, keep_new, sample_user_turns,
-                                      stdlib_pieces, user_prefix)
+                                      split_by_source, stdlib_pieces, user_prefix)
 
 HELD = (
     Source("magpie-t0.9-held", "magpie", 0.9, held_out=True),
@@ -194,7 +194,6 @@ def generate_mix(lm: Any, data_dir: Path, *, units: int, minutes: float, batch: 
 def final_records(data_dir: Path, exclude: Sequence[str] = ()) -> tuple[list[dict], list[dict], dict]:
     """(train, held, counts): every unit's records after a global near-duplicate pass across workers and
     against ``exclude`` (the unseen benchmark's prompts: never trained on), split by source."""
-    from decoding.training.magpie import split_by_source
     dedupe = Deduper()
     for text in exclude:
         dedupe.add(text)

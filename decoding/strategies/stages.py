@@ -1,0 +1,65 @@
+"""The stages the decoding loops are made of, each written once (EAGLE's loop is the picture:
+``generate_candidates`` / ``tree_decoding`` / ``evaluate_posterior`` / ``update_inference_inputs``).
+
+1. ``first_token``: prefill the prompt, apply the run's logits processors, choose the first token and
+   commit it at the prefill's step. Every loop starts with it: the first token is the target's own.
+2. ``choose_and_commit``: one position's logits through the processors, the choice, the commit (greedy and
+   sampling run it for every later token too).
+3. ``verify``: the rows of a verify forward through the processors (each row continues the output plus its
+   draft path), then the tree verified: the longest argmax-matching path at temperature 0, recursive
+   rejection sampling above (``decoding.verify``). Speculative decoding and lookahead call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from decoding.commit import Output
+from decoding.params import SamplingParams
+from decoding.runtime.session import Session
+from decoding.sampling import probs as filtered_probs
+from decoding.tree import TokenTree
+from decoding.verify import Verdict, verify_tree_greedy, verify_tree_sampling
+
+Observe = Callable[[torch.Tensor, int, int, int], None]   # (processed logits [V], token, step, position)
+
+
+def choose_and_commit(logits: torch.Tensor, out: Output, proc: Any, choose: Callable[[torch.Tensor], int],
+                      step: int, source: str, observe: Optional[Observe] = None) -> int:
+    """Process one position's logits ``[V]`` with the output so far, choose a token and commit it at ``step``."""
+    if proc is not None:
+        logits = proc(out.tokens, logits)
+    token = choose(logits)
+    traced = out.tracer.enabled
+    if observe is not None and traced:
+        observe(logits, token, step, len(out))
+    out.commit([token], step, source, [float(logits.softmax(-1)[token])] if traced else None)
+    return token
+
+
+def first_token(target: Session, prompt_ids: Sequence[int], out: Output, proc: Any,
+                choose: Callable[[torch.Tensor], int], source: str, *, hidden: bool = False,
+                observe: Optional[Observe] = None) -> int:
+    """Prefill ``prompt_ids`` (keeping the last hidden state when ``hidden``) and commit the first token."""
+    logits = target.prefill(list(prompt_ids), hidden=hidden)[0]                        # [V]
+    return choose_and_commit(logits, out, proc, choose, target.forwards, source, observe)
+
+
+def verify(logits: torch.Tensor, tree: TokenTree, output: Sequence[int], proc: Any, params: SamplingParams,
+           rng: Optional[torch.Generator], q: Optional[torch.Tensor] = None,
+           replacement: bool = False) -> tuple[Verdict, Optional[torch.Tensor], torch.Tensor]:
+    """Verify ``tree`` from the rows ``[1 + n, V]`` of one forward (the root's row, then one per node).
+
+    Returns (verdict, the target's filtered probabilities when sampling else None, the processed rows).
+    ``q`` and ``replacement`` describe the drafter's proposal for rejection sampling (None: deterministic
+    candidates, whose q is one-hot).
+    """
+    if proc is not None:
+        paths = [[tree.tokens[k] for k in tree.path(i)] for i in range(len(tree))]
+        logits = proc.rows([list(output)] + [list(output) + p for p in paths], logits)
+    if params.is_greedy:
+        return verify_tree_greedy(logits, tree), None, logits
+    p_target = filtered_probs(logits, params)                                           # [1 + n, V]
+    return verify_tree_sampling(p_target, tree, q, rng, replacement), p_target, logits

@@ -1,0 +1,66 @@
+"""Per-model state lives on the loaded model (issue 28): evicting a model frees everything built for it.
+
+The prophet head (which borrows the target's embeddings), the warm-up marks, the fast path's static runners
+and the 4D-mask verdict hang on the ``LoadedModel``; a loaded model's ``uid`` is never reused. Loading,
+running, evicting and loading again several times keeps memory bounded, and nothing outlives its model.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from decoding.harness.runner import encode_prompt, run_comparison
+from decoding.runtime import models
+from decoding.runtime.head import prophet_for
+from decoding.runtime.models import load_model
+from decoding.runtime.pair import ModelPair
+
+BUNDLED = "smollm2-135m-instruct"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.bundled
+def test_evicting_a_model_frees_its_head_marks_and_runners_and_reloading_stays_bounded():
+    models.clear_model_cache()
+    rss, uids, size = [], [], None
+    for _ in range(4):
+        lm = load_model(BUNDLED)
+        size = size or models.model_bytes(lm) / 2**20
+        head = prophet_for(lm)
+        assert prophet_for(lm) is head and lm.extras["prophet_head"] is head      # loaded once per model
+        ids = encode_prompt(lm.tokenizer, "Name a colour.", chat=True)
+        results = run_comparison(ids, ModelPair(lm, prophet=head),
+                                 [("prophet", {}), ("lookahead", {}), ("greedy", {"fast": True})], max_new_tokens=4)
+        assert all(r.error is None for r in results)
+        assert {("prophet", False), ("lookahead", False), ("greedy", True)} <= \
+            {key[1:] for key in lm.extras["warmed"]}                                 # warm-up marks, on the model
+        assert lm.extras["fastpath_runners"] and lm.extras["mask_support"] == "ok"
+        uids.append(lm.uid)
+        built = [lm, lm.model, head, lm.extras["fastpath_runners"][0][0]]
+        alive = [weakref.ref(x) for x in built]
+        del lm, head, results, built
+        models.clear_model_cache()                                                   # evicted
+        gc.collect()
+        assert [r() is None for r in alive] == [True] * len(alive)                   # nothing outlives it
+        rss.append(_rss_mb())
+    assert len(set(uids)) == len(uids)                                               # a new model, a new uid
+    print(f"\n[memory] RSS after each evict: {[round(r) for r in rss]} MB (model {size:.0f} MB)")
+    assert max(rss) - rss[0] < 0.5 * size                                            # bounded, not growing
+
+
+def test_warm_up_marks_are_per_loaded_model(tmp_path):
+    """A mark names the assistant by uid: a new assistant (even at a reused address) is warmed up again."""
+    from tiny_models import tiny_causal
+    target, first, second = (tiny_causal("llama", seed=s, vocab=32, eos=False) for s in (1, 2, 3))
+    runs = [("speculative", {"draft_tokens": 2})]
+    run_comparison([1, 2, 3], ModelPair(target, first), runs, max_new_tokens=3, reference=False)
+    run_comparison([1, 2, 3], ModelPair(target, second), runs, max_new_tokens=3, reference=False)
+    assert {key[0] for key in target.extras["warmed"]} == {first.uid, second.uid}
+    assert "warmed" not in first.extras                                              # marks hang on the target
