@@ -236,6 +236,42 @@ def test_the_recorder_yields_to_a_visitor_and_records_again_later(monkeypatch):
     visitor.leave()
 
 
+def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
+    """A run's views are drawn in its computation and kept with its recording; replays of a recording read from
+    disk (no views yet) that arrive together draw it once, not once each (16 at once took 10 s on 2 cores)."""
+    drawn = []
+    real = handlers._views
+
+    def counting(doc):
+        drawn.append(1)
+        time.sleep(0.05)                    # long enough for the replays below to overlap
+        return real(doc)
+    monkeypatch.setattr(handlers, "_views", counting)
+    doc = {"environment": {"cpu": "test CPU", "threads": 2},
+           "results": [{"strategy": "greedy", "token_ids": [1, 2], "error": None, "stop_reason": "max_new_tokens",
+                        "events": [], "wall_s": 0.1}]}
+    rec = Recording("k", doc, json.dumps(doc), "Ran 1.", time.time(), "test CPU")
+    outs = []
+    threads = [threading.Thread(target=lambda: outs.append(handlers._replayed(rec))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(drawn) == 1 and len(outs) == 8 and all(o["status"].startswith("Replay") for o in outs)
+
+    def fake(stop, req):
+        yield "done", doc, "Ran 1.", []
+    monkeypatch.setattr(handlers, "compute_run", fake)
+    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
+    req = run_request(BUNDLED, "none", ["greedy"], "Drawn once.", True, 4, 0, {}, [None] * len(app.GENERATION_FIELDS))
+    comp, _ = handlers.submit_run(req)
+    wait_for(comp.done.is_set)
+    assert len(drawn) == 2 and handlers.RECORDINGS.get(req.key).views is comp.result.views     # drawn with the run
+    handlers._replayed(handlers.RECORDINGS.get(req.key))
+    assert len(drawn) == 2                                                                      # not again
+    comp.leave()
+
+
 # --------------------------------------------------------------------------- through the app
 def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> list:
     return [BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *[None] * len(app.param_fields())]

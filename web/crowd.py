@@ -265,6 +265,7 @@ class Recording:
     recorded_at: float          # seconds since the epoch
     device: str
     views: dict = field(default_factory=dict, repr=False)   # drawn once, shared by every replay
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # ... drawn by one
 
     @property
     def size(self) -> int:

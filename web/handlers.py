@@ -204,6 +204,7 @@ class Outcome:
     text: str
     message: str
     outputs: list
+    views: dict          # drawn once in the computation's thread, shared by every watcher and the recording
 
 
 def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
@@ -214,9 +215,10 @@ def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
                 comp.publish((item[1], item[2]))
             else:
                 _, doc, message, outputs = item
-        outcome = Outcome(doc, export_trace(doc), message, outputs)
+        outcome = Outcome(doc, export_trace(doc), message, outputs, _views(doc))
         if not req.private and not comp.stop.is_set() and complete(doc):
-            RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc)))
+            RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
+                                     views=outcome.views))
         return outcome
     return work
 
@@ -355,16 +357,17 @@ async def run_playground(model: Any, assistant: Any, strategies: Any, prompt: An
         HISTORIES.add(session, outcome.outputs)
         shared = (f" {comp.joined} visitors asked for this same run while it was computed; it ran once."
                   if comp.joined > 1 else "")
-        views = comp.memo("views", -1, lambda: _views(outcome.doc))
         yield await anyio.to_thread.run_sync(
             lambda: _outputs(outcome.doc, outcome.message + shared, len(outcome.text),
-                             TRACE_FILES.write(outcome.text), views))
+                             TRACE_FILES.write(outcome.text), outcome.views))
 
 
 def _replayed(rec: Recording) -> dict:
-    """A recorded run, replayed: the same views, its recorded timings, and a status that says so."""
-    if not rec.views:
-        rec.views = _views(rec.doc)
+    """A recorded run, replayed: the same views, its recorded timings, and a status that says so. Visitors who
+    press Run together on a recording read from disk wait for one drawing of its views, not one each."""
+    with rec.lock:
+        if not rec.views:
+            rec.views = _views(rec.doc)
     note = (f"Replay of a recorded run: this exact request (model, prompt, strategies, parameters, seed, "
             f"settings) was computed at {rec.when()} on {rec.device}; identical requests are computed once, "
             f"so the speed figures are the ones measured then. {rec.message}")
