@@ -99,10 +99,14 @@ def test_sessions_with_waiting_events_are_never_evicted():
 def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     demo, url = served
     prompts = [f"Name fruit number {i}." for i in range(CLIENTS)]
-    jobs = [Client(url, verbose=False).submit(BUNDLED, "none", ["greedy"], p, True, TOKENS, i, *_values(),
-                                              api_name="/run") for i, p in enumerate(prompts)]
+    # the clients are kept: a collected Client stops its heartbeat, and Gradio then cancels its run (as it should
+    # for a closed tab), which a busy machine's garbage collector turned into a flaky CancelledError here
+    clients = [Client(url, verbose=False) for _ in prompts]
+    jobs = [c.submit(BUNDLED, "none", ["greedy"], p, True, TOKENS, i, *_values(), api_name="/run")
+            for i, (c, p) in enumerate(zip(clients, prompts))]
     # a client that gives up on its run (gradio_client's job.cancel()) is part of the traffic
-    quitter = Client(url, verbose=False).submit(BUNDLED, "none", ["greedy"], "Count to five.", True, 64, 0,
+    quitter_client = Client(url, verbose=False)
+    quitter = quitter_client.submit(BUNDLED, "none", ["greedy"], "Count to five.", True, 64, 0,
                                                 *_values(), api_name="/run")
     counts: dict[str, int] = {}
     done = threading.Event()
@@ -147,8 +151,9 @@ def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monke
     queue = demo._queue
     monkeypatch.setattr(queue_guard, "WATCH_S", 2.0)        # long enough to see the 503 before the restart
     time.sleep(1.2)                                        # the watchdog's current sleep (1 s) ends first
-    job = Client(url, verbose=False).submit(BUNDLED, "none", ["greedy"], "Write a long story about a fox.", True,
-                                            256, 0, *_values(), api_name="/run")
+    client = Client(url, verbose=False)                    # kept: a collected client's run is cancelled
+    job = client.submit(BUNDLED, "none", ["greedy"], "Write a long story about a fox.", True, 256, 0, *_values(),
+                        api_name="/run")
     while not queue.get_active_worker_count():
         time.sleep(0.1)
     restarts = queue.guard_restarts
