@@ -22,11 +22,12 @@ HTML (scrolls; with ``step`` it focuses on that replay step's window);
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import plotly.graph_objects as go
 
+from .convergence import MARKS, figures_line, first_wrong, mark
 from .legacy import committed_counts
 from .tokens import number, plot_text
 
@@ -60,6 +61,8 @@ class Row:
     probs: tuple
     converged: int
     committed: int
+    block: int = 0
+    prev: Optional["Row"] = field(default=None, compare=False, repr=False)   # the block's previous iteration
 
     @property
     def end(self) -> int:
@@ -97,14 +100,17 @@ def rows(result: dict) -> list[Row]:
     # for events without ``committed`` (before version 2) only: it counts the step's commits
     legacy = committed_counts(events) if any(_int(e.get("committed"), -1) < 0 for _, e in its) else {}
     blocks = len({_int(e.get("block")) for _, e in its})
-    out = []
+    out: list[Row] = []
+    latest: dict[int, Row] = {}
     for index, (i, e) in enumerate(its, 1):
         tokens = tuple(e.get("guess") or ())
-        start = _int(e.get("start"))
+        start, block = _int(e.get("start")), _int(e.get("block"))
         committed = _int(e.get("committed"), -1)
         out.append(Row(step=_int(e.get("step")), label=_label(variant, e, index, blocks, start, start + len(tokens)),
                        start=start, tokens=tokens, probs=tuple(e.get("probs") or ()),
-                       converged=_int(e.get("converged")), committed=committed if committed >= 0 else legacy[i]))
+                       converged=_int(e.get("converged")), committed=committed if committed >= 0 else legacy[i],
+                       block=block, prev=latest.get(block)))
+        latest[block] = out[-1]
     return out
 
 
@@ -133,7 +139,7 @@ class Frame:
 
 
 def frame(result: dict, step: Optional[int] = None, window: int = WINDOW, focus: bool = False,
-          max_rows: int = FOCUS_ROWS) -> Frame:
+          max_rows: int = FOCUS_ROWS, allrows: Optional[list] = None) -> Frame:
     """Rows and columns to draw: everything, or ``window`` columns around the iteration at ``step``.
 
     Without ``step`` the whole run is drawn, unless ``focus`` or it exceeds
@@ -141,7 +147,7 @@ def frame(result: dict, step: Optional[int] = None, window: int = WINDOW, focus:
     first ``window`` positions and their first ``max_rows`` iterations. With ``step``,
     the latest ``max_rows`` iterations up to that step.
     """
-    allrows = rows(result)
+    allrows = rows(result) if allrows is None else allrows
     final = result.get("token_ids") or ()
     n = max([len(final)] + [r.end for r in allrows])
     shown = allrows if step is None else [r for r in allrows if r.step <= step]
@@ -172,16 +178,20 @@ CSS = (".dp-jc-scroll{max-height:560px;overflow:auto;border:1px solid #ddd}"
        ".dp-jc-help{margin:4px 0;color:#444}.dp-jc-chip{padding:1px 6px;margin-right:6px}"
        + "".join(f".dp-jacobi [data-state={s}]{{background:{c}}}" for s, (_, c) in STATES.items())
        + ".dp-jacobi [data-state=committed]{color:#fff}"
-       ".dp-jacobi [data-state=early]{box-shadow:inset 0 0 0 2px #bf9000}")
+       ".dp-jacobi [data-state=early]{box-shadow:inset 0 0 0 2px #bf9000}"
+       + "".join(f".dp-jacobi [data-mark={m}]{{{css}}}" for m, (_, css) in MARKS.items()))
 
 
-def _cell(result: dict, row: Row, i: int, final: list) -> str:
+def _cell(result: dict, row: Row, i: int, final: list, wrong_before: Optional[int]) -> str:
     state = row.state(i, final)
     token = row.tokens[i]
     text = _text(result, token)
     prob = number(row.probs[i], None) if i < len(row.probs) else None
-    title = f"#{row.start + i} id {token}" + (f" p={prob:.2f}" if prob is not None else "")
-    return (f"<td data-state='{state}' data-pos='{row.start + i}' title='{html.escape(title, quote=True)}'>"
+    kind = mark(row, row.start + i, final, wrong_before)
+    title = (f"#{row.start + i} id {token}" + (f" p={prob:.2f}" if prob is not None else "")
+             + (f"; {MARKS[kind][0]}" if kind else ""))
+    marked = f" data-mark='{kind}'" if kind else ""
+    return (f"<td data-state='{state}' data-pos='{row.start + i}'{marked} title='{html.escape(title, quote=True)}'>"
             f"{html.escape(_visible(text))}</td>")
 
 
@@ -191,7 +201,8 @@ def _row_html(result: dict, row: Row, fr: Frame, final: list) -> str:
     parts = [f"<tr class='{cls}' data-step='{row.step}'><th class='dp-jc-label'>{html.escape(row.label)}</th>"]
     if first > fr.lo:
         parts.append(f"<td colspan='{first - fr.lo}'></td>")
-    parts += [_cell(result, row, pos - row.start, final) for pos in range(first, last)]
+    wrong = first_wrong(row, final, last)
+    parts += [_cell(result, row, pos - row.start, final, wrong) for pos in range(first, last)]
     if fr.hi > max(last, fr.lo):
         parts.append(f"<td colspan='{fr.hi - max(last, fr.lo)}'></td>")
     return "".join(parts) + "</tr>"
@@ -199,7 +210,8 @@ def _row_html(result: dict, row: Row, fr: Frame, final: list) -> str:
 
 def jacobi_view(result: dict, step: Optional[int] = None, window: int = WINDOW) -> str:
     """HTML: the whole run (scrolls), or with ``step`` the window of that replay step."""
-    fr = frame(result, step, window)
+    allrows = rows(result)
+    fr = frame(result, step, window, allrows=allrows)
     final = list(result.get("token_ids") or ())
     pieces = result.get("pieces") or []
     head = "".join(
@@ -210,11 +222,15 @@ def jacobi_view(result: dict, step: Optional[int] = None, window: int = WINDOW) 
     legend = "".join(f"<span class='dp-jc-chip' data-state='{s}'>{html.escape(t)}</span>"
                      for s, (t, _) in STATES.items())
     note = f"<p class='dp-jc-help'>Showing {html.escape(fr.note)}.</p>" if fr.note else ""
+    marks = ("<p class='dp-jc-help'>" + " ".join(f"<span class='dp-jc-chip' data-mark='{m}'>{html.escape(t)}</span>"
+                                                  for m, (t, _) in MARKS.items()) + "</p>")
+    figures = figures_line(allrows if step is None else [r for r in allrows if r.step <= step])
+    figures = f"<p class='dp-jc-help dp-jc-blocks'>{html.escape(figures)}</p>" if figures else ""
     help_line = ("One row per Jacobi iteration (one target forward), one column per output position; the header "
                  "holds the final output. A yellow cell is right before the tokens it depends on are: "
                  "the model resolved it out of order.")
     return (f"<div class='dp-jacobi'><style>{CSS}</style><p class='dp-jc-help'>{html.escape(help_line)}</p>"
-            f"<div>{legend}</div>{note}<div class='dp-jc-scroll'><table class='dp-jc-table'>"
+            f"<div>{legend}</div>{marks}{figures}{note}<div class='dp-jc-scroll'><table class='dp-jc-table'>"
             f"<thead><tr><th class='dp-jc-label'>iteration \\ position</th>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></div></div>")
 
