@@ -367,3 +367,50 @@ class LookaheadParams(SamplingParams):
         check_number("guess_set", self.guess_set, 1, 32, integer=True)
         check_bool("pool_from_prompt", self.pool_from_prompt)
         check_bool("pool_from_output", self.pool_from_output)
+
+
+# --------------------------------------------------------------------------- transformers' own generate
+
+ASSISTANT_SCHEDULES = ("constant", "heuristic_transient")   # "heuristic" would carry over between runs
+
+
+@dataclass(frozen=True)
+class HFGreedyParams:
+    """transformers' ``generate`` with ``do_sample=False`` and one beam: the library's greedy search."""
+
+
+@dataclass(frozen=True)
+class HFPromptLookupParams:
+    """transformers' ``generate`` with ``prompt_lookup_num_tokens`` (its prompt lookup decoding).
+
+    ``prompt_lookup_num_tokens``: tokens copied per draft; ``max_matching_ngram_size``: the longest
+    n-gram it looks for (transformers' defaults: 10 and 2).
+    """
+    prompt_lookup_num_tokens: int = 10
+    max_matching_ngram_size: int = 2
+
+    def __post_init__(self) -> None:
+        check_number("prompt_lookup_num_tokens", self.prompt_lookup_num_tokens, 1, MAX_DRAFT, integer=True)
+        check_number("max_matching_ngram_size", self.max_matching_ngram_size, 1, 8, integer=True)
+
+
+@dataclass(frozen=True)
+class HFAssistedParams:
+    """transformers' ``generate`` with ``assistant_model`` (its assisted generation), greedy.
+
+    ``num_assistant_tokens``: the assistant's draft length; ``num_assistant_tokens_schedule``:
+    ``constant`` or ``heuristic_transient`` (+2 after a fully accepted draft, -1 otherwise, reset
+    every run); ``assistant_confidence_threshold``: the assistant stops drafting below it
+    (transformers' defaults: 20, constant, 0.4).
+    """
+    num_assistant_tokens: int = 20
+    num_assistant_tokens_schedule: str = "constant"
+    assistant_confidence_threshold: float = 0.4
+    CHOICES = {"num_assistant_tokens_schedule": ASSISTANT_SCHEDULES}
+
+    def __post_init__(self) -> None:
+        check_number("num_assistant_tokens", self.num_assistant_tokens, 1, MAX_DRAFT, integer=True)
+        if self.num_assistant_tokens_schedule not in ASSISTANT_SCHEDULES:
+            raise ValueError(f"num_assistant_tokens_schedule must be one of {', '.join(ASSISTANT_SCHEDULES)}, "
+                             f"got {self.num_assistant_tokens_schedule!r}")
+        check_number("assistant_confidence_threshold", self.assistant_confidence_threshold, 0.0, 1.0)

@@ -244,6 +244,10 @@ def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tok
     if needs_assistant and assistant == PROPHET and not has_prophet(model):
         raise ValueError(f"assistant: no prophet head is shipped for {model!r}; choose 'none' or an "
                          f"assistant model for the strategies that draft")
+    if any(name == "hf_assisted" for name, _ in plan or ()) and assistant in (None, PROPHET, model):
+        raise ValueError("strategies: transformers generate: assisted needs an assistant model other than the "
+                         "target; pick one under Assistant (not 'none' or the prophet head, which transformers "
+                         "cannot run), or untick it")
     if any(name == "prophet" for name, _ in plan or ()) and not has_prophet(model):
         raise ValueError(f"strategies: no prophet head is shipped for {model!r}; untick Prophet head "
                          f"(or train one with python -m decoding.train_prophet)")
