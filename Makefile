@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -103,6 +103,12 @@ bench-prophet: setup
 bench-prophet-unseen: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_unseen.py --repeats 2 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-prophet-unseen.json
+
+# The prophet's node budget from the machine's measured forward costs (budget=measured) against the fixed default,
+# on the same unseen prompts, in one process.
+bench-tree-budget: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_unseen.py --per-category 6 --repeats 2 --max-new-tokens 64 \
+	    --variant defaults: --variant measured:budget=measured --json benchmarks/results/bench-cpu-tree-budget.json
 
 # The sweep behind the CPU tree defaults (drafting/dynamic.py TREE_DEFAULTS): node budget x top-k.
 bench-prophet-sweep: setup

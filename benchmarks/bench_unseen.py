@@ -3,11 +3,14 @@
     python benchmarks/bench_unseen.py                                 # the shipped head, defaults
     python benchmarks/bench_unseen.py --head old:OLD.safetensors --head new:NEW.safetensors
     python benchmarks/bench_unseen.py --variant fixed8:tree_nodes=8   # parameter variants of each head
+    python benchmarks/bench_unseen.py --variant defaults: --variant measured:budget=measured
+                                      # the fixed node budget against the one from the measured forward costs
 
 Greedy and every (head, variant) run interleaved on each prompt after a warm-up, ``--repeats`` times, untraced;
 speedup = greedy's median wall time / the method's (same tokens, so the same token count). Prints one line
 per prompt, then per category and overall: the median and geometric mean of the speedups, the mean tokens per
-target forward and how many outputs equal greedy's. The CPU is named in the output and the JSON.
+target forward, the verified nodes per step and how many outputs equal greedy's. The CPU is named in the output
+and the JSON. A variant with ``budget=measured`` times the target's forward-cost curve in the warm-up.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
             out.append({"category": cat, "method": m, "prompts": len(rs), "median": statistics.median(s),
                         "geomean": statistics.geometric_mean(s), "min": min(s), "max": max(s),
                         "tokens_per_forward": statistics.fmean(r["methods"][m]["tokens_per_forward"] for r in rs),
+                        "nodes_per_step": statistics.fmean(r["methods"][m]["nodes_per_step"] for r in rs),
                         "equal": sum(r["methods"][m]["equal"] for r in rs)})
     return out
 
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
             res = results[m]
             row["methods"][m] = {"speedup": statistics.median(times["greedy"]) / statistics.median(times[m]),
                                  "tokens_per_forward": len(res.token_ids) / max(1, res.target_forwards),
+                                 "nodes_per_step": res.stats.get("mean_nodes_per_step", 0.0),
                                  "equal": res.token_ids == ref}
         rows.append(row)
         print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['speedup']:.2f}x/{v['tokens_per_forward']:.2f}"
@@ -116,11 +121,13 @@ def main(argv: list[str] | None = None) -> dict:
     summary = summarize(rows, list(methods))
     print(f"\nCPU: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
           f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
-    print("| category | method | median speedup vs greedy | geomean | range | tokens / target forward | = greedy |")
-    print("|---|---|---|---|---|---|---|")
+    print("| category | method | median speedup vs greedy | geomean | range | tokens / target forward "
+          "| nodes / step | = greedy |")
+    print("|---|---|---|---|---|---|---|---|")
     for s in summary:
         print(f"| {s['category']} ({s['prompts']}) | {s['method']} | {s['median']:.3f} | {s['geomean']:.3f} | "
-              f"{s['min']:.2f}-{s['max']:.2f} | {s['tokens_per_forward']:.3f} | {s['equal']}/{s['prompts']} |")
+              f"{s['min']:.2f}-{s['max']:.2f} | {s['tokens_per_forward']:.3f} | {s['nodes_per_step']:.1f} | "
+              f"{s['equal']}/{s['prompts']} |")
     doc = {"machine": machine, "prompts_file": str(args.prompts), "heads": heads,
            "variants": {k: dict(v) for k, v in _variants(args.variant).items()}, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "rows": rows, "summary": summary}

@@ -18,6 +18,7 @@ MAX_DRAFT = 32       # deepest draft (tokens per chain)
 
 
 MAX_TREE_NODES = 64  # most nodes one tree may hold
+BUDGETS = ("fixed", "measured")   # the prophet's tree budget: tree_nodes, or from the measured forward costs
 MAX_BEAMS = 16
 # Smaller positive values would reach the float32 kernels as 0 (top_p: every token dropped;
 # temperature: logits divided by 0) and fail inside the run; they mean "argmax" anyway.
@@ -226,16 +227,31 @@ class ProphetParams(SpeculativeParams):
     merges the prompt-lookup continuation into the tree as one more branch
     (greedy only, ``drafting/merged.py``): replies often restate the prompt just
     where the head, with little answer to attend to yet, is weakest.
+    ``budget``: ``fixed`` verifies the ``tree_nodes`` most probable nodes;
+    ``measured`` grows the tree up to ``tree_nodes`` (0: ``drafting.dynamic.
+    MEASURED_NODES``) and verifies the most probable prefix that maximizes
+    expected tokens per ms of the target's verify forward, timed on this machine
+    (``drafting/budget.py``, ``runtime/forward_cost.py``). Not the default: on the
+    AMD EPYC it raised tokens per forward but not speed (BENCHMARKS.md).
     """
     draft_tokens: int = 6
     adaptive: bool = False
     confidence_threshold: float = 0.1
     tree: bool = True
     lookup: bool = True
+    budget: str = "fixed"
+    CHOICES = {"budget": BUDGETS}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_bool("lookup", self.lookup)
+        if not isinstance(self.budget, str) or self.budget not in BUDGETS:
+            raise ValueError(f"budget must be one of {', '.join(BUDGETS)} (fixed: the tree_nodes most probable "
+                             f"nodes; measured: as many as pay for their measured verify cost), "
+                             f"got {_shown(self.budget)}")
+        if self.budget == "measured" and not self.tree:
+            raise ValueError("budget=measured chooses how many tree nodes to verify; it needs tree=true "
+                             "(or budget=fixed for a chain)")
 
 
 @dataclass(frozen=True)

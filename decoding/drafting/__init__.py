@@ -14,6 +14,7 @@ import torch
 
 from decoding.drafting.assistant import AssistantDrafter, check_vocabularies
 from decoding.drafting.base import Drafter, DraftLength, Proposal
+from decoding.drafting.dynamic import tree_shape
 from decoding.drafting.lookup import PromptLookupDrafter
 from decoding.drafting.merged import with_lookup
 from decoding.drafting.prophet import ProphetDrafter
@@ -21,6 +22,7 @@ from decoding.drafting.suffix import SuffixDrafter, SuffixHistory
 from decoding.drafting.universal import UniversalDrafter, shares_tokenizer
 from decoding.params import MAX_DRAFT, MAX_TREE_NODES
 from decoding.runtime.attention import supports_trees
+from decoding.runtime.forward_cost import forward_cost
 from decoding.runtime.head import prophet_for
 from decoding.tracer import NULL_TRACER
 
@@ -36,7 +38,8 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     * ``suffix``: suffix trees over the context and the run's history (``context.history``, when
       ``params.history``);
     * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees merged
-      with a prompt-lookup branch (``lookup``, greedy only: ``merged.py``);
+      with a prompt-lookup branch (``lookup``, greedy only: ``merged.py``); with ``budget="measured"``, the
+      target's verify-forward cost curve (``runtime/forward_cost.py``, timed at its first use, kept on it);
     * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's), or the
       prophet head when the pair has no assistant.
     """
@@ -53,7 +56,10 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
         if pair.target.is_encoder_decoder:
             raise ValueError("the prophet head drafts for decoder-only targets")
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)
-        drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng)
+        cost = None
+        if params.tree and getattr(params, "budget", "fixed") == "measured":   # timed once per model
+            cost = forward_cost(pair.target, 1 + tree_shape(params, pair.target.device)[1], fast=params.fast)
+        drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng, cost=cost)
         if kind == "prophet" and params.tree and params.lookup:   # a prompt-lookup branch in the tree
             return with_lookup(drafter, params)
         return drafter

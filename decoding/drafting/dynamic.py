@@ -13,7 +13,11 @@ and returns the log-probabilities of their children. Then:
    probability is below ``threshold``;
 4. the whole tree is reranked by score and cut to the ``budget`` best nodes. A
    child never scores above its parent (log-probabilities are <= 0) and ties go to
-   the earlier node, so the kept set contains every kept node's ancestors.
+   the earlier node, so the kept set contains every kept node's ancestors
+   (``budget.rank_nodes`` makes sure of it whatever the scores);
+5. ``choose`` (optional) then cuts that ranking shorter: given the kept nodes'
+   path probabilities, best first, it returns how many to verify (the prophet's
+   measured budget, ``drafting/budget.py``).
 
 Sampling (``sample=True``): children are drawn without replacement by the
 Gumbel-top-k trick, in draw order, and a sibling's score is capped by the
@@ -31,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from decoding.drafting.base import Proposal
+from decoding.drafting.budget import rank_nodes
 from decoding.tree import TokenTree
 
 # (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` (BENCHMARKS.md). On the
@@ -42,11 +47,18 @@ from decoding.tree import TokenTree
 # than 12 (geomean) on all 16 held-out prompts in one run. GPU: EAGLE-2's published setting (top-k 10,
 # 60 nodes): a wide verify forward costs about one narrow one there.
 TREE_DEFAULTS = {"cpu": (4, 8), "cuda": (10, 60)}
+# With the prophet's measured budget (``budget="measured"``, drafting/budget.py) ``tree_nodes`` is the most
+# nodes the rule may keep; 0 means these. The rule trims where the measured forward costs say so.
+MEASURED_NODES = {"cpu": 32, "cuda": 64}
 
 
 def tree_shape(params: Any, device: Any) -> tuple[int, int]:
-    """``(topk, nodes)`` for ``params`` on ``device``: the parameters, or the device's defaults where they are 0."""
-    topk, nodes = TREE_DEFAULTS.get(getattr(device, "type", str(device)), TREE_DEFAULTS["cpu"])
+    """``(topk, nodes)`` for ``params`` on ``device``: the parameters, or the device's defaults where they are 0
+    (under a measured budget, ``nodes`` is the most it may keep)."""
+    kind = getattr(device, "type", str(device))
+    topk, nodes = TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cpu"])
+    if getattr(params, "budget", "fixed") == "measured":
+        nodes = MEASURED_NODES.get(kind, MEASURED_NODES["cpu"])
     return params.tree_topk or topk, params.tree_nodes or nodes
 
 
@@ -88,7 +100,8 @@ def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator
 
 def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor], *, depth: int, topk: int,
          budget: int, threshold: float = 0.0, sample: bool = False, rng: Optional[torch.Generator] = None,
-         ids: Optional[torch.Tensor] = None, vocab: Optional[int] = None) -> Proposal:
+         ids: Optional[torch.Tensor] = None, vocab: Optional[int] = None,
+         choose: Optional[Callable[[list[float]], int]] = None) -> Proposal:
     """A dynamic tree below ``root`` (log-probs ``[V']`` of the token after the newest committed one).
 
     ``ids [V']`` maps row indices to token ids (None: the identity). With ``sample``,
@@ -126,7 +139,10 @@ def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor]
             g.rows.append(row)
             frontier += add_children(node, len(g.rows) - 1, g.scores[node], d)
     # 3. rerank everything grown and keep the budget's best (ancestor-closed, sibling-prefix-closed)
-    keep = sorted(range(len(g.tokens)), key=lambda i: (-g.scores[i], i))[:budget]
+    keep = rank_nodes(g.scores, g.parents)[:budget]
+    # 4. optionally fewer: the prefix of that ranking worth its verify forward
+    if choose is not None:
+        keep = keep[:max(0, min(len(keep), int(choose([math.exp(g.scores[i]) for i in keep]))))]
     tree, kept = TokenTree(tuple(g.tokens), tuple(g.parents)).subtree(keep)
     q_token = [round(math.exp(g.own[i]), 6) for i in kept]
     q = None

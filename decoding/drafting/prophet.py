@@ -11,7 +11,11 @@ feature gives the first draft distribution. Then either
 * an EAGLE-2 dynamic tree (``tree=true``, ``drafting/dynamic.py``): each depth
   runs the head once over the ``tree_topk`` most probable nodes of the newest
   depth, every node attending to the committed pairs and its own ancestors; the
-  tree is cut to the ``tree_nodes`` most probable nodes.
+  tree is cut to the ``tree_nodes`` most probable nodes; or, with
+  ``budget="measured"``, to the most probable prefix worth its verify forward
+  on this machine (``drafting/budget.py``: expected tokens per ms, from the
+  target's measured forward-cost curve ``cost``). The chosen sizes and their
+  predicted gains are in ``stats()["tree_budget"]``.
 
 ``q_draft`` is zero outside the head's draft vocabulary; verification always uses
 the target's full vocabulary, so greedy output is exactly greedy's whatever the
@@ -26,6 +30,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from decoding.drafting.base import Drafter, Proposal
+from decoding.drafting.budget import Budget, Cost, choose_budget
 from decoding.drafting.dynamic import Growth, grow, tree_shape, visible_ancestors
 from decoding.events import ForwardPass
 from decoding.sampling import probs as filtered_probs
@@ -38,19 +43,26 @@ class ProphetDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, prophet: Any, params: Any, *, tracer: Any = NULL_TRACER, clock: Any = None,
-                 rng: Optional[torch.Generator] = None) -> None:
+                 rng: Optional[torch.Generator] = None, cost: Optional[Cost] = None) -> None:
+        """``cost``: the target's verify-forward cost c(T) in ms (``runtime/forward_cost.py``), needed by
+        ``budget="measured"``."""
         super().__init__()
         self.prophet, self.params, self.rng, self.tracer = prophet, params, rng, tracer
         self.clock = clock or (lambda: 0)
         self.greedy = params.is_greedy
         self.keep_q = not self.greedy or tracer.enabled
         self.threshold = float(params.confidence_threshold or 0.0)
+        self.measured = getattr(params, "budget", "fixed") == "measured" and bool(params.tree)
+        if self.measured and cost is None:
+            raise ValueError("budget=measured needs the target's forward-cost curve (make_drafter measures it)")
+        self.cost = cost
         self.begin(())
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.state = self.prophet.new_state()
         self._pending: list[tuple[torch.Tensor, list[int]]] = []
         self._last: Optional[torch.Tensor] = None
+        self.budgets: list[Budget] = []          # the measured budget's choice at each tree step
 
     def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
         """Newly committed tokens and the target's last-layer states ``[m, H]`` that predicted them."""
@@ -68,7 +80,7 @@ class ProphetDrafter(Drafter):
         logits0 = self.prophet.draft_logits(g0)                                   # [1, Vd]
         self._count(1, t0)
         if self.params.tree:
-            return self._tree(g0, logits0, k)
+            return self._tree(g0, logits0, k, t0)
         return self._chain(g0, logits0[0], k)
 
     def _count(self, positions: int, t0: float) -> None:
@@ -129,7 +141,7 @@ class ProphetDrafter(Drafter):
             return logits.float().log_softmax(-1)
         return filtered_probs(self._full_logits(logits), self.params).log()
 
-    def _tree(self, g0: torch.Tensor, logits0: torch.Tensor, depth: int) -> Proposal:
+    def _tree(self, g0: torch.Tensor, logits0: torch.Tensor, depth: int, t_start: float) -> Proposal:
         p = self.prophet
         n = self.state.n
         feats: dict[int, torch.Tensor] = {-1: g0}          # node -> the head's output feature there
@@ -150,6 +162,32 @@ class ProphetDrafter(Drafter):
             self._count(len(nodes), t0)
             return rows
 
+        def choose(path_probs: list[float]) -> int:
+            """The measured budget: this step's drafting so far is the d of drafting/budget.py."""
+            chosen = choose_budget(path_probs, self.cost, (time.perf_counter() - t_start) * 1e3)
+            self.budgets.append(chosen)
+            return chosen.nodes
+
         topk, nodes = tree_shape(self.params, p.device)
-        return grow(self._rows(logits0)[0], expand, depth=depth, topk=topk, budget=nodes, threshold=self.threshold, sample=not self.greedy, rng=self.rng,
-                    ids=p.vocab if self.greedy else None, vocab=p.full_to_draft.shape[0])
+        return grow(self._rows(logits0)[0], expand, depth=depth, topk=topk, budget=nodes, threshold=self.threshold,
+                    sample=not self.greedy, rng=self.rng, ids=p.vocab if self.greedy else None,
+                    vocab=p.full_to_draft.shape[0], choose=choose if self.measured else None)
+
+    # ------------------------------------------------------------------ what it reports
+    def stats(self) -> dict:
+        """With a measured budget: ``tree_budget`` (means over the steps, and the cost curve's points) and
+        ``tree_budget_nodes`` (the nodes kept at each step)."""
+        if not self.measured:
+            return {}
+        b, n = self.budgets, max(1, len(self.budgets))
+        summary = {"mode": "measured", "steps": len(b),
+                   "mean_offered_nodes": round(sum(x.offered for x in b) / n, 3),
+                   "mean_kept_nodes": round(sum(x.nodes for x in b) / n, 3),
+                   "mean_expected_tokens": round(sum(x.expected for x in b) / n, 4),
+                   "mean_predicted_ms": round(sum(x.ms for x in b) / n, 4),
+                   "mean_predicted_gain": round(sum(x.gain for x in b) / n, 4),
+                   "mean_predicted_speedup": round(sum(x.predicted_speedup for x in b) / n, 4)}
+        record = getattr(self.cost, "record", None)
+        if callable(record):
+            summary.update(record())
+        return {"tree_budget": summary, "tree_budget_nodes": [x.nodes for x in b]}
