@@ -23,6 +23,8 @@ import argparse
 
 import torch
 
+from common import generate_new_tokens, median, remeasure_kernels, timed, write_json  # first: it puts the repository root on sys.path
+
 from decoding.harness.runner import encode_prompt, environment
 from decoding.params import GreedyParams
 from decoding.runtime.kernel_choice import REPEATS
@@ -30,8 +32,6 @@ from decoding.runtime.models import load_model
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 from decoding.tracer import NULL_TRACER, Tracer
-
-from common import generate_new_tokens, median, remeasure_kernels, timed, write_json
 
 PROMPTS = [
     "Explain in a short paragraph why the sky looks blue.",

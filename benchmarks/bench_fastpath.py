@@ -19,6 +19,8 @@ import argparse
 
 import torch
 
+from common import generate_new_tokens, median, timed, write_json  # first: it puts the repository root on sys.path
+
 from decoding.harness.bench import measure_bandwidth, weight_bytes
 from decoding.harness.runner import encode_prompt
 from decoding.params import GreedyParams
@@ -26,8 +28,6 @@ from decoding.runtime import fastpath
 from decoding.runtime.models import load_model, wrap_model
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
-
-from common import generate_new_tokens, median, timed, write_json
 
 PROMPTS = [
     "Explain in a short paragraph why the sky looks blue.",

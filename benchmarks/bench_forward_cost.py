@@ -27,14 +27,14 @@ import argparse
 
 import torch
 
+from common import median, remeasure_kernels, timed, write_json  # first: it puts the repository root on sys.path
+
 from decoding.harness.runner import environment
 from decoding.runtime import kernels
 from decoding.runtime.kernel_choice import REPEATS
 from decoding.runtime.models import load_model
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
-
-from common import median, remeasure_kernels, timed, write_json
 
 WIDTHS = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 64, 128)
 

@@ -24,8 +24,12 @@ MAX_NEW, REPEATS = 64, 2
 
 
 def main(args: list[str]) -> None:
+    usage = "usage: bench_prophet_heads.py NAME:FILE [NAME:FILE ...]  (prophet heads against greedy)"
+    if args and args[0] in ("-h", "--help"):
+        print(usage)
+        return
     if not args or any(":" not in a for a in args):
-        raise SystemExit("usage: bench_prophet_heads.py NAME:FILE [NAME:FILE ...]")
+        raise SystemExit(usage)
     torch.set_num_threads(2)
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}", flush=True)
     target = load_model("smollm2-135m-instruct")

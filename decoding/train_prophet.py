@@ -30,6 +30,7 @@ Example (the command used for the shipped weights is in presets/prophet/README.m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -350,25 +351,30 @@ class Answers:
     state ``hidden[i + j + 1]`` is the target's feature for it.
     """
 
-    def __init__(self, records: list[dict], depth: int) -> None:
+    def __init__(self, records: list[dict], depth: int, layers: bool = False) -> None:
         self.depth = depth
-        self.records = [r for r in records if len(r["tokens"]) >= 2]
+        self.layers = layers     # batches carry each record's intermediate-layer states (a fusion head)
+        self.records = [r for r in records if len(r["tokens"]) >= 2 and (not layers or "layers" in r)]
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def batch(self, idx: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden [B, S, H] float32, tokens [B, S] long with -1 after each answer)."""
+    def batch(self, idx: Any) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(hidden [B, S, H] float32, tokens [B, S] long with -1 after each answer, and with ``layers``
+        the intermediate states [B, S, k, H] float32, else None)."""
         rs = [self.records[int(i)] for i in idx]
         S = max(len(r["tokens"]) for r in rs)
         H = rs[0]["hidden"].shape[1]
         hidden = torch.zeros(len(rs), S, H)
         tokens = torch.full((len(rs), S), -1, dtype=torch.long)
+        extra = torch.zeros(len(rs), S, rs[0]["layers"].shape[1], H) if self.layers else None
         for b, r in enumerate(rs):
             L = len(r["tokens"])
             hidden[b, :L] = r["hidden"].float()
             tokens[b, :L] = r["tokens"]
-        return hidden, tokens
+            if extra is not None:
+                extra[b, :L] = r["layers"].float()
+        return hidden, tokens, extra
 
 
 def _ahead(x: torch.Tensor, depth: int, fill: float) -> torch.Tensor:
@@ -385,7 +391,8 @@ def _labels(tokens: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def unrolled_loss(prophet: Prophet, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
-                  kl_weight: float, feat_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  kl_weight: float, feat_weight: float, extra: Optional[torch.Tensor] = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Loss over every anchor and draft step; also (correct [D], counted [D]) top-1 agreement per step.
 
     Cross-entropy on the target's greedy tokens (a step only matters when every
@@ -393,7 +400,7 @@ def unrolled_loss(prophet: Prophet, hidden: torch.Tensor, tokens: torch.Tensor, 
     tokens are the inputs), KL to the target's distribution over the draft
     vocabulary, and a regression of the head's features onto the target's.
     """
-    out, f = prophet.forward_train(hidden, tokens.clamp_min(0), depth)     # [B, D, S, Vd], [B, D, S, H]
+    out, f = prophet.forward_train(hidden, tokens.clamp_min(0), depth, extra)   # [B, D, S, Vd], [B, D, S, H]
     full = _labels(tokens, depth)                                           # [B, D, S]
     valid = full >= 0
     labels = prophet.to_draft_ids(full)
@@ -428,8 +435,9 @@ def evaluate(prophet: Prophet, data: Answers, batch: int = 16) -> dict:
     top1 = torch.zeros(D)
     counted = torch.zeros(D)
     for start in range(0, len(data), batch):
-        hidden, tokens = (t.to(prophet.device) for t in data.batch(range(start, min(start + batch, len(data)))))
-        out, _ = prophet.forward_train(hidden, tokens.clamp_min(0), D)
+        hidden, tokens, extra = (None if t is None else t.to(prophet.device)
+                                 for t in data.batch(range(start, min(start + batch, len(data)))))
+        out, _ = prophet.forward_train(hidden, tokens.clamp_min(0), D, extra)
         full = _labels(tokens, D)
         labels = prophet.to_draft_ids(full)
         valid = full >= 0
@@ -475,9 +483,10 @@ def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Na
             group["lr"] = args.lr * lr_factor(step, args.steps, (time.time() - t_begin) / (args.train_minutes * 60),
                                               start_step)
         idx = torch.randint(len(train_set), (args.batch,), generator=gen)
-        hidden, tokens = (t.to(prophet.device) for t in train_set.batch(idx))
+        hidden, tokens, extra = (None if t is None else t.to(prophet.device) for t in train_set.batch(idx))
         with torch.autocast(prophet.device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, correct, counted = unrolled_loss(prophet, hidden, tokens, train_set.depth, args.kl, args.feat)
+            loss, correct, counted = unrolled_loss(prophet, hidden, tokens, train_set.depth, args.kl, args.feat,
+                                                   extra)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -506,6 +515,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
+    p.add_argument("--tf32", action="store_true",
+                   help="TensorFloat-32 matrix products for the float32 target on a GPU (faster data; its greedy "
+                        "answers may differ from float32's in rare near-ties)")
     p.add_argument("--data-dir", type=Path, default=None, help="default: user cache dir/prophet-data/<target>")
     p.add_argument("--out-dir", type=Path, default=Path("out/prophet"))
     p.add_argument("--resume", action="store_true", help="continue from --out-dir/checkpoint.pt")
@@ -529,6 +541,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="--data mix: processes sharing the data folder")
     p.add_argument("--worker", type=int, default=0, help="--data mix: this process's index among --workers")
     p.add_argument("--data-only", action="store_true", help="make the data, then stop")
+    p.add_argument("--store-layers", type=_indices, default=(),
+                   help="--data mix: also keep these hidden-state indices (e.g. 2,15: outputs of decoder layers 2 "
+                        "and 15) for the held-out units and one training unit in --layers-every")
+    p.add_argument("--layers-every", type=int, default=4, help="--store-layers: one training unit in this many")
+    p.add_argument("--min-free-gb", type=float, default=0.0, help="--data mix: stop generating below this free disk")
+    p.add_argument("--feature-layers", type=_indices, default=(),
+                   help="train an EAGLE-3-style head that fuses these hidden-state indices with the last layer "
+                        "(needs data made with the same --store-layers; trains on those units only)")
+    p.add_argument("--only-layered", action="store_true",
+                   help="train on the units that stored layer states only, without using them (the same-data "
+                        "baseline for a --feature-layers head)")
+    p.add_argument("--new-vocab", action="store_true",
+                   help="with --init-from: a fresh draft vocabulary (--vocab most frequent tokens of this data) "
+                        "instead of the file's")
     p.add_argument("--vocab", type=int, default=4096, help="draft vocabulary size (most frequent tokens)")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--depth", type=int, default=5, help="draft positions unrolled in training")
@@ -552,6 +578,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
+
+
+def _indices(text: str) -> tuple[int, ...]:
+    """``"2,15"`` -> ``(2, 15)``: hidden-state indices (argparse type)."""
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices like 2,15; got {text!r}")
+    if any(i < 0 for i in out):
+        raise argparse.ArgumentTypeError(f"layer indices must be >= 0; got {text!r}")
+    return out
 
 
 def bf16_is_native(device: torch.device) -> bool:
@@ -588,10 +625,17 @@ def mixed_data(lm: Any, args: argparse.Namespace) -> tuple[list[dict], list[dict
     if not args.skip_data:
         generate_mix(lm, data_dir, units=args.units, minutes=args.gen_minutes, batch=args.gen_batch,
                      max_new=args.max_new, worker=args.worker, workers=args.workers, exclude=exclude,
-                     templates=lambda n, seed: build_prompts(n, seed=seed, exclude=frozenset(exclude)))
-    train_records, held, counts = final_records(data_dir, exclude)
+                     templates=lambda n, seed: build_prompts(n, seed=seed, exclude=frozenset(exclude)),
+                     store_layers=args.store_layers, layers_every=args.layers_every, min_free_gb=args.min_free_gb)
+    if args.data_only:
+        return [], [], time.time() - t0
+    train_records, held, counts = final_records(data_dir, exclude,
+                                                layers=bool(args.feature_layers) or args.only_layered)
+    if args.only_layered:   # the same records as a fusion head, without their layer states
+        for r in train_records + held:
+            r.pop("layers", None)
     print(f"mixed data in {data_dir}: {json.dumps(counts)}")
-    if not args.data_only and (len(train_records) < 2 or not held):
+    if len(train_records) < 2 or not held:
         raise SystemExit(f"not enough mixed data in {data_dir}; run without --skip-data")
     return held, train_records, time.time() - t0
 
@@ -615,6 +659,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tf32:
+        torch.set_float32_matmul_precision("high")
     torch.manual_seed(args.seed)
     t_start = time.time()
     lm = load_model(args.target, device=args.device, dtype=torch.float32)
@@ -656,25 +702,37 @@ def main(argv: Optional[list[str]] = None) -> dict:
         raise SystemExit("--resume and --init-from both name a starting point; pick one")
     if args.init_from:
         ckpt = initial_checkpoint(args.init_from, lm)
+    fresh_fusion = False
     if ckpt:
         config = ProphetConfig(**ckpt["config"])
         vocab = ckpt["vocab"]
+        if args.init_from and args.feature_layers and not config.feature_layers:
+            config = dataclasses.replace(config, feature_layers=tuple(args.feature_layers))
+            fresh_fusion = True
+        if args.init_from and args.new_vocab:
+            vocab = draft_vocabulary(train_records, args.vocab, lm.eos_token_ids)
     else:
-        config = ProphetConfig.for_target(lm, layers=args.layers, context=args.context)
+        config = ProphetConfig.for_target(lm, layers=args.layers, context=args.context,
+                                          feature_layers=args.feature_layers)
         vocab = draft_vocabulary(train_records, args.vocab, lm.eos_token_ids)
+    if config.feature_layers and tuple(config.feature_layers) != tuple(args.feature_layers or config.feature_layers):
+        raise SystemExit(f"--feature-layers {args.feature_layers} differ from the checkpoint's {config.feature_layers}")
     prophet = Prophet(config, lm, vocab)
     if ckpt:
-        prophet.load_trainable(ckpt["model"])
+        prophet.load_trainable(ckpt["model"], fresh_fusion=fresh_fusion)
     elif args.init_from_target:
         prophet.init_from_target(lm)
     prophet.train()
+    fusion = bool(config.feature_layers)
     coverage = float(torch.isin(torch.cat([r["tokens"] for r in held]), vocab).float().mean())
     print(f"prophet: {prophet.num_trainable()} trainable parameters, draft vocab {len(vocab)} "
           f"(held-out token coverage {coverage:.3f})")
     t0 = time.time()
     if args.init_from:
-        print(f"starting from {args.init_from}: held-out {json.dumps(evaluate(prophet, Answers(held, args.depth)))}")
-    log = train(prophet, Answers(train_records, args.depth), Answers(held, args.depth), args, args.out_dir,
+        print(f"starting from {args.init_from}: held-out "
+              f"{json.dumps(evaluate(prophet, Answers(held, args.depth, fusion)))}")
+    log = train(prophet, Answers(train_records, args.depth, fusion), Answers(held, args.depth, fusion), args,
+                args.out_dir,
                 start_step=ckpt["step"] if ckpt else 0, optim_state=ckpt.get("optim") if ckpt else None)
     summary = {"target": args.target, "train_responses": len(train_records), "train_tokens": n_tokens,
                "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),

@@ -353,7 +353,8 @@ def test_rotary_angles_are_computed_in_float32_under_bfloat16():
 
 # --------------------------------------------------------------------------- the shipped head's speed features
 
-FIXED = "What is 17 multiplied by 23? Show your steps."
+# A prompt of no benchmark and no training source (the shipped head is trained on self-written prompts now)
+FIXED = "Write a Python function that checks whether a number is prime."
 
 
 def _fixed_run(bundled, **kw):
@@ -364,10 +365,10 @@ def _fixed_run(bundled, **kw):
 
 
 def test_shipped_head_reads_the_hidden_states_and_its_vocabulary_map(bundled, monkeypatch):
-    """Measured on this prompt: 2.0 tokens per target forward; a head fed zeros instead of the target's states,
-    or with its draft-vocabulary map off by one, falls to about 1.1-1.3."""
+    """Measured on this prompt: 3.6 tokens per target forward; a head fed zeros instead of the target's states
+    falls to 1.5, one with its draft-vocabulary map off by one to 1.05."""
     good = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
-    assert good >= 1.7
+    assert good >= 2.5
     original = ProphetDrafter.observe
     monkeypatch.setattr(ProphetDrafter, "observe", lambda self, h, t: original(self, torch.zeros_like(h), t))
     blind = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
@@ -375,7 +376,7 @@ def test_shipped_head_reads_the_hidden_states_and_its_vocabulary_map(bundled, mo
     head = prophet_for(bundled)
     monkeypatch.setattr(head, "vocab", head.vocab + 1)
     shifted = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
-    assert blind <= good - 0.5 and shifted <= good - 0.5, (good, blind, shifted)
+    assert blind <= good - 1.0 and shifted <= good - 1.0, (good, blind, shifted)
 
 
 def test_the_tree_accepts_more_per_forward_than_the_chain(bundled):
@@ -388,7 +389,7 @@ def test_the_tree_accepts_more_per_forward_than_the_chain(bundled):
 def test_raising_the_confidence_threshold_drafts_fewer_tokens(bundled):
     low = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.0)
     high = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.6)
-    assert high.stats["drafted"] <= low.stats["drafted"] // 2
+    assert high.stats["drafted"] <= low.stats["drafted"] * 0.75       # measured: 40 vs 67
     low_t = _fixed_run(bundled, confidence_threshold=0.0, lookup=False)
     high_t = _fixed_run(bundled, confidence_threshold=0.6, lookup=False)
     assert high_t.stats["gamma"] < low_t.stats["gamma"]                 # shallower trees

@@ -82,10 +82,13 @@ def _fake_model(monkeypatch, calls):
         return [f" request number {seed} about topic {rng.randrange(10**6)} {i} with more words" for i in
                 range(len(prefixes))]
 
-    def answer(lm, conversations, max_new):
-        calls.append(("answer", len(conversations)))
-        return [{"tokens": torch.tensor([5, 6, 0]), "hidden": torch.zeros(3, 4, dtype=torch.float16),
-                 "conversation": c, "answer": "an answer " * 30} for c in conversations]
+    def answer(lm, conversations, max_new, layers=()):
+        calls.append(("answer", len(conversations), tuple(layers)))
+        out = [{"tokens": torch.tensor([5, 6, 0]), "hidden": torch.zeros(3, 4, dtype=torch.float16),
+                "conversation": c, "answer": "an answer " * 30} for c in conversations]
+        for r in out if layers else ():
+            r["layers"] = torch.full((3, len(layers), 4), float(sum(layers)), dtype=torch.bfloat16)
+        return out
     monkeypatch.setattr(prophet_data, "sample_user_turns", sample)
     monkeypatch.setattr(prophet_data, "answer", answer)
 
@@ -139,3 +142,40 @@ def test_the_mix_keeps_near_duplicates_of_benchmark_prompts_out_of_its_template_
                               templates=lambda n, seed: build_prompts(n, seed=seed, exclude=frozenset(bench)))
     train, _, _ = prophet_data.final_records(tmp_path, exclude=bench)
     assert len(train) > 300 and not any(d.duplicate(r["prompt"]) for r in train)
+
+
+def test_layer_states_are_kept_for_the_held_units_and_a_rotating_share_of_the_rest(tmp_path, monkeypatch):
+    """--store-layers: every held-out unit and one training unit in ``every`` keep intermediate states,
+    rotating through the schedule so each source is represented; the training side of a fusion head
+    (final_records(layers=True)) is exactly those units' records, with their states attached."""
+    n_held, n_src = len(prophet_data.HELD), len(prophet_data.SCHEDULE)
+    every = 4
+    picked = [u for u in range(n_held, n_held + every * n_src) if prophet_data.layered_unit(u, every)]
+    assert len(picked) == n_src                                              # one in four
+    assert {prophet_data.source_of(u).name for u in picked} == {s.name for s in prophet_data.SCHEDULE}
+    assert all(prophet_data.layered_unit(u, every) for u in range(n_held))
+    calls: list = []
+    _fake_model(monkeypatch, calls)
+    templates = lambda n, seed: [f"template prompt {seed} {i} about something" for i in range(n)]   # noqa: E731
+    units = n_held + 8
+    prophet_data.generate_mix(FakeLM(), tmp_path, units=units, minutes=5, batch=4, templates=templates,
+                              store_layers=(2, 15), layers_every=every)
+    layered = {f.name for f in (tmp_path / prophet_data.LAYERS_DIR).glob("*.pt")}
+    want = {f.name for f in prophet_data.unit_files(tmp_path) if prophet_data.layered_unit(int(f.name[1:6]), every)}
+    assert layered == want and len(layered) < units
+    assert all(("layers" in r) is False for r in prophet_data.load_units(tmp_path))     # not unless asked
+    train, held, _ = prophet_data.final_records(tmp_path, layers=True)
+    assert held and train and all(r["layers"].shape == (3, 2, 4) and float(r["layers"][0, 0, 0]) == 17
+                                  for r in train + held)
+    assert {r["unit"] for r in train} == {int(n[1:6]) for n in want} - set(range(n_held))
+    all_train, _, _ = prophet_data.final_records(tmp_path)
+    assert len(all_train) > len(train)
+
+
+def test_generation_stops_when_the_disk_fills(tmp_path, monkeypatch):
+    import shutil
+    calls: list = []
+    _fake_model(monkeypatch, calls)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: type("U", (), {"free": 5 * 10**9})())
+    assert prophet_data.generate_mix(FakeLM(), tmp_path, units=3, minutes=5, batch=4, min_free_gb=10) == 0
+    assert prophet_data.generate_mix(FakeLM(), tmp_path, units=3, minutes=5, batch=4, min_free_gb=1) == 3

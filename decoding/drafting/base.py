@@ -86,6 +86,7 @@ class Drafter:
     source = "draft"
     accepted_source = "accepted"
     needs_hidden = False
+    hidden_layers: tuple = ()   # with needs_hidden: intermediate hidden-state indices wanted too
     forwards = 0               # the drafter's own model forwards (0 for model-free drafters)
 
     def __init__(self) -> None:

@@ -41,6 +41,7 @@ class MergedDrafter(Drafter):
         self.source = primary.source
         self.accepted_source = primary.accepted_source
         self.needs_hidden = primary.needs_hidden
+        self.hidden_layers = primary.hidden_layers
 
     @property
     def forwards(self) -> int:

@@ -56,6 +56,7 @@ class ProphetDrafter(Drafter):
         if self.measured and cost is None:
             raise ValueError("budget=measured needs the target's forward-cost curve (make_drafter measures it)")
         self.cost = cost
+        self.hidden_layers = tuple(prophet.config.feature_layers)
         self.begin(())
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -65,7 +66,8 @@ class ProphetDrafter(Drafter):
         self.budgets: list[Budget] = []          # the measured budget's choice at each tree step
 
     def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
-        """Newly committed tokens and the target's last-layer states ``[m, H]`` that predicted them."""
+        """Newly committed tokens and the target's last-layer states ``[m, H]`` that predicted them (for a
+        layer-fusion head ``[m, (1 + k) H]``: the last layer's, then each of ``hidden_layers``')."""
         m = min(hidden.shape[0], len(tokens))
         if m:
             self._pending.append((hidden[:m], list(tokens[:m])))
@@ -96,7 +98,9 @@ class ProphetDrafter(Drafter):
             hidden = torch.cat([h for h, _ in self._pending]).to(p.dtype)
             ids = torch.tensor([t for _, toks in self._pending for t in toks], device=p.device)
             self._pending.clear()
-            self._last = p.extend(self.state, hidden, ids)
+            H, k = p.config.hidden, len(self.hidden_layers)
+            extra = hidden[:, H:].reshape(-1, k, H) if k else None   # [last | layer i | ...] from the session
+            self._last = p.extend(self.state, hidden[:, :H], ids, extra)
         return self._last
 
     def _full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,15 @@ def capacity_for(positions: int) -> int:
     return -(-max(positions, 1) // BUCKET) * BUCKET
 
 
+
+def pick_states(states: tuple, hidden: Any) -> torch.Tensor:
+    """The hidden states a caller asked for: ``hidden`` True = the last layer's ``[B, T, H]``; a tuple of
+    hidden-state indices = the last layer's followed by those layers', concatenated ``[B, T, (1 + k) H]``
+    (a layer-fusion prophet head's input)."""
+    if hidden is True or not isinstance(hidden, tuple):
+        return states[-1]
+    return torch.cat([states[-1]] + [states[i] for i in hidden], dim=-1)
+
 class StaticRunner:
     """One static KV cache of ``capacity`` positions and the graphs captured over it."""
 
@@ -147,7 +156,7 @@ class StaticRunner:
             kwargs["output_hidden_states"] = True
         out = self.model(**kwargs)
         logits = out.logits[:, -1:] if last_only else out.logits
-        return logits.float(), (out.hidden_states[-1] if hidden else None)
+        return logits.float(), (pick_states(out.hidden_states, hidden) if hidden else None)
 
     def _write_position(self) -> torch.Tensor:
         """The cache's write counter as a device tensor (data, so a graph reads its current value)."""

@@ -59,6 +59,12 @@ class ProphetConfig:
     target_vocab: int = 0
     target: str = ""
     context: bool = False      # attend to every committed answer pair (EAGLE-style), not just the newest
+    # EAGLE-3-style fusion: indices into the target's hidden-state tuple (0 = embeddings, i = output of
+    # decoder layer i) whose states join the last-layer state of each committed pair; () = last layer only
+    feature_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:   # from JSON the indices arrive as a list
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
 
     @property
     def head_dim(self) -> int:
@@ -68,7 +74,8 @@ class ProphetConfig:
         return asdict(self)
 
     @classmethod
-    def for_target(cls, lm: LoadedModel, layers: int = 1, context: bool = True) -> "ProphetConfig":
+    def for_target(cls, lm: LoadedModel, layers: int = 1, context: bool = True,
+                   feature_layers: tuple[int, ...] = ()) -> "ProphetConfig":
         """The target's own layer shape (so its last layers can initialize ours)."""
         c = lm.model.config
         hidden = int(c.hidden_size)
@@ -79,7 +86,7 @@ class ProphetConfig:
         return cls(hidden=hidden, heads=heads, kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
                    intermediate=int(getattr(c, "intermediate_size", None) or 4 * hidden), layers=layers,
                    rope_theta=theta, eps=float(getattr(c, "rms_norm_eps", 1e-5)), target_vocab=lm.vocab_size,
-                   target=lm.name, context=context)
+                   target=lm.name, context=context, feature_layers=tuple(feature_layers))
 
 
 class RMSNorm(nn.Module):
@@ -170,6 +177,13 @@ class Prophet(nn.Module):
             self.fuse.weight.copy_(torch.cat([torch.eye(config.hidden)] * 2, dim=1))
         self.layers = nn.ModuleList(ProphetLayer(config) for _ in range(config.layers))
         self.norm = RMSNorm(config.hidden, config.eps)
+        k = len(config.feature_layers)
+        if k:   # each intermediate state normalized, then [last, low, mid, ...] -> H; starts as "last only"
+            self.feature_norms = nn.ModuleList(RMSNorm(config.hidden, config.eps) for _ in range(k))
+            self.reduce = nn.Linear((k + 1) * config.hidden, config.hidden, bias=False)
+            with torch.no_grad():
+                self.reduce.weight.zero_()
+                self.reduce.weight[:, :config.hidden].copy_(torch.eye(config.hidden))
         device = target.device
         self.to(device)
         # frozen target pieces: not parameters, not in the state dict, never saved
@@ -218,6 +232,19 @@ class Prophet(nn.Module):
             self.kernels = "fp16-weights" if use_half else "onednn-packed"
         return swapped
 
+    def features(self, hidden: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The state a committed pair feeds: the last-layer state ``hidden [..., H]``, fused with the
+        intermediate layers' states ``extra [..., k, H]`` (``config.feature_layers``) when the head uses them."""
+        k = len(self.config.feature_layers)
+        if not k:
+            return hidden
+        if extra is None or extra.shape[-2] != k:
+            raise ValueError(f"this prophet head fuses the target's layers {self.config.feature_layers}; "
+                             f"their states were not given")
+        parts = [hidden.to(self.dtype)] + [norm(extra[..., i, :].to(self.dtype))
+                                           for i, norm in enumerate(self.feature_norms)]
+        return self.reduce(torch.cat(parts, dim=-1))
+
     def _fuse(self, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.fuse(torch.cat([g.to(self.dtype), self.embed[tokens].to(self.dtype)], dim=-1))
 
@@ -225,16 +252,19 @@ class Prophet(nn.Module):
     def new_state(self) -> ProphetState:
         return ProphetState(len(self.layers))
 
-    def extend(self, state: ProphetState, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Add committed pairs (``hidden [m, H]``, ``tokens [m]``); the newest pair's output feature ``[1, H]``."""
+    def extend(self, state: ProphetState, hidden: torch.Tensor, tokens: torch.Tensor,
+               extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Add committed pairs (``hidden [m, H]``, ``tokens [m]``; ``extra [m, k, H]``: the fused layers'
+        states, for a head with ``config.feature_layers``); the newest pair's output feature ``[1, H]``."""
         if not self.config.context:      # only the newest pair is ever attended to
             state.n += hidden.shape[0] - 1
             hidden, tokens = hidden[-1:], tokens[-1:]
+            extra = None if extra is None else extra[-1:]
             state.keys = [None] * len(self.layers)
             state.values = [None] * len(self.layers)
         m = hidden.shape[0]
         pos = torch.arange(state.n, state.n + m, device=self.device)
-        x = self._fuse(hidden, tokens)[None]                                       # [1, m, H]
+        x = self._fuse(self.features(hidden, extra), tokens)[None]                 # [1, m, H]
         old = 0 if state.keys[0] is None else state.keys[0].shape[2]
         mask = None
         if m > 1:   # the new pairs see every older pair and, causally, each other
@@ -289,11 +319,12 @@ class Prophet(nn.Module):
         return self.draft_nodes(state, scratch, g, token, torch.tensor([state.n - 1 + j], device=self.device))
 
     # ------------------------------------------------------------------ training
-    def forward_train(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_train(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
+                      extra: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every anchor of whole answers at once, unrolled ``depth`` draft steps with teacher tokens.
 
-        ``hidden [B, S, H]``, ``tokens [B, S]`` (>= 0; padding after each answer).
+        ``hidden [B, S, H]``, ``tokens [B, S]`` (>= 0; padding after each answer); ``extra [B, S, k, H]``
+        the fused layers' states for a head with ``config.feature_layers``.
         Returns logits ``[B, D, S, Vd]`` and features ``[B, D, S, H]``: step ``j``
         at anchor ``i`` predicts ``tokens[i + j + 1]``, seeing exactly what the
         drafter would see (committed pairs ``<= i``, or only ``i`` without
@@ -304,7 +335,7 @@ class Prophet(nn.Module):
         pos = torch.arange(S, device=dev)
         eye = torch.eye(S, dtype=torch.bool, device=dev)
         base = torch.ones(S, S, dtype=torch.bool, device=dev).tril() if self.config.context else eye
-        x = self._fuse(hidden, tokens)
+        x = self._fuse(self.features(hidden, extra), tokens)
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
         for layer in self.layers:
@@ -352,8 +383,14 @@ class Prophet(nn.Module):
     def trainable_state(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
 
-    def load_trainable(self, state: dict) -> None:
-        self.load_state_dict({k: v.to(self.dtype) for k, v in state.items()})
+    def load_trainable(self, state: dict, fresh_fusion: bool = False) -> None:
+        """Load trainable weights; ``fresh_fusion``: a head without layer fusion may start a fusion head
+        (its fusion weights keep their "last layer only" start)."""
+        result = self.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=not fresh_fusion)
+        if fresh_fusion:
+            wrong = [k for k in result.missing_keys if not k.startswith(("reduce.", "feature_norms."))]
+            if wrong or result.unexpected_keys:
+                raise ValueError(f"weights do not fit this head: missing {wrong}, unexpected {result.unexpected_keys}")
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters())

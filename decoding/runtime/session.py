@@ -43,6 +43,8 @@ class Session:
         self.positions = 0          # query positions processed, summed over forwards
         self.ms = 0.0               # wall time spent in this model's forwards
         self.last_hidden: Optional[torch.Tensor] = None
+        # hidden-state indices kept beside the last layer's in ``last_hidden`` (a layer-fusion prophet head)
+        self.hidden_layers: tuple[int, ...] = ()
         self._encoder_kwargs: dict = {}
         self._sync = lm.device.type == "cuda"
         # Fast path (decoding/runtime/fastpath.py): a static KV cache with explicit positions and
@@ -133,7 +135,8 @@ class Session:
         ``attention_mask`` is an optional 4D float mask ``[B, 1, T, cache+T]``
         (0 = attend, -inf = blocked) for tree/window layouts; ``position_ids``
         ``[B, T]`` go with it. Without them the forward is plain causal.
-        ``hidden=True`` keeps the last layer's hidden states in ``last_hidden``.
+        ``hidden=True`` keeps the last layer's hidden states in ``last_hidden``, followed by those of
+        ``hidden_layers`` (concatenated on the last dimension) when that is set.
         """
         kwargs: dict = {"past_key_values": self.cache, "use_cache": True}
         if hidden:
@@ -162,14 +165,17 @@ class Session:
             if fast:
                 self._room(ids.shape[-1])
                 logits, states = self.runner.forward(ids, position_ids=position_ids, mask=attention_mask,
-                                                     last_only=last_only, hidden=hidden,
+                                                     last_only=last_only,
+                                                     hidden=(self.hidden_layers or True) if hidden else False,
                                                      capture=kind != "prefill")
             else:
                 out = self.model(**kwargs)
                 logits = out.logits[:, -1:] if last_only else out.logits
                 logits = logits.float()
                 if hidden:
-                    states = (out.decoder_hidden_states if self.lm.is_encoder_decoder else out.hidden_states)[-1]
+                    states = fastpath.pick_states(
+                        out.decoder_hidden_states if self.lm.is_encoder_decoder else out.hidden_states,
+                        self.hidden_layers or True)
         if self._sync and traced:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0

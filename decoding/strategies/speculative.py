@@ -61,6 +61,8 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
                                max_len=len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1)
     out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
     greedy, hidden = params.is_greedy, drafter.needs_hidden
+    if hidden:   # a layer-fusion head reads intermediate layers' states too, from the same forwards
+        target.hidden_layers = tuple(drafter.hidden_layers)
     prompt = list(prompt_ids)
     proc = (context or EMPTY).processors(pair.target, prompt, max_new_tokens)
     drafter.begin(prompt)
