@@ -1,10 +1,16 @@
-"""Shared fixtures: the app launched on a free loopback port."""
+"""Shared fixtures: the app launched on a free loopback port, a headless Chromium page on it, one torch thread."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
+from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+CHROMIUM = "/usr/bin/chromium"
 
 
 def free_port() -> int:
@@ -27,3 +33,36 @@ def app_url():
 def client(app_url):
     from gradio_client import Client
     return Client(app_url, verbose=False)
+
+
+@contextlib.contextmanager
+def chromium_page(url: str, **page_options) -> Iterator:
+    """A page of Debian's headless Chromium (never a downloaded browser) on ``url``, once the app has drawn
+    its strategy picker."""
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.fail("Debian chromium is required for the browser tests (make test installs it)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000}, **page_options)
+        pg.goto(url)
+        pg.wait_for_selector("text=Decoding Playground", timeout=60_000)
+        # the title draws before the rest of the page: wait for the strategy picker too
+        pg.get_by_label("Greedy", exact=True).wait_for(timeout=60_000)
+        try:
+            yield pg
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run thousands of times: thread start-up would dominate on a shared 2-core machine.
+    A module that wants it for every test says ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

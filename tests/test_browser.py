@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
+from conftest import chromium_page
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / os.environ.get("SCREENSHOTS_DIR", "build/screenshots")
 pytestmark = pytest.mark.browser
@@ -84,18 +83,8 @@ CLIPPED = """() => {
 
 @pytest.fixture(scope="module")
 def page(app_url):
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail("Debian chromium is required for the browser tests (make test installs it)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        pg.goto(app_url)
-        pg.wait_for_selector("text=Decoding Playground", timeout=60_000)
+    with chromium_page(app_url, accept_downloads=True) as pg:
         yield pg
-        browser.close()
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / "timings.json"
     try:                               # keep the numbers of tests not run this time (-k)

@@ -7,12 +7,10 @@ column is labelled as transformers', streams its tokens while it runs (the live 
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
+from conftest import chromium_page
 pytestmark = pytest.mark.browser
 HF_LABEL = "transformers generate: greedy"
 
@@ -29,18 +27,8 @@ WATCH_HF = """() => {
 
 @pytest.fixture(scope="module")
 def page(app_url):
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail("Debian chromium is required for the browser tests (make test installs it)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.goto(app_url)
-        pg.wait_for_selector("text=Decoding Playground", timeout=60_000)
+    with chromium_page(app_url) as pg:
         yield pg
-        browser.close()
 
 
 def _tokens(page, strategy: str) -> list[str]:

@@ -28,12 +28,7 @@ F64 = torch.float64
 SHIPPED = PROPHET_DIR / "smollm2-135m-instruct.safetensors"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 
 def random_prophet(lm, seed=0, vocab_size=None, scale=1.0, context=True):

@@ -37,12 +37,7 @@ STEEP = ForwardCost({1: 1e6, 65: 65e6})                      # every position co
 PROBS = [0.9, 0.8, 0.6, 0.5, 0.3, 0.2, 0.1, 0.05]            # path probabilities, best first
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 
 def brute_force(probs, cost, draft_ms):

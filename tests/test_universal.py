@@ -76,14 +76,6 @@ def _greedy(pair: ModelPair, ids: list[int], n: int) -> list[int]:
     return g.generate(ids, pair, g.parse({}), max_new_tokens=n).token_ids
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models run thousands of times: thread start-up would dominate on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 # --------------------------------------------------------------------------- the bridge
 
