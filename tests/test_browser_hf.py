@@ -7,10 +7,15 @@ column is labelled as transformers', streams its tokens while it runs (the live 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 
 import pytest
 
 from conftest import chromium_page
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / os.environ.get("SCREENSHOTS_DIR", "build/screenshots")   # as test_browser.py
 pytestmark = pytest.mark.browser
 HF_LABEL = "transformers generate: greedy"
 
@@ -65,3 +70,5 @@ def test_transformers_greedy_column_next_to_greedy(page):
     live = page.evaluate("window.dpHf")
     print(f"\n[browser hf] {len(hf_tokens)} tokens; {live['liveTokens']} shown while the column ran")
     assert live["liveTokens"] > 0, "the transformers column showed no token while it ran"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#columns").screenshot(path=str(SHOTS / "race-transformers.png"))
