@@ -64,3 +64,30 @@ def test_warm_up_marks_are_per_loaded_model(tmp_path):
     run_comparison([1, 2, 3], ModelPair(target, second), runs, max_new_tokens=3, reference=False)
     assert {key[0] for key in target.extras["warmed"]} == {first.uid, second.uid}
     assert "warmed" not in first.extras                                              # marks hang on the target
+
+
+def test_the_cache_goes_under_the_name_this_transformers_takes():
+    """transformers 5.24 renamed forward's ``past_key_values`` to ``cache`` (the old name warns and goes in
+    5.40); older 5.x releases only know ``past_key_values``. Our forwards pass whichever the model takes."""
+    import inspect
+    import warnings
+
+    import torch
+
+    from decoding.runtime.kvcache import cache_kwarg
+    from decoding.runtime.session import Session
+    from tiny_models import tiny_causal
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return None
+    assert cache_kwarg(Old()) == "past_key_values"
+    lm = tiny_causal("llama")
+    want = "cache" if "cache" in inspect.signature(type(lm.model).forward).parameters else "past_key_values"
+    assert cache_kwarg(lm.model) == want
+    session = Session(lm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        session.prefill([3, 4, 5])
+        session.forward(session.tensor([[6, 7]]))
+    assert session.length == 5

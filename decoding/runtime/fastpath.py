@@ -28,6 +28,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from decoding.runtime.kvcache import cache_kwarg
+
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
 MAX_GRAPH_T = 128     # forwards longer than this (prefill) run uncaptured
 MAX_RUNNERS = 4       # per model: runners idle beyond this are dropped
@@ -149,7 +151,7 @@ class StaticRunner:
             mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=allowed.device)
             mask = mask.masked_fill(~allowed, float("-inf"))[None, None]
         kwargs: dict = {"input_ids": buf["ids"], "position_ids": pos, "attention_mask": mask,
-                        "past_key_values": self.cache, "use_cache": True}
+                        cache_kwarg(self.model): self.cache, "use_cache": True}
         if last_only and self.lm.supports_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         if hidden:

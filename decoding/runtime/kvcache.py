@@ -6,9 +6,26 @@ Both work on transformers' dynamic caches through their public layers; the fast 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Sequence
 
 import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_name(forward: Any) -> str:
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name a model's ``forward`` takes its KV cache under: ``cache`` in newer transformers 5 releases
+    (``past_key_values`` warns there and goes in 5.40), ``past_key_values`` in older ones."""
+    return _cache_name(type(model).forward)
 
 
 def crop_cache(cache: Any, length: int) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from decoding.events import ForwardPass
 from decoding.runtime import fastpath
-from decoding.runtime.kvcache import compact_cache, crop_cache
+from decoding.runtime.kvcache import cache_kwarg, compact_cache, crop_cache
 from decoding.runtime.models import LoadedModel
 from decoding.tracer import NULL_TRACER
 
@@ -138,7 +138,7 @@ class Session:
         ``hidden=True`` keeps the last layer's hidden states in ``last_hidden``, followed by those of
         ``hidden_layers`` (concatenated on the last dimension) when that is set.
         """
-        kwargs: dict = {"past_key_values": self.cache, "use_cache": True}
+        kwargs: dict = {cache_kwarg(self.model): self.cache, "use_cache": True}
         if hidden:
             kwargs["output_hidden_states"] = True
         if last_only and self.lm.supports_logits_to_keep:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from decoding.runtime.kvcache import crop_cache
+from decoding.runtime.kvcache import cache_kwarg, crop_cache
 from decoding.training.packing import Doc, float_mask, pack
 
 
@@ -91,7 +91,7 @@ def record_trajectories(lm: Any, items: Sequence[dict], *, n: int, blocks_per_an
     ctx = pack(docs)
     cache = DynamicCache()
     logits = model(input_ids=ctx.ids[None].to(dev), position_ids=ctx.positions[None].to(dev),
-                   attention_mask=float_mask(ctx.allowed, lm.dtype, dev), past_key_values=cache,
+                   attention_mask=float_mask(ctx.allowed, lm.dtype, dev), **{cache_kwarg(model): cache},
                    use_cache=True).logits[0]                                                       # [Tc, V]
     first = [int(logits[ctx.ctx_start[b[0]] + b[2]].argmax()) for b in blocks]
     tc = ctx.ids.shape[0]
@@ -106,7 +106,7 @@ def record_trajectories(lm: Any, items: Sequence[dict], *, n: int, blocks_per_an
             query[d].blocks.append((anchor, states[-1][:-1]))
         q = pack(query, contexts=False)
         out = model(input_ids=q.ids[None].to(dev), position_ids=q.positions[None].to(dev),
-                    attention_mask=float_mask(q.allowed, lm.dtype, dev), past_key_values=cache,
+                    attention_mask=float_mask(q.allowed, lm.dtype, dev), **{cache_kwarg(model): cache},
                     use_cache=True).logits[0].argmax(-1).tolist()                                  # [Tb]
         crop_cache(cache, tc)
         seen = {d: 0 for d in range(len(docs))}
