@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from decoding.runtime.head import Prophet, ProphetConfig, save_prophet
 from decoding.runtime.models import PRESETS_DIR, cache_root, load_model
-from decoding.training.prophet_data import final_records, generate_mix
+from decoding.training.prophet_data import answer, final_records, generate_mix
 
 # --------------------------------------------------------------------------- 1. prompts
 
@@ -300,9 +300,6 @@ def generate_data(lm: Any, prompts: list[str], data_dir: Path, *, batch: int, ma
     """
     from tqdm import tqdm
     data_dir.mkdir(parents=True, exist_ok=True)
-    tok, model = lm.tokenizer, lm.model
-    tok.padding_side = "left"
-    eos = set(lm.eos_token_ids)
     done = len(_shards(data_dir))
     batches = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     deadline = time.time() + minutes * 60
@@ -311,20 +308,8 @@ def generate_data(lm: Any, prompts: list[str], data_dir: Path, *, batch: int, ma
         if time.time() > deadline:
             bar.write(f"generation time budget of {minutes} min reached after {index} shards")
             break
-        enc = tok.apply_chat_template([[{"role": "user", "content": p}] for p in group], add_generation_prompt=True,
-                                      return_tensors="pt", padding=True, return_dict=True).to(lm.device)
-        gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, output_hidden_states=True,
-                             return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
-        new = gen.sequences[:, enc["input_ids"].shape[1]:]                          # [B, T]
-        # step 0's hidden states cover the prompt; each later step holds one position
-        hid = torch.cat([gen.hidden_states[0][-1][:, -1:]] +
-                        [step[-1] for step in gen.hidden_states[1:]], dim=1)         # [B, T, H]
-        records = []
-        for b in range(new.shape[0]):
-            ids = new[b].tolist()
-            stop = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
-            records.append({"tokens": new[b, :stop].cpu().clone(),
-                            "hidden": hid[b, :stop].to(torch.float16).cpu().clone()})
+        answers = answer(lm, [[{"role": "user", "content": p}] for p in group], max_new)
+        records = [{"tokens": r["tokens"], "hidden": r["hidden"]} for r in answers]
         torch.save(records, data_dir / f"shard-{index:04d}.pt")
         bar.set_postfix(tokens=sum(len(r["tokens"]) for r in records))
 
@@ -375,6 +360,11 @@ class Answers:
             if extra is not None:
                 extra[b, :L] = r["layers"].float()
         return hidden, tokens, extra
+
+
+def _on(device: torch.device, tensors: tuple) -> tuple:
+    """A batch's tensors on ``device`` (``None`` stays ``None``: no layer states)."""
+    return tuple(None if t is None else t.to(device) for t in tensors)
 
 
 def _ahead(x: torch.Tensor, depth: int, fill: float) -> torch.Tensor:
@@ -435,8 +425,7 @@ def evaluate(prophet: Prophet, data: Answers, batch: int = 16) -> dict:
     top1 = torch.zeros(D)
     counted = torch.zeros(D)
     for start in range(0, len(data), batch):
-        hidden, tokens, extra = (None if t is None else t.to(prophet.device)
-                                 for t in data.batch(range(start, min(start + batch, len(data)))))
+        hidden, tokens, extra = _on(prophet.device, data.batch(range(start, min(start + batch, len(data)))))
         out, _ = prophet.forward_train(hidden, tokens.clamp_min(0), D, extra)
         full = _labels(tokens, D)
         labels = prophet.to_draft_ids(full)
@@ -483,7 +472,7 @@ def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Na
             group["lr"] = args.lr * lr_factor(step, args.steps, (time.time() - t_begin) / (args.train_minutes * 60),
                                               start_step)
         idx = torch.randint(len(train_set), (args.batch,), generator=gen)
-        hidden, tokens, extra = (None if t is None else t.to(prophet.device) for t in train_set.batch(idx))
+        hidden, tokens, extra = _on(prophet.device, train_set.batch(idx))
         with torch.autocast(prophet.device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, correct, counted = unrolled_loss(prophet, hidden, tokens, train_set.depth, args.kl, args.feat,
                                                    extra)
@@ -715,7 +704,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         config = ProphetConfig.for_target(lm, layers=args.layers, context=args.context,
                                           feature_layers=args.feature_layers)
         vocab = draft_vocabulary(train_records, args.vocab, lm.eos_token_ids)
-    if config.feature_layers and tuple(config.feature_layers) != tuple(args.feature_layers or config.feature_layers):
+    if args.feature_layers and config.feature_layers != tuple(args.feature_layers):
         raise SystemExit(f"--feature-layers {args.feature_layers} differ from the checkpoint's {config.feature_layers}")
     prophet = Prophet(config, lm, vocab)
     if ckpt:

@@ -47,7 +47,6 @@ def capacity_for(positions: int) -> int:
     return -(-max(positions, 1) // BUCKET) * BUCKET
 
 
-
 def pick_states(states: tuple, hidden: Any) -> torch.Tensor:
     """The hidden states a caller asked for: ``hidden`` True = the last layer's ``[B, T, H]``; a tuple of
     hidden-state indices = the last layer's followed by those layers', concatenated ``[B, T, (1 + k) H]``
@@ -55,6 +54,7 @@ def pick_states(states: tuple, hidden: Any) -> torch.Tensor:
     if hidden is True or not isinstance(hidden, tuple):
         return states[-1]
     return torch.cat([states[-1]] + [states[i] for i in hidden], dim=-1)
+
 
 class StaticRunner:
     """One static KV cache of ``capacity`` positions and the graphs captured over it."""
