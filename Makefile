@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser bench bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -58,6 +58,10 @@ bench-forward: setup
 
 # The CPU table of BENCHMARKS.md: every strategy against our greedy and transformers' generate,
 # on two prompts of each category (raw numbers: benchmarks/results/bench-cpu.json).
+# float32, its float16-weight preset and bfloat16: forward cost by width, and whether a row depends on the width
+bench-precision: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_precision.py --json benchmarks/results/precision-cpu.json
+
 bench-strategies: setup
 	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --assistant prophet --strategy prompt_lookup --strategy speculative \
 	    --strategy lookahead --anchor hf_greedy --anchor hf_prompt_lookup --per-category 2 --repeats 2 \

@@ -22,7 +22,8 @@ import yaml
 from starlette.middleware import Middleware
 
 from decoding.processors import GenerationSettings
-from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, budget_bytes, default_target, load_presets
+from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, budget_bytes, default_target, load_presets,
+                                     runs_here)
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from visualize.guide import HOW_TO_READ
@@ -321,6 +322,13 @@ def _tabs(ui: Views) -> None:
                                        type="filepath", elem_id="trace-upload")
 
 
+def target_choices(presets: dict) -> list:
+    """The target picker's entries: the presets that can load on this machine; a float16-weight preset says
+    that it is its own reference (BENCHMARKS.md, "Float16 weights")."""
+    return [(f"{name} (float16 weights: checked against its own greedy)", name) if p.weights == "fp16" else name
+            for name, p in presets.items() if runs_here(p)]
+
+
 def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:
     """The page; ``settings`` (what the operator chose at start) reach every run and sweep."""
     presets = load_presets()
@@ -339,7 +347,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:
                                           allow_custom_value=True)
             with gr.Column(scale=2):
                 with gr.Row():
-                    model = gr.Dropdown(list(presets), value=default_target(), label="Target model",
+                    model = gr.Dropdown(target_choices(presets), value=default_target(), label="Target model",
                                         allow_custom_value=True)   # our validator names the parameter
                     assistant = gr.Dropdown(
                         [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),

@@ -28,7 +28,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import write_json  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/consistency-cpu.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    env = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    env = {"cpu": cpu_label(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "load_before": os.getloadavg()[0], "repeats": args.repeats, "max_new_tokens": args.max_new_tokens}
     print(f"CPU: {env['cpu']}, {env['threads']} threads, load {env['load_before']:.1f}", flush=True)
     base, cllm = load_model(BASE), load_model(CLLM)

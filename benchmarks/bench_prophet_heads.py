@@ -15,7 +15,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
 from decoding.runtime.head import load_prophet  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
@@ -31,7 +31,7 @@ def main(args: list[str]) -> None:
     if not args or any(":" not in a for a in args):
         raise SystemExit(usage)
     torch.set_num_threads(2)
-    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}", flush=True)
+    print(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}", flush=True)
     target = load_model("smollm2-135m-instruct")
     sets = yaml.safe_load((PRESETS_DIR / "prompts.yaml").read_text())
     prompts = sets["chat"] + sets["math"]

@@ -5,12 +5,17 @@
     python benchmarks/bench_unseen.py --variant fixed8:tree_nodes=8   # parameter variants of each head
     python benchmarks/bench_unseen.py --variant defaults: --variant measured:budget=measured
                                       # the fixed node budget against the one from the measured forward costs
+    python benchmarks/bench_unseen.py --target smollm2-135m-instruct-fp16w --baseline smollm2-135m-instruct
+                                      # the float16-weight model against its own greedy, and against float32's
 
 Greedy and every (head, variant) run interleaved on each prompt after a warm-up, ``--repeats`` times, untraced;
 speedup = greedy's median wall time / the method's (same tokens, so the same token count). Prints one line
 per prompt, then per category and overall: the median and geometric mean of the speedups, the mean tokens per
 target forward, the verified nodes per step and how many outputs equal greedy's. The CPU is named in the output
 and the JSON. A variant with ``budget=measured`` times the target's forward-cost curve in the warm-up.
+``--baseline`` times a second model's greedy in the same interleaving (e.g. the float32 model beside its
+float16-weight preset) and adds every method's speedup against it ("vs baseline"); equality is always
+checked against the target's own greedy.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decoding.harness.bench import load_prompt_set  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
-from decoding.runtime.head import PROPHET_DIR, load_prophet  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.head import load_prophet, shipped_head  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
@@ -46,6 +51,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--baseline", default=None, help="another model whose greedy is timed too (speedups vs it)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -69,42 +75,53 @@ def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
                         "tokens_per_forward": statistics.fmean(r["methods"][m]["tokens_per_forward"] for r in rs),
                         "nodes_per_step": statistics.fmean(r["methods"][m]["nodes_per_step"] for r in rs),
                         "equal": sum(r["methods"][m]["equal"] for r in rs)})
+            if "vs_baseline" in rs[0]["methods"][m]:
+                out[-1]["median_vs_baseline"] = statistics.median(r["methods"][m]["vs_baseline"] for r in rs)
     return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = f"{cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     print(f"CPU: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
     target = load_model(args.target)
     prompts = load_prompt_set(args.prompts, args.category, args.per_category)
     greedy, prophet = get_strategy("greedy"), get_strategy("prophet")
-    heads = dict(h.split(":", 1) for h in args.head or [f"shipped:{PROPHET_DIR / (args.target + '.safetensors')}"])
+    heads = dict(h.split(":", 1) for h in args.head or [f"shipped:{shipped_head(target)}"])
     pairs = {name: ModelPair(target, None, prophet=load_prophet(Path(path), target)) for name, path in heads.items()}
     variants = {name: prophet.parse(v) for name, v in _variants(args.variant).items()}
     def name(h: str, v: str) -> str:
         return f"{h}/{v}" if len(pairs) > 1 and len(variants) > 1 else h if len(pairs) > 1 else v
     methods = {name(h, v): (pairs[h], params) for h in pairs for v, params in variants.items()}
     g_params, g_pair = greedy.parse({}), ModelPair(target)
+    if args.baseline:   # timed like a method; "greedy (TARGET)" below is the target's own greedy against it
+        methods[f"greedy ({args.target})"] = (g_pair, g_params)
+        b_pair = ModelPair(load_model(args.baseline))
 
     def timed(strategy, params, ids, pair, n=args.max_new_tokens):
         return run_one(strategy, params, ids, pair, max_new_tokens=n, trace=False)
     for text in (prompts[0][1], prompts[-1][1]):                              # 1. warm-up, untimed
         ids = encode_prompt(target.tokenizer, text, chat=True)
         timed(greedy, g_params, ids, g_pair, 16)
+        if args.baseline:
+            timed(greedy, g_params, encode_prompt(b_pair.target.tokenizer, text, chat=True), b_pair, 16)
         for pair, params in methods.values():
-            timed(prophet, params, ids, pair, 16)
+            timed(greedy if params is g_params else prophet, params, ids, pair, 16)
     rows, t_start = [], time.time()
     for i, (cat, text) in enumerate(prompts):
         ids = encode_prompt(target.tokenizer, text, chat=True)
-        times: dict[str, list[float]] = {m: [] for m in ["greedy", *methods]}
+        times: dict[str, list[float]] = {m: [] for m in ["greedy", "baseline", *methods]}
         results: dict = {}
         for _ in range(args.repeats):                                          # 2. interleaved repeats
             results["greedy"], seconds, _ = timed(greedy, g_params, ids, g_pair)
             times["greedy"].append(seconds)
+            if args.baseline:
+                b_ids = encode_prompt(b_pair.target.tokenizer, text, chat=True)
+                results["baseline"], seconds, _ = timed(greedy, g_params, b_ids, b_pair)
+                times["baseline"].append(seconds)
             for m, (pair, params) in methods.items():
-                results[m], seconds, _ = timed(prophet, params, ids, pair)
+                results[m], seconds, _ = timed(greedy if params is g_params else prophet, params, ids, pair)
                 times[m].append(seconds)
         ref = results["greedy"].token_ids
         row = {"category": cat, "prompt": text[:80], "tokens": len(ref), "methods": {}}
@@ -114,6 +131,9 @@ def main(argv: list[str] | None = None) -> dict:
                                  "tokens_per_forward": len(res.token_ids) / max(1, res.target_forwards),
                                  "nodes_per_step": res.stats.get("mean_nodes_per_step", 0.0),
                                  "equal": res.token_ids == ref}
+            if args.baseline:   # per token: the baseline's greedy may stop at another length
+                b_rate = statistics.median(times["baseline"]) / max(1, len(results["baseline"].token_ids))
+                row["methods"][m]["vs_baseline"] = b_rate / (statistics.median(times[m]) / max(1, len(res.token_ids)))
         rows.append(row)
         print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['speedup']:.2f}x/{v['tokens_per_forward']:.2f}"
                                               f"{'' if v['equal'] else ' (DIFFERS)'}" for m, v in row["methods"].items()),
@@ -122,13 +142,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nCPU: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
           f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
     print("| category | method | median speedup vs greedy | geomean | range | tokens / target forward "
-          "| nodes / step | = greedy |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| nodes / step | = greedy |" + (" median vs baseline |" if args.baseline else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if args.baseline else ""))
     for s in summary:
         print(f"| {s['category']} ({s['prompts']}) | {s['method']} | {s['median']:.3f} | {s['geomean']:.3f} | "
               f"{s['min']:.2f}-{s['max']:.2f} | {s['tokens_per_forward']:.3f} | {s['nodes_per_step']:.1f} | "
-              f"{s['equal']}/{s['prompts']} |")
-    doc = {"machine": machine, "prompts_file": str(args.prompts), "heads": heads,
+              f"{s['equal']}/{s['prompts']} |" + (f" {s['median_vs_baseline']:.3f} |" if args.baseline else ""))
+    doc = {"machine": machine, "target": args.target, "baseline": args.baseline,
+           "prompts_file": str(args.prompts), "heads": heads,
            "variants": {k: dict(v) for k, v in _variants(args.variant).items()}, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "rows": rows, "summary": summary}
     if args.json:

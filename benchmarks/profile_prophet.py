@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decoding.events import ForwardPass, StepTiming  # noqa: E402
 from decoding.harness.bench import load_prompt_set  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
+from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 total[k] += v
     steps = max(1.0, total["steps"])
-    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; prophet {name} on {len(prompts)} prompts, "
+    print(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads; prophet {name} on {len(prompts)} prompts, "
           f"{int(steps)} steps (traced: tracing adds its own time to the bookkeeping)")
     for k in ("draft_ms", "verify_ms", "overhead_ms"):
         print(f"  {k:12s} {total[k] / steps:7.2f} ms/step  {100 * total[k] / total['wall_ms']:5.1f}% of wall")

@@ -127,6 +127,55 @@ def test_grow_offers_path_probabilities_in_rank_order():
     assert len(cut) == 3 and sorted(cut.tree.tokens) == [0, 0, 1]   # 0.6, 0.3, then 0.6 * 0.5
 
 
+def _counting(rows_by_node):
+    calls = []
+
+    def expand(g, nodes):
+        calls.append(len(nodes))
+        return torch.stack([rows_by_node(g, e) for e in nodes])
+    return expand, calls
+
+
+def _path_row(g, e, width=6, sharp=2.0):
+    """A fixed pseudo-random child distribution per path (the same node gets the same row in every tree)."""
+    path = tuple(g.tokens[a] for a in reversed([e] + g.ancestors(e)))
+    gen = torch.Generator().manual_seed(hash(path) % (2**31))
+    return (torch.randn(width, generator=gen) * sharp).log_softmax(-1)
+
+
+def test_nodes_that_cannot_reach_the_kept_set_are_not_expanded():
+    """Four equally likely first tokens and a budget of 4: nothing below them can be kept, so no head call."""
+    flat = torch.full((4,), 0.25).log()
+    expand, calls = _counting(lambda g, e: flat)
+    prop = grow(flat, expand, depth=5, topk=4, budget=4)
+    assert calls == [] and sorted(prop.tree.tokens) == [0, 1, 2, 3]
+    expand, calls = _counting(lambda g, e: flat)
+    same = grow(flat, expand, depth=5, topk=4, budget=4, prune=False)
+    assert len(calls) == 4 and same.tree.tokens == prop.tree.tokens and same.tree.parents == prop.tree.parents
+
+
+def test_pruning_never_costs_kept_probability_and_never_adds_head_calls():
+    rng = random.Random(0)
+    fewer = 0
+    for case in range(200):
+        width, topk = rng.randint(3, 6), rng.randint(1, 4)
+        budget, depth, sharp = rng.randint(2, 16), rng.randint(2, 7), rng.uniform(0.5, 4.0)
+        root = (torch.randn(width, generator=torch.Generator().manual_seed(case)) * sharp).log_softmax(-1)
+        row = lambda g, e: _path_row(g, e, width, sharp)          # noqa: E731
+        results = {}
+        for prune in (True, False):
+            expand, calls = _counting(row)
+            seen = []
+            grow(root, expand, depth=depth, topk=topk, budget=budget, prune=prune,
+                 choose=lambda probs: seen.append(list(probs)) or len(probs))
+            results[prune] = (sum(seen[0]), calls)
+        (kept_p, calls_p), (kept_u, calls_u) = results[True], results[False]
+        assert kept_p >= kept_u - 1e-9, case                     # the kept nodes' path probability mass
+        assert len(calls_p) <= len(calls_u) and sum(calls_p) <= sum(calls_u), case
+        fewer += sum(calls_p) < sum(calls_u)
+    assert fewer > 20                                              # it does save head positions
+
+
 # --------------------------------------------------------------------------- (d) always a tree
 
 def test_every_prefix_of_the_ranking_is_a_tree():

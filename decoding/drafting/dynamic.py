@@ -10,7 +10,11 @@ and returns the log-probabilities of their children. Then:
 2. at each further depth the ``topk`` best-scoring nodes of the newest depth are
    expanded in one batched call, each getting its ``topk`` best children;
 3. growth stops at ``depth``, or early when even the best new node's path
-   probability is below ``threshold``;
+   probability is below ``threshold``, or when no node of the newest depth can
+   still place a descendant in the kept set: a node scoring no better than the
+   ``budget``-th best node grown so far is not expanded (its descendants never
+   outscore it and lose ties to older nodes), which saves head calls and never
+   lowers the kept nodes' path probabilities;
 4. the whole tree is reranked by score and cut to the ``budget`` best nodes. A
    child never scores above its parent (log-probabilities are <= 0) and ties go to
    the earlier node, so the kept set contains every kept node's ancestors
@@ -28,6 +32,7 @@ order against ``q`` with the earlier siblings removed: lossless.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -101,12 +106,14 @@ def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator
 def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor], *, depth: int, topk: int,
          budget: int, threshold: float = 0.0, sample: bool = False, rng: Optional[torch.Generator] = None,
          ids: Optional[torch.Tensor] = None, vocab: Optional[int] = None,
-         choose: Optional[Callable[[list[float]], int]] = None) -> Proposal:
+         choose: Optional[Callable[[list[float]], int]] = None, prune: bool = True) -> Proposal:
     """A dynamic tree below ``root`` (log-probs ``[V']`` of the token after the newest committed one).
 
     ``ids [V']`` maps row indices to token ids (None: the identity). With ``sample``,
     the rows must be the filtered distributions the target is verified against,
     and ``vocab`` (the full vocabulary size) sizes the proposal's ``q`` rows.
+    ``prune=False`` expands every chosen node even when none of its descendants can be kept (step 3; for
+    comparisons).
     """
     g = Growth(rows=[root])
     to_id = (lambda i: i) if ids is None else (lambda i: int(ids[i]))
@@ -115,7 +122,8 @@ def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor]
         picked, logq = _pick(g.rows[row_index], topk, sample, None if not sample else rng)
         made, cap = [], math.inf
         for idx, lq in zip(picked, logq):
-            score = min(base + lq, cap) if sample else base + lq
+            lq_path = min(lq, 0.0)              # a child never outscores its parent (step 3 relies on it)
+            score = min(base + lq_path, cap) if sample else base + lq_path
             cap = score
             g.tokens.append(to_id(idx))
             g.parents.append(parent)
@@ -133,6 +141,11 @@ def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor]
         best = sorted(frontier, key=lambda i: (-g.scores[i], i))[:topk]
         if not best or (threshold and math.exp(g.scores[best[0]]) < threshold):
             break
+        if prune and len(g.scores) >= budget:     # only nodes that beat the budget-th best can add a kept one
+            floor = heapq.nlargest(budget, g.scores)[-1]
+            best = [e for e in best if g.scores[e] > floor]
+            if not best:
+                break
         rows = expand(g, best)                                                     # [K, V']
         frontier = []
         for node, row in zip(best, rows):

@@ -34,7 +34,7 @@ from decoding.drafting.dynamic import tree_shape
 from decoding.events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
 from decoding.params import check_max_new_tokens, params_to_dict
 from decoding.result import Result
-from decoding.runtime.kernel_choice import cpu_name
+from decoding.runtime.kernel_choice import cpu_label, cpu_name
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
 from decoding.sampling import make_generator
@@ -159,6 +159,7 @@ def environment(pair: ModelPair, seed: int) -> dict:
     }
     if pair.target.device.type == "cpu":   # the kernel per bucket of row counts is in target.kernel_buckets
         env["cpu"] = cpu_name()
+        env["cpu_detail"] = cpu_label()
     if pair.target.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(pair.target.device)
     return env

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decoding.runtime import kernels
-from decoding.runtime.models import PRESETS_DIR, LoadedModel
+from decoding.runtime.models import PRESETS_DIR, LoadedModel, load_presets
 
 PROPHET_DIR = PRESETS_DIR / "prophet"
 
@@ -432,9 +432,25 @@ def load_prophet(path: Path, target: LoadedModel) -> Prophet:
 _LOCK = threading.Lock()
 
 
+def head_file(name: str) -> Path:
+    """Where the shipped head for the model named ``name`` is (it may not exist): by that name, or, for a preset
+    that only rounds another's weights (``weights: fp16``, no adapter), by the name of that base preset: the
+    same model to float16 precision, so the same head applies."""
+    path = PROPHET_DIR / f"{name}.safetensors"
+    preset = load_presets().get(name)
+    if not path.is_file() and preset is not None and preset.base and not preset.adapter:
+        return PROPHET_DIR / f"{preset.base}.safetensors"
+    return path
+
+
+def shipped_head(target: LoadedModel) -> Path:
+    """``head_file`` of a loaded target."""
+    return head_file(target.name)
+
+
 def prophet_for(target: LoadedModel) -> Prophet:
-    """The shipped prophet weights for ``target`` (by its preset name), loaded once per loaded model."""
-    path = PROPHET_DIR / f"{target.name}.safetensors"
+    """The shipped prophet weights for ``target`` (``shipped_head``), loaded once per loaded model."""
+    path = shipped_head(target)
     if not path.is_file():
         raise ValueError(f"no prophet head is shipped for target {target.name!r}; train one with "
                          f"python -m decoding.train_prophet --target {target.name}")

@@ -77,6 +77,17 @@ def cpu_name() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
+def cpu_label() -> str:
+    """The CPU as benchmark tables name it: the model name, family/model numbers (``AMD EPYC`` alone is
+    several generations) and the widest vector ISA, e.g. ``AMD EPYC (family 26 model 2; AVX-512 + BF16)``."""
+    flags = set(_cpuinfo("flags").split())
+    isa = ("AMX" if "amx_bf16" in flags else "AVX-512 + BF16" if "avx512_bf16" in flags
+           else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model")
+    detail = "; ".join(x for x in (f"family {family} model {model}" if family else "", isa) if x)
+    return f"{cpu_name()} ({detail})" if detail else cpu_name()
+
+
 def machine_key(model: nn.Module, name: str) -> dict:
     counts: dict[tuple, int] = {}
     for _, _, layer in kernels.linear_layers(model):

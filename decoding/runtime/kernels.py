@@ -291,8 +291,9 @@ def label(model: nn.Module) -> str:
 class HalfLinear(nn.Module):
     """``nn.Linear`` whose weights are read as float16 (FBGEMM's prepacked fp16 GEMM), float32 in and out.
 
-    For drafters only: a draft token never decides what is committed (the target's
-    verification does), so a draft head may round its weights to float16. Half the
+    For drafters: a draft token never decides what is committed (the target's
+    verification does), so a draft head may round its weights to float16. A target
+    runs on it only as a preset that says so (``weights: fp16``): another model. Half the
     bytes matter on a CPU: the prophet's layer and draft-vocabulary head are ~36 MB
     in float32, more than a 32 MB L3 holds, and the target's forward evicts them
     between steps; in float16 they stay cached across a tree's expansions. Like
@@ -342,7 +343,8 @@ def half_available() -> bool:
 def half_linears(model: nn.Module) -> int:
     """Every float32 CPU linear layer of ``model`` on float16 weights (``HalfLinear``); how many were swapped.
 
-    Only for draft-only modules (see ``HalfLinear``). Does nothing on other devices or
+    For draft-only modules (see ``HalfLinear``), and for a target only as a preset that says so
+    (``weights: fp16``, ``models.WEIGHTS``): that makes it another model, its own reference. Does nothing on other devices or
     dtypes, or on a build without FBGEMM. The model must stay frozen afterwards.
     """
     if not half_available():

@@ -39,6 +39,16 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float64": torch.float64}
 
 
+# How a preset's linear layers hold their weights. "full": as loaded (float32 on the CPU). "fp16": float16
+# copies read by FBGEMM's fp16 GEMM with float32 activations and accumulation (kernels.HalfLinear), an x86
+# CPU option: half the bytes a one-position forward streams, so greedy runs faster where it is memory-bound.
+# Rounding the weights makes it another model: its own greedy is the reference every strategy is checked
+# against. Unlike a bfloat16 model its rows do not depend on how many are computed at once (a verify forward
+# over 10 positions gives each the logits a one-position forward gives, to float32 rounding), so the lossless
+# strategies stay token-identical to its greedy. BENCHMARKS.md, "Float16 weights".
+WEIGHTS = ("full", "fp16")
+
+
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message says why and what to do."""
 
@@ -57,6 +67,7 @@ class ModelPreset:
     bundled: Optional[dict] = None
     base: Optional[str] = None       # another preset whose weights this one starts from (same files, same cache)
     adapter: Optional[str] = None    # a LoRA file under presets/, merged into those weights at load time
+    weights: str = "full"            # "fp16": the linear layers read float16 weights (CPU; see WEIGHTS)
 
 
 def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
@@ -69,8 +80,23 @@ def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
         if entry.get("base"):           # inherits where the weights come from; says the rest itself
             inherited = {k: models[entry["base"]].get(k) for k in ("hub_id", "bundled", "network", "chat", "task")}
             entry = {**{k: v for k, v in inherited.items() if v is not None}, **entry}
-        presets[name] = ModelPreset(name=name, **{k: v for k, v in entry.items() if k in known})
+        preset = ModelPreset(name=name, **{k: v for k, v in entry.items() if k in known})
+        if preset.weights not in WEIGHTS:
+            raise ValueError(f"preset {name!r}: weights must be one of {', '.join(WEIGHTS)}, got {preset.weights!r}")
+        presets[name] = preset
     return presets
+
+
+def runs_here(preset: ModelPreset, device: str | None = None) -> bool:
+    """Whether ``preset`` can load on this machine's ``device`` (default: the one ``load_model`` picks):
+    float16-weight presets need the CPU and PyTorch's FBGEMM fp16 kernels (x86)."""
+    if preset.weights != "fp16":
+        return True
+    try:
+        dev = pick_device(device)
+    except ModelLoadError:
+        return False
+    return dev.type == "cpu" and kernels.half_available()
 
 
 def default_target(path: Path | None = None) -> str:
@@ -177,6 +203,7 @@ class LoadedModel:
     chat: bool = False
     network: bool = False
     supports_logits_to_keep: bool = False
+    weights: str = "full"          # WEIGHTS: "fp16" = float16 weights, float32 activations (HalfLinear)
     extras: dict = field(default_factory=dict)
     uid: int = field(default_factory=lambda: next(_UIDS))
 
@@ -207,14 +234,18 @@ class LoadedModel:
     @property
     def kernels(self) -> str:
         """How the linear layers run (decoding/runtime/kernels.py): ``default``, ``onednn-packed``, or
-        ``mixed: ...`` naming the kernel of each range of row counts."""
+        ``mixed: ...`` naming the kernel of each range of row counts; ``fp16-weights`` for a float16-weight
+        preset."""
+        if self.weights == "fp16":
+            return "fp16-weights"
         return kernels.label(self.model)
 
     def describe(self) -> dict:
         info = {"name": self.name, "source": self.source, "architecture": type(self.model).__name__,
                 "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
-                "kernels": self.kernels, "parameters": sum(p.numel() for p in self.model.parameters())}
-        if self.device.type == "cpu":
+                "kernels": self.kernels, "weights": self.weights,
+                "parameters": sum(p.numel() for p in self.model.parameters())}
+        if self.device.type == "cpu" and self.weights == "full":
             # which kernel runs which bucket of row counts, and how that was decided (measured or cached)
             info["kernel_buckets"] = kernels.bucket_kernels(self.model)
             choice = self.extras.get("kernel_choice")
@@ -348,6 +379,15 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     source, preset, kind = resolve_source(spec)
     name = preset.name if preset else spec
     stem = preset.base if preset and preset.base else name      # whose converted cache and kernel choice
+    weights = preset.weights if preset else "full"
+    if weights == "fp16":
+        if device.type != "cpu" or dtype != torch.float32:
+            raise ModelLoadError(f"{name} reads float16 weights with float32 activations, a CPU option; it "
+                                 f"cannot load on device={device.type}, dtype={str(dtype).replace('torch.', '')} "
+                                 f"(use device=cpu and dtype float32 or auto, or the preset {stem!r})")
+        if not kernels.half_available():
+            raise ModelLoadError(f"{name} needs PyTorch's FBGEMM float16 kernels (x86 CPUs), which this "
+                                 f"build lacks; use the preset {stem!r}")
     if kind == "bundled":
         cached = cache_root() / stem
         if not (cached / "config.json").is_file():
@@ -369,11 +409,19 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     if preset and preset.adapter:        # before the kernels pack the weights
         merge_adapter(model, PRESETS_DIR / preset.adapter)
     model.to(device)
-    # CPU linear kernels per bucket of row counts, measured once per machine and cached next to
-    # the converted model (decoding/runtime/kernel_choice.py); a no-op on other devices
-    choice = configure(model, kernel_mode, name=stem, file=cache_file(cache_root(), stem, kind == "bundled"),
-                       progress=progress)
-    loaded = wrap_model(model, tokenizer, name=name, source=source,
+    if weights == "fp16":                # every linear layer on float16 weights (FBGEMM), no kernel choice
+        big = max((float(m.weight.detach().abs().max()) for m in model.modules() if isinstance(m, torch.nn.Linear)),
+                  default=0.0)
+        if not big < 65504.0:
+            raise ModelLoadError(f"{name}: a weight of magnitude {big:g} does not fit float16 (at most 65504)")
+        kernels.half_linears(model)
+        choice = None
+    else:
+        # CPU linear kernels per bucket of row counts, measured once per machine and cached next to
+        # the converted model (decoding/runtime/kernel_choice.py); a no-op on other devices
+        choice = configure(model, kernel_mode, name=stem, file=cache_file(cache_root(), stem, kind == "bundled"),
+                           progress=progress)
+    loaded = wrap_model(model, tokenizer, name=name, source=source, weights=weights,
                         chat=bool(preset.chat) if preset else bool(getattr(tokenizer, "chat_template", None)),
                         network=bool(preset.network) if preset else kind == "hub",
                         extras={"kernel_choice": choice, "adapter": preset.adapter if preset else None})

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from decoding.runtime.head import PROPHET_DIR, Prophet, prophet_for
+from decoding.runtime.head import Prophet, head_file, prophet_for
 from decoding.runtime.models import LoadedModel
 
 
@@ -24,7 +24,7 @@ PROPHET = "prophet"   # the assistant name that selects the target's trained pro
 
 
 def has_prophet(target_name: str) -> bool:
-    return (PROPHET_DIR / f"{target_name}.safetensors").is_file()
+    return head_file(target_name).is_file()
 
 
 def make_pair(target: LoadedModel, assistant: Optional[str], load: Any) -> ModelPair:

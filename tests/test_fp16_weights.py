@@ -1,0 +1,116 @@
+"""Float16-weight presets (``weights: fp16``): another model, and every strategy exact against its own greedy.
+
+The preset keeps float32 activations and reads float16 copies of the linear layers' weights (FBGEMM,
+``kernels.HalfLinear``). What would break it: loading it as the float32 model (no layer swapped), a verify
+forward whose rows depend on how many are computed together (as a bfloat16 model's do), a preset that
+loads on a device it cannot run on, or a prophet head looked up under a name nothing ships.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_prophet import random_prophet
+
+from decoding.harness.runner import run_comparison
+from decoding.runtime import kernels
+from decoding.runtime.head import PROPHET_DIR, prophet_for, shipped_head
+from decoding.runtime.kvcache import cache_kwarg, crop_cache
+from decoding.runtime.models import (ModelLoadError, bundled_file, load_model, load_presets, runs_here,
+                                     wrap_model)
+from decoding.runtime.pair import ModelPair
+
+from tiny_models import prompt, tiny_causal
+
+PRESET = "smollm2-135m-instruct-fp16w"
+needs_half = pytest.mark.skipif(not kernels.half_available(), reason="this PyTorch build has no FBGEMM fp16 GEMM")
+
+
+def _half(lm):
+    model = lm.model
+    assert kernels.half_linears(model) > 0
+    return wrap_model(model, None, name=lm.name + "-fp16w", weights="fp16")
+
+
+@needs_half
+def test_rows_do_not_depend_on_how_many_are_computed_together():
+    """A verify forward over 10 positions gives each the logits 10 one-position forwards give (float32
+    rounding), so argmax, and so greedy verification, agrees; bfloat16 activations would not."""
+    lm = _half(tiny_causal("llama", seed=3, scale=4.0))
+    model, ids = lm.model, torch.tensor([prompt(12, seed=1)])
+    with torch.inference_mode():
+        cache = model(ids, use_cache=True).past_key_values
+        x = torch.tensor([prompt(10, seed=2)])
+        wide = model(x, **{cache_kwarg(model): cache}, use_cache=True).logits[0]
+        crop_cache(cache, ids.shape[1])
+        narrow = torch.stack([model(x[:, j:j + 1], **{cache_kwarg(model): cache}, use_cache=True).logits[0, -1]
+                              for j in range(10)])
+    assert torch.allclose(wide, narrow, atol=1e-4, rtol=1e-4)
+    assert torch.equal(wide.argmax(-1), narrow.argmax(-1))
+
+
+@needs_half
+def test_lossless_strategies_equal_the_fp16_models_own_greedy():
+    lm = _half(tiny_causal("llama", seed=0, scale=8.0))
+    pair = ModelPair(lm, prophet=random_prophet(lm, seed=1))
+    runs = [("prophet", {}), ("prompt_lookup", {}), ("lookahead", {}), ("jacobi", {}), ("suffix", {})]
+    for seed in (0, 1):
+        results = run_comparison(prompt(10, seed=seed), pair, runs, max_new_tokens=24, warmup=False, trace=False)
+        ref = results[0].token_ids
+        assert len(ref) == 24 or lm.eos_token_ids
+        for r in results[1:]:
+            assert r.token_ids == ref, r.strategy
+
+
+def test_the_weights_field_is_checked_and_inherited(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  base-model:\n    hub_id: org/base\n    network: false\n    chat: true\n"
+                    "  half:\n    base: base-model\n    weights: fp16\n", encoding="utf-8")
+    presets = load_presets(path)
+    assert presets["half"].weights == "fp16" and presets["base-model"].weights == "full"
+    assert presets["half"].chat and not presets["half"].network and presets["half"].base == "base-model"
+    assert runs_here(presets["base-model"])
+    assert runs_here(presets["half"], device="cpu") == kernels.half_available()
+    assert not runs_here(presets["half"], device="cuda")      # a GPU device: never (and no GPU here: False)
+    path.write_text("models:\n  m:\n    hub_id: org/m\n    weights: int4\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="weights must be one of full, fp16"):
+        load_presets(path)
+
+
+def _bundled():
+    preset = load_presets()[PRESET]
+    return preset if bundled_file(preset.bundled, assemble=False) is not None else None
+
+
+@needs_half
+@pytest.mark.skipif(_bundled() is None, reason="the bundled SmolLM2 package is not installed")
+def test_the_shipped_fp16_preset_is_its_own_model_with_the_base_head():
+    with pytest.raises(ModelLoadError, match="CPU option"):
+        load_model(PRESET, dtype="bfloat16")
+    half, full = load_model(PRESET), load_model("smollm2-135m-instruct")
+    assert half is not full and half.weights == "fp16" and full.weights == "full"
+    layers = [m for m in half.model.modules() if isinstance(m, (torch.nn.Linear, kernels.PackedLinear))]
+    assert not layers, "every linear layer reads float16 weights"
+    assert sum(isinstance(m, kernels.HalfLinear) for m in half.model.modules()) == 30 * 7 + 1
+    assert half.kernels == "fp16-weights" and half.describe()["weights"] == "fp16"
+    assert shipped_head(half) == PROPHET_DIR / "smollm2-135m-instruct.safetensors"
+    ids = torch.tensor([half.tokenizer("The capital of France is").input_ids])
+    with torch.inference_mode():
+        a, b = half.model(ids).logits[0, -1], full.model(ids).logits[0, -1]
+    gap = float((a - b).abs().max())
+    assert 0 < gap < 1.0, gap                        # rounded weights: close to float32, not the same model
+    results = run_comparison(ids[0].tolist(), ModelPair(half, None, prophet=prophet_for(half)), [("prophet", {}), ("hf_greedy", {})],
+                             max_new_tokens=20, warmup=False, trace=False)
+    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 2
+
+
+def test_the_target_picker_labels_the_fp16_preset_and_hides_it_where_it_cannot_load(monkeypatch):
+    import app
+    presets = load_presets()
+    values = {(c[1] if isinstance(c, tuple) else c): c for c in app.target_choices(presets)}
+    assert "smollm2-135m-instruct" in values and values["smollm2-135m-instruct"] == "smollm2-135m-instruct"
+    if kernels.half_available():
+        label, value = values[PRESET]
+        assert value == PRESET and "float16 weights" in label and "own greedy" in label
+    monkeypatch.setattr(app, "runs_here", lambda preset: preset.weights != "fp16")    # a GPU host, say
+    assert PRESET not in {(c[1] if isinstance(c, tuple) else c) for c in app.target_choices(presets)}
