@@ -352,7 +352,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:
                     assistant = gr.Dropdown(
                         [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
                         value=PROPHET if has_prophet(default_target()) else "none",
-                        label="Assistant (for Speculative)", allow_custom_value=True)
+                        label="Assistant (Speculative, transformers assisted)", allow_custom_value=True)
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
                     seed = gr.Number(value=0, step=1, label="Seed", min_width=80)

@@ -295,8 +295,8 @@ def test_jacobi_beam_sampling_and_mask_views(page):
     page.reload()
     page.wait_for_selector("text=Decoding Playground", timeout=60_000)
     # no assistant: speculative lets the target draft for itself
-    page.get_by_label("Assistant (for Speculative)").fill("none")
-    page.get_by_label("Assistant (for Speculative)").press("Enter")
+    page.get_by_label("Assistant (Speculative, transformers assisted)").fill("none")
+    page.get_by_label("Assistant (Speculative, transformers assisted)").press("Enter")
     page.get_by_label("max_new_tokens (1–512)").fill("24")
     for name in ("Prophet head", "Prompt lookup"):
         page.get_by_label(name, exact=True).uncheck()

@@ -99,7 +99,8 @@ def test_the_shipped_fp16_preset_is_its_own_model_with_the_base_head():
         a, b = half.model(ids).logits[0, -1], full.model(ids).logits[0, -1]
     gap = float((a - b).abs().max())
     assert 0 < gap < 1.0, gap                        # rounded weights: close to float32, not the same model
-    results = run_comparison(ids[0].tolist(), ModelPair(half, None, prophet=prophet_for(half)), [("prophet", {}), ("hf_greedy", {})],
+    pair = ModelPair(half, None, prophet=prophet_for(half))
+    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("hf_greedy", {})],
                              max_new_tokens=20, warmup=False, trace=False)
     assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 2
 
