@@ -87,6 +87,8 @@ def _bundled():
 def test_the_shipped_fp16_preset_is_its_own_model_with_the_base_head():
     with pytest.raises(ModelLoadError, match="CPU option"):
         load_model(PRESET, dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="does not apply"):
+        load_model(PRESET, kernels="packed")
     half, full = load_model(PRESET), load_model("smollm2-135m-instruct")
     assert half is not full and half.weights == "fp16" and full.weights == "full"
     layers = [m for m in half.model.modules() if isinstance(m, (torch.nn.Linear, kernels.PackedLinear))]

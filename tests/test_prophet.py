@@ -47,6 +47,16 @@ def _greedy(pair, ids, n):
     return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
 
 
+def exactness_cases(arch):
+    """(seed, pair, prompt, greedy's 30 tokens): two random heads (one over a 40-token draft vocabulary) on a
+    tiny float64 model of ``arch``, two prompts each; the cases every tree exactness test runs."""
+    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
+    for seed, vocab_size in ((0, None), (1, 40)):
+        pair = ModelPair(target, prophet=random_prophet(target, seed, vocab_size))
+        for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
+            yield seed, pair, p, _greedy(pair, p, 30)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
 def test_random_prophet_chains_are_exact_on_tiny_models(arch):
     target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
@@ -67,27 +77,23 @@ def test_random_prophet_chains_are_exact_on_tiny_models(arch):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
 def test_random_prophet_trees_are_exact_on_tiny_models(arch):
-    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
-    for seed, vocab_size in ((0, None), (1, 40)):
-        pair = ModelPair(target, prophet=random_prophet(target, seed, vocab_size))
-        for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
-            want = _greedy(pair, p, 30)
-            for depth, topk, nodes, threshold in ((1, 1, 1, 0.0), (3, 2, 5, 0.0), (6, 4, 16, 0.0), (6, 3, 24, 0.2)):
-                tracer = Tracer()
-                res = prophet(p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
-                                                     confidence_threshold=threshold, lookup=False),
-                              max_new_tokens=30, tracer=tracer)
-                assert res.token_ids == want, (arch, seed, depth, topk, nodes, threshold)
-                merged = prophet(p + p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
-                                                            confidence_threshold=threshold), max_new_tokens=30)
-                assert merged.token_ids == _greedy(pair, p + p, 30), ("with the lookup branch", arch, seed)
-                steps = res.stats["steps"]
-                assert res.stats["mean_nodes_per_step"] <= nodes
-                assert res.draft_forwards <= steps * depth     # one head call per depth, every node of it batched
-                trees = [e for e in tracer.events if type(e).__name__ == "DraftTree"]
-                if topk > 1 and nodes > depth:
-                    assert trees and max(len(e.tokens) for e in trees) > max(len(set(e.parents)) for e in trees)
-                    assert all(e.mask_size == 1 + len(e.tokens) for e in trees)
+    for seed, pair, p, want in exactness_cases(arch):
+        for depth, topk, nodes, threshold in ((1, 1, 1, 0.0), (3, 2, 5, 0.0), (6, 4, 16, 0.0), (6, 3, 24, 0.2)):
+            tracer = Tracer()
+            res = prophet(p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
+                                                 confidence_threshold=threshold, lookup=False),
+                          max_new_tokens=30, tracer=tracer)
+            assert res.token_ids == want, (arch, seed, depth, topk, nodes, threshold)
+            merged = prophet(p + p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
+                                                        confidence_threshold=threshold), max_new_tokens=30)
+            assert merged.token_ids == _greedy(pair, p + p, 30), ("with the lookup branch", arch, seed)
+            steps = res.stats["steps"]
+            assert res.stats["mean_nodes_per_step"] <= nodes
+            assert res.draft_forwards <= steps * depth     # one head call per depth, every node of it batched
+            trees = [e for e in tracer.events if type(e).__name__ == "DraftTree"]
+            if topk > 1 and nodes > depth:
+                assert trees and max(len(e.tokens) for e in trees) > max(len(set(e.parents)) for e in trees)
+                assert all(e.mask_size == 1 + len(e.tokens) for e in trees)
 
 
 def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):

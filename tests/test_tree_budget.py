@@ -13,18 +13,17 @@ import random
 
 import pytest
 import torch
-from test_prophet import random_prophet
+from test_prophet import _greedy, exactness_cases, random_prophet
 
 from decoding.cli import _parse_sets
 from decoding.drafting.budget import choose_budget, rank_nodes
 from decoding.drafting.dynamic import MEASURED_NODES, TREE_DEFAULTS, grow, tree_shape
 from decoding.drafting.prophet import ProphetDrafter
 from decoding.harness.runner import run_comparison
-from decoding.params import GreedyParams, ProphetParams, parse_params
+from decoding.params import ProphetParams, parse_params
 from decoding.runtime import forward_cost as fc
 from decoding.runtime.forward_cost import ForwardCost, calibrate, forward_cost
 from decoding.runtime.pair import ModelPair
-from decoding.strategies.baselines import greedy
 from decoding.strategies.speculative import prophet
 from decoding.tracer import Tracer
 from visualize.checks import check_result
@@ -229,31 +228,23 @@ def test_sampled_trees_keep_a_prefix_of_each_nodes_draws():
 
 # --------------------------------------------------------------------------- (c) exact, in the real loop
 
-def _greedy(pair, ids, n):
-    return greedy(ids, pair, GreedyParams(), max_new_tokens=n).token_ids
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_a_measured_budget_is_exactly_greedy(arch):
-    target = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
-    for seed, vocab_size in ((0, None), (1, 40)):
-        pair = ModelPair(target, prophet=random_prophet(target, seed, vocab_size))
-        for p in (prompt(5, seed=seed), prompt(9, seed=seed + 3)):
-            want = _greedy(pair, p, 30)
-            for kw in ({"lookup": False}, {}, {"tree_nodes": 5, "tree_topk": 2, "draft_tokens": 3}, {"fast": True}):
-                tracer = Tracer()
-                res = prophet(p, pair, ProphetParams(budget="measured", **kw), max_new_tokens=30, tracer=tracer)
-                assert res.token_ids == want, (arch, seed, kw)
-                summary, sizes = res.stats["tree_budget"], res.stats["tree_budget_nodes"]
-                assert summary["mode"] == "measured" and len(sizes) == summary["steps"] > 0
-                cap = kw.get("tree_nodes", MEASURED_NODES["cpu"])
-                assert all(0 <= s <= cap for s in sizes)
-                assert summary["mean_kept_nodes"] <= summary["mean_offered_nodes"]
-                assert math.isfinite(summary["mean_predicted_speedup"]) and summary["mean_expected_tokens"] >= 1
-                for e in tracer.events:      # every verified tree is a tree, its mask the root and its nodes
-                    if type(e).__name__ == "DraftTree":
-                        assert all(-1 <= q < i for i, q in enumerate(e.parents))
-                        assert e.mask_size == 1 + len(e.tokens)
+    for seed, pair, p, want in exactness_cases(arch):
+        for kw in ({"lookup": False}, {}, {"tree_nodes": 5, "tree_topk": 2, "draft_tokens": 3}, {"fast": True}):
+            tracer = Tracer()
+            res = prophet(p, pair, ProphetParams(budget="measured", **kw), max_new_tokens=30, tracer=tracer)
+            assert res.token_ids == want, (arch, seed, kw)
+            summary, sizes = res.stats["tree_budget"], res.stats["tree_budget_nodes"]
+            assert summary["mode"] == "measured" and len(sizes) == summary["steps"] > 0
+            cap = kw.get("tree_nodes", MEASURED_NODES["cpu"])
+            assert all(0 <= s <= cap for s in sizes)
+            assert summary["mean_kept_nodes"] <= summary["mean_offered_nodes"]
+            assert math.isfinite(summary["mean_predicted_speedup"]) and summary["mean_expected_tokens"] >= 1
+            for e in tracer.events:      # every verified tree is a tree, its mask the root and its nodes
+                if type(e).__name__ == "DraftTree":
+                    assert all(-1 <= q < i for i, q in enumerate(e.parents))
+                    assert e.mask_size == 1 + len(e.tokens)
 
 
 def test_the_drafter_keeps_what_the_injected_costs_say():

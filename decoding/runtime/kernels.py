@@ -344,8 +344,9 @@ def half_linears(model: nn.Module) -> int:
     """Every float32 CPU linear layer of ``model`` on float16 weights (``HalfLinear``); how many were swapped.
 
     For draft-only modules (see ``HalfLinear``), and for a target only as a preset that says so
-    (``weights: fp16``, ``models.WEIGHTS``): that makes it another model, its own reference. Does nothing on other devices or
-    dtypes, or on a build without FBGEMM. The model must stay frozen afterwards.
+    (``weights: fp16``, ``models.WEIGHTS``): that makes it another model, its own reference. Does
+    nothing on other devices or dtypes, or on a build without FBGEMM. The model must stay frozen
+    afterwards.
     """
     if not half_available():
         return 0

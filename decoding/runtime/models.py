@@ -385,6 +385,9 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
             raise ModelLoadError(f"{name} reads float16 weights with float32 activations, a CPU option; it "
                                  f"cannot load on device={device.type}, dtype={str(dtype).replace('torch.', '')} "
                                  f"(use device=cpu and dtype float32 or auto, or the preset {stem!r})")
+        if kernel_mode == "packed":
+            raise ModelLoadError(f"{name} runs FBGEMM's float16-weight kernels; kernels='packed' (oneDNN float32) "
+                                 f"does not apply to it (use the preset {stem!r} for that)")
         if not kernels.half_available():
             raise ModelLoadError(f"{name} needs PyTorch's FBGEMM float16 kernels (x86 CPUs), which this "
                                  f"build lacks; use the preset {stem!r}")
