@@ -31,3 +31,22 @@ def test_the_script_starts(script, tmp_path):
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage" in proc.stdout.lower()
+
+
+def test_the_calibration_tally_counts_paths_depths_and_conditional_confidence():
+    """prophet_calibration.tally on one hand-made tree: root children 0 (q .8) and 2 (q .1), node 1 (q .5) under
+    node 0; the accepted path is 0 -> 1."""
+    import collections
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from prophet_calibration import tally
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from decoding.events import DraftTree
+    tree = DraftTree(step=0, position=0, tokens=(5, 6, 7), parents=(-1, 0, -1), q=(0.8, 0.5, 0.1), accepted=(0, 1))
+    tables = {k: collections.defaultdict(lambda: [0, 0.0, 0]) for k in ("path", "depth", "own_given_parent")}
+    tally([tree, object()], tables)
+    assert {k: (n, round(s, 6), a) for k, (n, s, a) in tables["path"].items()} == \
+        {8: (1, 0.8, 1), 4: (1, 0.4, 1), 1: (1, 0.1, 0)}                  # 0.8, 0.8 * 0.5, 0.1
+    assert {k: (n, a) for k, (n, _, a) in tables["depth"].items()} == {1: (2, 1), 2: (1, 1)}
+    assert {k: (n, a) for k, (n, _, a) in tables["own_given_parent"].items()} == {8: (1, 1), 5: (1, 1), 1: (1, 0)}
