@@ -21,6 +21,7 @@ import torch
 
 from common import median, timed, write_json  # first: it puts the repository root on sys.path
 
+from decoding.harness.bench import width_logits
 from decoding.harness.runner import environment
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.kvcache import cache_kwarg, crop_cache
@@ -43,12 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def width_check(model, prefix: torch.Tensor, tokens: torch.Tensor) -> dict:
     """One forward over ``tokens`` against one forward per token, after the same ``prefix``."""
-    name = cache_kwarg(model)
-    cache = model(prefix, use_cache=True).past_key_values
-    wide = model(tokens, **{name: cache}, use_cache=True).logits[0].float()
-    crop_cache(cache, prefix.shape[1])
-    narrow = torch.stack([model(tokens[:, j:j + 1], **{name: cache}, use_cache=True).logits[0, -1].float()
-                          for j in range(tokens.shape[1])])
+    wide, narrow = width_logits(model, prefix, tokens)
     return {"max_abs_logit_diff": float((wide - narrow).abs().max()),
             "argmax_agrees": int((wide.argmax(-1) == narrow.argmax(-1)).sum()), "rows": tokens.shape[1]}
 

@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
     variants = {name: prophet.parse(v) for name, v in _variants(args.variant).items()}
     def name(h: str, v: str) -> str:
         return f"{h}/{v}" if len(pairs) > 1 and len(variants) > 1 else h if len(pairs) > 1 else v
-    methods = {name(h, v): (pairs[h], params) for h in pairs for v, params in variants.items()}
+    methods = {name(h, v): (prophet, pairs[h], params) for h in pairs for v, params in variants.items()}
     g_params, g_pair = greedy.parse({}), ModelPair(target)
     if args.baseline:   # timed like a method; "greedy (TARGET)" below is the target's own greedy against it
-        methods[f"greedy ({args.target})"] = (g_pair, g_params)
+        methods[f"greedy ({args.target})"] = (greedy, g_pair, g_params)
         b_pair = ModelPair(load_model(args.baseline))
 
     def timed(strategy, params, ids, pair, n=args.max_new_tokens):
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         timed(greedy, g_params, ids, g_pair, 16)
         if args.baseline:
             timed(greedy, g_params, encode_prompt(b_pair.target.tokenizer, text, chat=True), b_pair, 16)
-        for pair, params in methods.values():
-            timed(greedy if params is g_params else prophet, params, ids, pair, 16)
+        for strategy, pair, params in methods.values():
+            timed(strategy, params, ids, pair, 16)
     rows, t_start = [], time.time()
     for i, (cat, text) in enumerate(prompts):
         ids = encode_prompt(target.tokenizer, text, chat=True)
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
                 b_ids = encode_prompt(b_pair.target.tokenizer, text, chat=True)
                 results["baseline"], seconds, _ = timed(greedy, g_params, b_ids, b_pair)
                 times["baseline"].append(seconds)
-            for m, (pair, params) in methods.items():
-                results[m], seconds, _ = timed(greedy if params is g_params else prophet, params, ids, pair)
+            for m, (strategy, pair, params) in methods.items():
+                results[m], seconds, _ = timed(strategy, params, ids, pair)
                 times[m].append(seconds)
         ref = results["greedy"].token_ids
         row = {"category": cat, "prompt": text[:80], "tokens": len(ref), "methods": {}}
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  "equal": res.token_ids == ref}
             if args.baseline:   # per token: the baseline's greedy may stop at another length
                 b_rate = statistics.median(times["baseline"]) / max(1, len(results["baseline"].token_ids))
-                row["methods"][m]["vs_baseline"] = b_rate / (statistics.median(times[m]) / max(1, len(res.token_ids)))
+                rate = statistics.median(times[m]) / max(1, len(res.token_ids))
+                row["methods"][m]["vs_baseline"] = b_rate / rate
         rows.append(row)
         print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['speedup']:.2f}x/{v['tokens_per_forward']:.2f}"
                                               f"{'' if v['equal'] else ' (DIFFERS)'}" for m, v in row["methods"].items()),

@@ -12,10 +12,10 @@ import pytest
 import torch
 from test_prophet import random_prophet
 
+from decoding.harness.bench import width_logits
 from decoding.harness.runner import run_comparison
 from decoding.runtime import kernels
 from decoding.runtime.head import PROPHET_DIR, prophet_for, shipped_head
-from decoding.runtime.kvcache import cache_kwarg, crop_cache
 from decoding.runtime.models import (ModelLoadError, bundled_file, load_model, load_presets, runs_here,
                                      wrap_model)
 from decoding.runtime.pair import ModelPair
@@ -37,14 +37,8 @@ def test_rows_do_not_depend_on_how_many_are_computed_together():
     """A verify forward over 10 positions gives each the logits 10 one-position forwards give (float32
     rounding), so argmax, and so greedy verification, agrees; bfloat16 activations would not."""
     lm = _half(tiny_causal("llama", seed=3, scale=4.0))
-    model, ids = lm.model, torch.tensor([prompt(12, seed=1)])
     with torch.inference_mode():
-        cache = model(ids, use_cache=True).past_key_values
-        x = torch.tensor([prompt(10, seed=2)])
-        wide = model(x, **{cache_kwarg(model): cache}, use_cache=True).logits[0]
-        crop_cache(cache, ids.shape[1])
-        narrow = torch.stack([model(x[:, j:j + 1], **{cache_kwarg(model): cache}, use_cache=True).logits[0, -1]
-                              for j in range(10)])
+        wide, narrow = width_logits(lm.model, torch.tensor([prompt(12, seed=1)]), torch.tensor([prompt(10, seed=2)]))
     assert torch.allclose(wide, narrow, atol=1e-4, rtol=1e-4)
     assert torch.equal(wide.argmax(-1), narrow.argmax(-1))
 

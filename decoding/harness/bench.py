@@ -112,6 +112,20 @@ def _runner(method: Method, pair: ModelPair, max_new: int, seed: int,
     return run
 
 
+def width_logits(model: Any, prefix: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits of ``tokens [1, T]`` after ``prefix [1, P]``: from one forward over all T (as a verify
+    forward computes them) and from T one-position forwards (as greedy does). Lossless drafting against a
+    model's own greedy needs the two to agree far below the logit margins."""
+    from decoding.runtime.kvcache import cache_kwarg, crop_cache
+    name = cache_kwarg(model)
+    cache = model(prefix, use_cache=True).past_key_values
+    wide = model(tokens, **{name: cache}, use_cache=True).logits[0].float()
+    crop_cache(cache, prefix.shape[1])
+    narrow = torch.stack([model(tokens[:, j:j + 1], **{name: cache}, use_cache=True).logits[0, -1].float()
+                          for j in range(tokens.shape[1])])
+    return wide, narrow
+
+
 def weight_bytes(lm: LoadedModel) -> int:
     """Bytes of weights a decode step reads (each parameter once; tied embeddings counted once)."""
     return sum(p.numel() * p.element_size() for p in lm.model.parameters())
