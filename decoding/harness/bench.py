@@ -25,6 +25,7 @@ import yaml
 
 from decoding.drafting.universal import shares_tokenizer
 from decoding.harness.runner import encode_prompt
+from decoding.runtime.kvcache import cache_kwarg, crop_cache
 from decoding.runtime.models import PRESETS_DIR, LoadedModel
 from decoding.runtime.pair import ModelPair
 from decoding.sampling import make_generator
@@ -116,7 +117,6 @@ def width_logits(model: Any, prefix: torch.Tensor, tokens: torch.Tensor) -> tupl
     """Float32 logits of ``tokens [1, T]`` after ``prefix [1, P]``: from one forward over all T (as a verify
     forward computes them) and from T one-position forwards (as greedy does). Lossless drafting against a
     model's own greedy needs the two to agree far below the logit margins."""
-    from decoding.runtime.kvcache import cache_kwarg, crop_cache
     name = cache_kwarg(model)
     cache = model(prefix, use_cache=True).past_key_values
     wide = model(tokens, **{name: cache}, use_cache=True).logits[0].float()
