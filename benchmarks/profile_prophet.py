@@ -1,11 +1,14 @@
-"""Where a prophet step spends its time on this machine, from the run's own events.
+"""Where a prophet step spends its time on this machine, and what it costs against a greedy step, from the
+runs' own events.
 
     python benchmarks/profile_prophet.py [--per-category 2] [--variant fixed8:tree_nodes=8]
 
 Runs the prophet (traced) on prompts of presets/bench_unseen.yaml after a warm-up and sums its events:
 ``StepTiming`` splits every propose-verify step into drafting, the target's verify forward and the rest
 (acceptance, cache compaction, committing: bookkeeping); ``ForwardPass`` gives the head's calls (how many,
-how many positions, how long) and the target's verify forwards by width. Prints ms per step and shares.
+how many positions, how long) and the target's verify forwards by width. Greedy runs on the same prompts,
+interleaved with the prophet's, give a greedy step (its one-position forwards). Prints ms per step, shares,
+and a prophet step over a greedy step (issue 26's measure).
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def profile(events: list, wall_s: float) -> dict:
             "accepted_per_step": statistics.fmean(s.accepted for s in steps) if steps else 0.0}
 
 
+def greedy_steps(events: list) -> list[float]:
+    """The ms of each of a greedy run's one-position decode forwards (its events)."""
+    return [e.ms for e in events if isinstance(e, ForwardPass) and e.model == "target" and e.kind != "prefill"
+            and e.positions == 1]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
@@ -63,12 +72,18 @@ def main(argv: list[str] | None = None) -> None:
     params = strategy.parse(dict(kv.split("=", 1) for kv in rest.split(",") if kv))
     pair = ModelPair(lm)
     prompts = load_prompt_set(args.prompts, None, args.per_category)
-    run_one(strategy, params, encode_prompt(lm.tokenizer, prompts[0][1], chat=True), pair, max_new_tokens=16)
+    greedy = get_strategy("greedy")
+    g_params = greedy.parse({})
+    for s, sp in ((greedy, g_params), (strategy, params)):
+        run_one(s, sp, encode_prompt(lm.tokenizer, prompts[0][1], chat=True), pair, max_new_tokens=16)
     total: dict = defaultdict(float)
     widths: dict[int, list[float]] = defaultdict(list)
+    greedy_ms: list[float] = []          # a greedy step: one one-position forward, in the same process
     for _, text in prompts:
-        res, seconds, events = run_one(strategy, params, encode_prompt(lm.tokenizer, text, chat=True), pair,
-                                       max_new_tokens=args.max_new_tokens)
+        ids = encode_prompt(lm.tokenizer, text, chat=True)
+        _, _, g_events = run_one(greedy, g_params, ids, pair, max_new_tokens=args.max_new_tokens)
+        greedy_ms += greedy_steps(g_events)
+        res, seconds, events = run_one(strategy, params, ids, pair, max_new_tokens=args.max_new_tokens)
         prof = profile(events, seconds)
         for k, v in prof.items():
             if k == "verify_ms_by_width":
@@ -91,6 +106,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{total['head_call_ms'] / steps:.2f} ms each, {total['head_positions_per_step'] / steps:.1f} positions "
           f"per step; verify width {total['verify_width'] / steps:.1f}; accepted per step "
           f"{total['accepted_per_step'] / steps:.2f}")
+    step = (total["draft_ms"] + total["verify_ms"] + total["overhead_ms"]) / steps
+    g_step = statistics.fmean(greedy_ms) if greedy_ms else float("nan")
+    print(f"  a prophet step {step:.2f} ms (drafting + verify forward + bookkeeping); a greedy step "
+          f"{g_step:.2f} ms (mean of {len(greedy_ms)} one-position forwards of greedy runs on the same prompts, "
+          f"interleaved) -> {step / g_step:.2f}x a greedy step")
     print("  verify forward ms by width: " + ", ".join(f"{w}: {statistics.median(v):.1f}"
                                                      for w, v in sorted(widths.items()) if len(v) >= 3))
 

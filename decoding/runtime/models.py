@@ -31,6 +31,7 @@ import yaml
 
 from decoding.runtime import kernels
 from decoding.runtime.adapter import merge_adapter
+from decoding.runtime.gqa_attention import use_gqa_attention
 from decoding.runtime.kernel_choice import cache_file, configure
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"   # decoding/runtime/ -> the repository
@@ -258,6 +259,7 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
     """Wrap an already-built transformers model (tests build tiny random ones)."""
     import inspect
     model.eval()
+    use_gqa_attention(model)      # masked multi-position forwards without copying the KV cache (CPU)
     param = next(model.parameters())
     return LoadedModel(
         name=name, source=kwargs.pop("source", name), model=model, tokenizer=tokenizer,
