@@ -63,7 +63,7 @@ def forwards(lm, contexts: tuple[int, ...], repeats: int) -> list[dict]:
         for impl in (STOCK, NAME):
             lm.model.set_attn_implementation(impl)
             s = Session(lm)
-            s.prefill([100 + (i * 7919) % 20000 for i in range(n)])
+            s.prefill([(100 + (i * 7919) % 20000) % lm.vocab_size for i in range(n)])
             sessions[impl] = s
         times: dict[str, list[float]] = {STOCK: [], NAME: []}
         logits = {}

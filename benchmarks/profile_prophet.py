@@ -2,6 +2,7 @@
 runs' own events.
 
     python benchmarks/profile_prophet.py [--per-category 2] [--variant fixed8:tree_nodes=8]
+    python benchmarks/profile_prophet.py --attention sdpa_gqa_cpu --attention sdpa   # an A/B, interleaved
 
 Runs the prophet (traced) on prompts of presets/bench_unseen.yaml after a warm-up and sums its events:
 ``StepTiming`` splits every propose-verify step into drafting, the target's verify forward and the rest
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decoding.events import ForwardPass, StepTiming  # noqa: E402
 from decoding.harness.bench import load_prompt_set  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
+from decoding.runtime.gqa_attention import NAME as GROUPED  # noqa: E402
 from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
@@ -57,46 +59,22 @@ def greedy_steps(events: list) -> list[float]:
             and e.positions == 1]
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
-    p.add_argument("--per-category", type=int, default=2)
-    p.add_argument("--variant", default="defaults:", help="NAME:KEY=V[,KEY=V] prophet parameters")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    lm = load_model("smollm2-135m-instruct")
-    strategy = get_strategy("prophet")
-    name, _, rest = args.variant.partition(":")
-    params = strategy.parse(dict(kv.split("=", 1) for kv in rest.split(",") if kv))
-    pair = ModelPair(lm)
-    prompts = load_prompt_set(args.prompts, None, args.per_category)
-    greedy = get_strategy("greedy")
-    g_params = greedy.parse({})
-    for s, sp in ((greedy, g_params), (strategy, params)):
-        run_one(s, sp, encode_prompt(lm.tokenizer, prompts[0][1], chat=True), pair, max_new_tokens=16)
-    total: dict = defaultdict(float)
-    widths: dict[int, list[float]] = defaultdict(list)
-    greedy_ms: list[float] = []          # a greedy step: one one-position forward, in the same process
-    for _, text in prompts:
-        ids = encode_prompt(lm.tokenizer, text, chat=True)
-        _, _, g_events = run_one(greedy, g_params, ids, pair, max_new_tokens=args.max_new_tokens)
-        greedy_ms += greedy_steps(g_events)
-        res, seconds, events = run_one(strategy, params, ids, pair, max_new_tokens=args.max_new_tokens)
-        prof = profile(events, seconds)
-        for k, v in prof.items():
-            if k == "verify_ms_by_width":
-                for w, ms in v.items():
-                    widths[w].append(ms)
-            elif k in ("head_call_ms", "verify_width", "head_calls_per_step", "head_positions_per_step",
-                       "accepted_per_step"):
-                total[k] += v * prof["steps"]
-            else:
-                total[k] += v
+def _accumulate(total: dict, widths: dict, prof: dict) -> None:
+    for k, v in prof.items():
+        if k == "verify_ms_by_width":
+            for w, ms in v.items():
+                widths[w].append(ms)
+        elif k in ("head_call_ms", "verify_width", "head_calls_per_step", "head_positions_per_step",
+                   "accepted_per_step"):
+            total[k] += v * prof["steps"]
+        else:
+            total[k] += v
+
+
+def report(title: str, total: dict, widths: dict, greedy_ms: list[float]) -> dict:
+    """Print one configuration's per-step split; returns its prophet step and greedy step in ms."""
     steps = max(1.0, total["steps"])
-    print(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads; prophet {name} on {len(prompts)} prompts, "
-          f"{int(steps)} steps (traced: tracing adds its own time to the bookkeeping)")
+    print(f"{title}, {int(steps)} steps (traced: tracing adds its own time to the bookkeeping)")
     for k in ("draft_ms", "verify_ms", "overhead_ms"):
         print(f"  {k:12s} {total[k] / steps:7.2f} ms/step  {100 * total[k] / total['wall_ms']:5.1f}% of wall")
     rest = total["wall_ms"] - total["draft_ms"] - total["verify_ms"] - total["overhead_ms"]
@@ -113,6 +91,49 @@ def main(argv: list[str] | None = None) -> None:
           f"interleaved) -> {step / g_step:.2f}x a greedy step")
     print("  verify forward ms by width: " + ", ".join(f"{w}: {statistics.median(v):.1f}"
                                                      for w, v in sorted(widths.items()) if len(v) >= 3))
+    return {"step_ms": step, "greedy_step_ms": g_step}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
+    p.add_argument("--per-category", type=int, default=2)
+    p.add_argument("--variant", default="defaults:", help="NAME:KEY=V[,KEY=V] prophet parameters")
+    p.add_argument("--attention", action="append",
+                   help=f"the target's attention implementation (default: what load_model set, {GROUPED}); "
+                        f"twice, e.g. --attention {GROUPED} --attention sdpa, for an interleaved A/B")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    lm = load_model("smollm2-135m-instruct")
+    attentions = args.attention or [lm.model.config._attn_implementation]
+    strategy = get_strategy("prophet")
+    name, _, rest = args.variant.partition(":")
+    params = strategy.parse(dict(kv.split("=", 1) for kv in rest.split(",") if kv))
+    pair = ModelPair(lm)
+    prompts = load_prompt_set(args.prompts, None, args.per_category)
+    greedy = get_strategy("greedy")
+    g_params = greedy.parse({})
+    for impl in attentions:
+        lm.model.set_attn_implementation(impl)
+        for s, sp in ((greedy, g_params), (strategy, params)):
+            run_one(s, sp, encode_prompt(lm.tokenizer, prompts[0][1], chat=True), pair, max_new_tokens=16)
+    totals: dict = {a: defaultdict(float) for a in attentions}
+    widths: dict = {a: defaultdict(list) for a in attentions}
+    greedy_ms: dict = {a: [] for a in attentions}     # a greedy step: one one-position forward, same process
+    for i, (_, text) in enumerate(prompts):
+        ids = encode_prompt(lm.tokenizer, text, chat=True)
+        for impl in (attentions if i % 2 == 0 else attentions[::-1]):
+            lm.model.set_attn_implementation(impl)
+            _, _, g_events = run_one(greedy, g_params, ids, pair, max_new_tokens=args.max_new_tokens)
+            greedy_ms[impl] += greedy_steps(g_events)
+            _, seconds, events = run_one(strategy, params, ids, pair, max_new_tokens=args.max_new_tokens)
+            _accumulate(totals[impl], widths[impl], profile(events, seconds))
+    lm.model.set_attn_implementation(GROUPED)
+    return {impl: report(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads; prophet {name} on {len(prompts)} "
+                         f"prompts, attention {impl}", totals[impl], widths[impl], greedy_ms[impl])
+            for impl in attentions}
 
 
 if __name__ == "__main__":

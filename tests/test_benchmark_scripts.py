@@ -50,3 +50,35 @@ def test_the_calibration_tally_counts_paths_depths_and_conditional_confidence():
         {8: (1, 0.8, 1), 4: (1, 0.4, 1), 1: (1, 0.1, 0)}                  # 0.8, 0.8 * 0.5, 0.1
     assert {k: (n, a) for k, (n, _, a) in tables["depth"].items()} == {1: (2, 1), 2: (1, 1)}
     assert {k: (n, a) for k, (n, _, a) in tables["own_given_parent"].items()} == {8: (1, 1), 5: (1, 1), 1: (1, 0)}
+
+
+def _bench_module(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_attention_benchmark_times_both_kernels_and_compares_their_logits():
+    from tiny_models import tiny_causal
+    bench = _bench_module("bench_gqa_attention")
+    lm = tiny_causal("llama")
+    rows = bench.forwards(lm, (8, 40), 2)
+    assert [r["context"] for r in rows] == [8, 40]
+    for r in rows:
+        assert r["bit_identical"] is True
+        assert r["stock_ms"] > 0 and r["grouped_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["stock_ms"] / r["grouped_ms"])      # stock over grouped, not inverted
+    assert lm.model.config._attn_implementation in (bench.STOCK, bench.NAME)
+
+
+def test_the_profiler_counts_only_greedys_one_position_decode_forwards():
+    from decoding.events import ForwardPass
+    profile = _bench_module("profile_prophet")
+    events = [ForwardPass(step=0, model="target", positions=30, ms=90.0, kind="prefill"),
+              ForwardPass(step=1, model="target", positions=1, ms=20.0, kind="decode"),
+              ForwardPass(step=2, model="draft", positions=1, ms=1.0, kind="draft"),
+              ForwardPass(step=3, model="target", positions=1, ms=22.0, kind="decode"),
+              ForwardPass(step=4, model="target", positions=5, ms=30.0, kind="verify"), object()]
+    assert profile.greedy_steps(events) == [20.0, 22.0]
