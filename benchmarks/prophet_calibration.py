@@ -5,7 +5,7 @@
 
 The tree keeps the nodes with the highest path probability (the product of the head's confidences along
 the path), so the tree is only as good as those numbers. This runs the prophet (defaults, without the
-prompt-lookup branch, whose nodes carry no head probability) on every prompt of ``--prompts`` and, from the
+copy branch, whose nodes carry no head probability) on every prompt of ``--prompts`` and, from the
 run's own ``DraftTree`` events, compares:
 
 * each verified node's path probability with whether it was on the accepted path (by tenths);

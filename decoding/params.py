@@ -18,7 +18,8 @@ MAX_DRAFT = 32       # deepest draft (tokens per chain)
 
 
 MAX_TREE_NODES = 64  # most nodes one tree may hold
-BUDGETS = ("fixed", "measured")   # the prophet's tree budget: tree_nodes, or from the measured forward costs
+BUDGETS = ("fixed", "measured")
+LOOKUP_SOURCES = ("suffix", "prompt")   # the prophet's copy branch: suffix trees or n-gram prompt lookup   # the prophet's tree budget: tree_nodes, or from the measured forward costs
 MAX_BEAMS = 16
 # Smaller positive values would reach the float32 kernels as 0 (top_p: every token dropped;
 # temperature: logits divided by 0) and fail inside the run; they mean "argmax" anyway.
@@ -227,6 +228,13 @@ class ProphetParams(SpeculativeParams):
     merges the prompt-lookup continuation into the tree as one more branch
     (greedy only, ``drafting/merged.py``): replies often restate the prompt just
     where the head, with little answer to attend to yet, is weakest.
+    ``lookup_source``: ``suffix`` (the default) copies with suffix decoding over
+    this generation's prompt and output only (no history of other runs), which
+    drafts only where a continuation occurred and as far as the match supports;
+    ``prompt`` with n-gram prompt lookup. ``lookup_tokens``: the longest copy the
+    branch may propose (16: a copied run of code or text can land in one step,
+    past the head's ``draft_tokens`` depth; BENCHMARKS.md, "The prophet's copy
+    branch").
     ``budget``: ``fixed`` verifies the ``tree_nodes`` most probable nodes;
     ``measured`` grows the tree up to ``tree_nodes`` (0: ``drafting.dynamic.
     MEASURED_NODES``) and verifies the most probable prefix that maximizes
@@ -239,12 +247,19 @@ class ProphetParams(SpeculativeParams):
     confidence_threshold: float = 0.1
     tree: bool = True
     lookup: bool = True
+    lookup_source: str = "suffix"
+    lookup_tokens: int = 16
     budget: str = "fixed"
-    CHOICES = {"budget": BUDGETS}
+    CHOICES = {"budget": BUDGETS, "lookup_source": LOOKUP_SOURCES}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_bool("lookup", self.lookup)
+        if not isinstance(self.lookup_source, str) or self.lookup_source not in LOOKUP_SOURCES:
+            raise ValueError(f"lookup_source must be one of {', '.join(LOOKUP_SOURCES)} (suffix: suffix decoding "
+                             f"over this prompt and output; prompt: n-gram prompt lookup), "
+                             f"got {_shown(self.lookup_source)}")
+        check_number("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT, integer=True)
         if not isinstance(self.budget, str) or self.budget not in BUDGETS:
             raise ValueError(f"budget must be one of {', '.join(BUDGETS)} (fixed: the tree_nodes most probable "
                              f"nodes; measured: as many as pay for their measured verify cost), "

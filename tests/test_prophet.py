@@ -396,13 +396,52 @@ def test_raising_the_confidence_threshold_drafts_fewer_tokens(bundled):
     assert high_t.stats["gamma"] < low_t.stats["gamma"]                 # shallower trees
 
 
-def test_the_lookup_branch_saves_target_forwards_where_the_reply_copies_the_prompt(bundled):
+@pytest.mark.parametrize("source", ["suffix", "prompt"])
+def test_the_lookup_branch_saves_target_forwards_where_the_reply_copies_the_prompt(bundled, source):
     ids = encode_prompt(bundled.tokenizer, "Repeat this sentence twice: The quick brown fox jumps over the lazy dog.",
                         chat=True)
     pair = ModelPair(bundled, prophet=prophet_for(bundled))
     want = _greedy(ModelPair(bundled), ids, 40)
     alone = prophet(ids, pair, ProphetParams(lookup=False), max_new_tokens=40)
-    merged = prophet(ids, pair, ProphetParams(), max_new_tokens=40)
+    merged = prophet(ids, pair, ProphetParams(lookup_source=source), max_new_tokens=40)
     assert alone.token_ids == want and merged.token_ids == want
     # the 10-token reply takes the (GPU-trained) head alone 6 forwards; the lookup branch must save at least 2
     assert merged.target_forwards <= alone.target_forwards - 2, (merged.target_forwards, alone.target_forwards)
+
+
+COPY_PROMPT = "Add a docstring to this function:\n\ndef area(width, height):\n    return width * height\n"
+
+
+@pytest.mark.parametrize("source", ["suffix", "prompt"])
+def test_the_copy_branch_lands_a_copy_longer_than_the_heads_depth_in_one_step(bundled, source):
+    """``lookup_tokens`` (16) lets the copy branch run past the head's 6-token depth; capped at the depth, no
+    step can accept more than 6 drafted tokens (the reply restates the function: one step takes 9 at once)."""
+    ids = encode_prompt(bundled.tokenizer, COPY_PROMPT, chat=True)
+    pair = ModelPair(bundled, prophet=prophet_for(bundled))
+    want = _greedy(ModelPair(bundled), ids, 48)
+    deep = prophet(ids, pair, ProphetParams(lookup_source=source), max_new_tokens=48)
+    capped = prophet(ids, pair, ProphetParams(lookup_source=source, lookup_tokens=6), max_new_tokens=48)
+    assert deep.token_ids == want and capped.token_ids == want
+    assert max(capped.stats["accepted_lengths"]) <= 6
+    assert max(deep.stats["accepted_lengths"]) > 6, deep.stats["accepted_lengths"]
+    assert deep.target_forwards < capped.target_forwards
+
+
+def test_the_suffix_copy_branch_keeps_no_history_between_runs(bundled):
+    """The branch copies from this run's prompt and output only: a second identical run drafts exactly as the
+    first (a history of earlier runs would let it copy the whole answer, and would leak one visitor's
+    output into another's drafts)."""
+    ids = encode_prompt(bundled.tokenizer, "Name three colours of the rainbow.", chat=True)
+    pair = ModelPair(bundled, prophet=prophet_for(bundled))
+    first = prophet(ids, pair, ProphetParams(), max_new_tokens=32)
+    second = prophet(ids, pair, ProphetParams(), max_new_tokens=32)
+    assert first.token_ids == second.token_ids
+    assert first.stats["accepted_lengths"] == second.stats["accepted_lengths"]
+
+
+@pytest.mark.parametrize("bad, message", [({"lookup_source": "history"}, "lookup_source must be one of suffix, prompt"),
+                                          ({"lookup_tokens": 0}, "lookup_tokens"),
+                                          ({"lookup_tokens": 33}, "lookup_tokens")])
+def test_the_copy_branch_parameters_are_validated(bad, message):
+    with pytest.raises(ValueError, match=message):
+        ProphetParams(**bad)

@@ -38,8 +38,9 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     * ``suffix``: suffix trees over the context and the run's history (``context.history``, when
       ``params.history``);
     * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees merged
-      with a prompt-lookup branch (``lookup``, greedy only: ``merged.py``); with ``budget="measured"``, the
-      target's verify-forward cost curve (``runtime/forward_cost.py``, timed at its first use, kept on it);
+      with a copy branch (``lookup``: suffix decoding over this prompt and output, or prompt lookup; greedy
+      only: ``merged.py``); with ``budget="measured"``, the target's verify-forward cost curve
+      (``runtime/forward_cost.py``, timed at its first use, kept on it);
     * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's), or the
       prophet head when the pair has no assistant.
     """
@@ -60,7 +61,7 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
         if params.tree and getattr(params, "budget", "fixed") == "measured":   # timed once per model
             cost = forward_cost(pair.target, 1 + tree_shape(params, pair.target.device)[1], fast=params.fast)
         drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng, cost=cost)
-        if kind == "prophet" and params.tree and params.lookup:   # a prompt-lookup branch in the tree
+        if kind == "prophet" and params.tree and params.lookup:   # a copy branch in the tree
             return with_lookup(drafter, params)
         return drafter
     if kind == "speculative":

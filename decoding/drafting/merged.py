@@ -2,7 +2,8 @@
 
 A model drafter is weakest where a model-free one is strongest: a prophet head
 has little answer to attend to at the start of a reply, which is just where
-replies restate the prompt. ``MergedDrafter`` runs its primary drafter and its
+replies restate the prompt, and it drafts only a few tokens deep, where a
+copied line of code runs on for many. ``MergedDrafter`` runs its primary drafter and its
 extras (prompt lookup, suffix) on the same context and merges every path into
 one token tree (``TokenTree.from_paths``, the primary's paths first). Extra
 branches cost a few verify positions and no model forward. ArcticInference
@@ -17,13 +18,14 @@ sampling that keeps the target distribution.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.lookup import PromptLookupDrafter
-from decoding.params import PromptLookupParams, ProphetParams
+from decoding.drafting.suffix import SuffixDrafter
+from decoding.params import PromptLookupParams, ProphetParams, SuffixParams
 from decoding.tree import TokenTree
 
 
@@ -33,11 +35,15 @@ def _paths(tree: TokenTree) -> list[list[int]]:
 
 
 class MergedDrafter(Drafter):
-    """``primary`` plus model-free ``extras`` merged into one tree (greedy); the primary alone when sampling."""
+    """``primary`` plus model-free ``extras`` merged into one tree (greedy); the primary alone when sampling.
 
-    def __init__(self, primary: Drafter, extras: Sequence[Drafter], greedy: bool) -> None:
+    ``extra_depth``: how many tokens the extras may propose (None: as many as the primary, ``k``).
+    """
+
+    def __init__(self, primary: Drafter, extras: Sequence[Drafter], greedy: bool,
+                 extra_depth: Optional[int] = None) -> None:
         super().__init__()
-        self.primary, self.extras, self.greedy = primary, list(extras), greedy
+        self.primary, self.extras, self.greedy, self.extra_depth = primary, list(extras), greedy, extra_depth
         self.source = primary.source
         self.accepted_source = primary.accepted_source
         self.needs_hidden = primary.needs_hidden
@@ -71,7 +77,7 @@ class MergedDrafter(Drafter):
             return main
         paths = _paths(main.tree)
         for extra in self.extras:
-            paths += _paths(extra.propose(context, k).tree)
+            paths += _paths(extra.propose(context, self.extra_depth or k).tree)
         merged = TokenTree.from_paths(paths)
         if len(merged) == len(main.tree):
             return main                               # nothing new: keep the primary's q and order
@@ -90,5 +96,12 @@ def _q_of(main: Proposal, merged: TokenTree, node: int) -> float:
 
 
 def with_lookup(primary: Drafter, params: ProphetParams) -> Drafter:
-    """``primary`` with a prompt-lookup branch (as deep as the draft) merged into its tree."""
-    return MergedDrafter(primary, [PromptLookupDrafter(PromptLookupParams())], greedy=params.is_greedy)
+    """``primary`` with a copy branch of up to ``params.lookup_tokens`` tokens merged into its tree: suffix
+    decoding over this generation's prompt and output (no history of other runs), or n-gram prompt lookup
+    (``params.lookup_source``)."""
+    n = params.lookup_tokens
+    if params.lookup_source == "prompt":
+        extra: Drafter = PromptLookupDrafter(PromptLookupParams(draft_tokens=n))
+    else:
+        extra = SuffixDrafter(SuffixParams(draft_tokens=n, tree=False, history=False), history=None, tree=False)
+    return MergedDrafter(primary, [extra], greedy=params.is_greedy, extra_depth=n)
