@@ -18,8 +18,8 @@ MAX_DRAFT = 32       # deepest draft (tokens per chain)
 
 
 MAX_TREE_NODES = 64  # most nodes one tree may hold
-BUDGETS = ("fixed", "measured")
-LOOKUP_SOURCES = ("suffix", "prompt")   # the prophet's copy branch: suffix trees or n-gram prompt lookup   # the prophet's tree budget: tree_nodes, or from the measured forward costs
+BUDGETS = ("fixed", "measured")   # the prophet's tree budget: tree_nodes, or from the measured forward costs
+LOOKUP_SOURCES = ("suffix", "prompt")   # the prophet's copy branch: suffix trees or n-gram prompt lookup
 MAX_BEAMS = 16
 # Smaller positive values would reach the float32 kernels as 0 (top_p: every token dropped;
 # temperature: logits divided by 0) and fail inside the run; they mean "argmax" anyway.
@@ -225,9 +225,9 @@ class ProphetParams(SpeculativeParams):
     by default (``tree=false`` drafts a chain, for comparison), and a lower
     confidence threshold, because a head position costs a few percent of a target
     forward (BENCHMARKS.md has the sweeps behind these defaults). ``lookup``
-    merges the prompt-lookup continuation into the tree as one more branch
-    (greedy only, ``drafting/merged.py``): replies often restate the prompt just
-    where the head, with little answer to attend to yet, is weakest.
+    merges a copied continuation into the tree as one more branch (greedy only,
+    ``drafting/merged.py``): replies often restate the prompt just where the
+    head, with little answer to attend to yet, is weakest.
     ``lookup_source``: ``suffix`` (the default) copies with suffix decoding over
     this generation's prompt and output only (no history of other runs), which
     drafts only where a continuation occurred and as far as the match supports;
