@@ -148,12 +148,13 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}", flush=True)
     lm = load_model(args.target)
+    original = lm.model.config._attn_implementation
     names = args.strategy or ["prophet", "lookahead"]
     doc = {"cpu": cpu_label(), "environment": environment(ModelPair(lm), 0), "args": vars(args),
            "forwards": forwards(lm, CONTEXTS, args.forward_repeats)}
     rows = runs(lm, names, args) if args.per_category > 0 else []
     doc.update(runs=rows, summary=summarize(rows, names) if rows else {})
-    lm.model.set_attn_implementation(NAME)
+    lm.model.set_attn_implementation(original)
     write_json(args.json, doc)
     return doc
 

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2-135m-instruct")
-    attentions = args.attention or [lm.model.config._attn_implementation]
+    original = lm.model.config._attn_implementation
+    attentions = args.attention or [original]
     strategy = get_strategy("prophet")
     name, _, rest = args.variant.partition(":")
     params = strategy.parse(dict(kv.split("=", 1) for kv in rest.split(",") if kv))
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
             greedy_ms[impl] += greedy_steps(g_events)
             _, seconds, events = run_one(strategy, params, ids, pair, max_new_tokens=args.max_new_tokens)
             _accumulate(totals[impl], widths[impl], profile(events, seconds))
-    lm.model.set_attn_implementation(GROUPED)
+    lm.model.set_attn_implementation(original)
     return {impl: report(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads; prophet {name} on {len(prompts)} "
                          f"prompts, attention {impl}", totals[impl], widths[impl], greedy_ms[impl])
             for impl in attentions}
