@@ -229,8 +229,9 @@ class ProphetParams(SpeculativeParams):
     ``drafting/merged.py``): replies often restate the prompt just where the
     head, with little answer to attend to yet, is weakest.
     ``lookup_source``: ``suffix`` (the default) copies with suffix decoding over
-    this generation's prompt and output only (no history of other runs), which
-    drafts only where a continuation occurred and as far as the match supports;
+    this generation's prompt and output only (no history of other runs, no edit
+    following), which drafts only where a continuation occurred and as far as the
+    match supports;
     ``prompt`` with n-gram prompt lookup. ``lookup_tokens``: the longest copy the
     branch may propose (16: a copied run of code or text can land in one step,
     past the head's ``draft_tokens`` depth; BENCHMARKS.md, "The prophet's copy

@@ -168,3 +168,28 @@ def test_merged_drafter_unions_branches_when_greedy_and_steps_aside_when_samplin
     sampling = MergedDrafter(Fixed(main), [Fixed(extra)], greedy=False)
     assert sampling.propose([1, 2], 3) is main
     assert MergedDrafter(Fixed(main), [Fixed(Proposal.chain([7]))], greedy=True).propose([1], 3) is main
+
+
+def test_merged_drafter_gives_each_drafter_feedback_on_its_own_proposal():
+    from decoding.drafting.merged import MergedDrafter
+
+    class Fixed(Drafter):
+        def __init__(self, proposal):
+            super().__init__()
+            self.proposal, self.heard = proposal, []
+
+        def propose(self, context, k):
+            return self.proposal
+
+        def feedback(self, proposal, accepted):
+            self.heard.append((proposal, list(accepted)))
+
+    main, copy = Proposal(TokenTree.from_paths([(5, 6), (7,)]), None, [0.5, 0.4, 0.3]), Proposal.chain([5, 9, 10])
+    head, extra = Fixed(main), Fixed(copy)
+    merged_drafter = MergedDrafter(head, [extra], greedy=True)
+    merged = merged_drafter.propose([1, 2], 3)
+    merged_drafter.feedback(merged, [5, 9, 4])
+    assert head.heard == [(main, [5, 9, 4])] and extra.heard == [(copy, [5, 9, 4])]
+    sampling = MergedDrafter(head, [extra], greedy=False)      # the extras drafted nothing this step
+    sampling.feedback(sampling.propose([1, 2], 3), [7, 3])
+    assert extra.heard[-1][0].tree.tokens == () and head.heard[-1] == (main, [7, 3])

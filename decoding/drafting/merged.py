@@ -44,6 +44,7 @@ class MergedDrafter(Drafter):
                  extra_depth: Optional[int] = None) -> None:
         super().__init__()
         self.primary, self.extras, self.greedy, self.extra_depth = primary, list(extras), greedy, extra_depth
+        self._own: list[Proposal] = []          # this step's proposal of each drafter, primary first
         self.source = primary.source
         self.accepted_source = primary.accepted_source
         self.needs_hidden = primary.needs_hidden
@@ -68,16 +69,22 @@ class MergedDrafter(Drafter):
         return self.primary.stats()
 
     def feedback(self, proposal: Proposal, accepted: Sequence[int]) -> None:
-        for d in [self.primary] + self.extras:
-            d.feedback(proposal, accepted)
+        """Each drafter hears about its own proposal (a suffix drafter follows its copy along the committed
+        tokens; it would misread the merged tree's other branches as its copy cut short)."""
+        own = self._own or [proposal] + [Proposal.empty()] * len(self.extras)
+        for d, p in zip([self.primary] + self.extras, own):
+            d.feedback(p, accepted)
+        self._own = []
 
     def propose(self, context: Sequence[int], k: int) -> Proposal:
         main = self.primary.propose(context, k)
+        self._own = [main] + [Proposal.empty()] * len(self.extras)
         if not self.greedy:
             return main
         paths = _paths(main.tree)
-        for extra in self.extras:
-            paths += _paths(extra.propose(context, self.extra_depth or k).tree)
+        for i, extra in enumerate(self.extras, 1):
+            self._own[i] = extra.propose(context, self.extra_depth or k)
+            paths += _paths(self._own[i].tree)
         merged = TokenTree.from_paths(paths)
         if len(merged) == len(main.tree):
             return main                               # nothing new: keep the primary's q and order
@@ -103,5 +110,6 @@ def with_lookup(primary: Drafter, params: ProphetParams) -> Drafter:
     if params.lookup_source == "prompt":
         extra: Drafter = PromptLookupDrafter(PromptLookupParams(draft_tokens=n))
     else:
-        extra = SuffixDrafter(SuffixParams(draft_tokens=n, tree=False, history=False), history=None, tree=False)
+        extra = SuffixDrafter(SuffixParams(draft_tokens=n, tree=False, history=False, edit_tokens=0), history=None,
+                              tree=False)
     return MergedDrafter(primary, [extra], greedy=params.is_greedy, extra_depth=n)
