@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 import transformers.integrations.sdpa_attention as hf_sdpa
 
+from decoding.params import GreedyParams, LookaheadParams, SpeculativeParams
 from decoding.runtime import gqa_attention
 from decoding.runtime.attention import check_mask_support, tree_forward
 from decoding.runtime.gqa_attention import NAME, use_gqa_attention
-from decoding.runtime.session import Session
-from decoding.params import GreedyParams, LookaheadParams, SpeculativeParams
 from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
 from decoding.strategies.baselines import greedy
 from decoding.strategies.lookahead import lookahead
 from decoding.strategies.speculative import speculative
@@ -116,8 +116,8 @@ def test_lossless_strategies_on_it_still_equal_greedy_and_do_use_it(monkeypatch)
     grouped = []
     real = F.scaled_dot_product_attention
 
-    def spy(*args, **kwargs):
-        grouped.append(kwargs.get("enable_gqa", False))
+    def spy(*args, **kwargs):    # transformers' own calls pass enable_gqa only without a mask
+        grouped.append(bool(kwargs.get("enable_gqa")) and kwargs.get("attn_mask") is not None)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(gqa_attention.F, "scaled_dot_product_attention", spy)

@@ -3,11 +3,11 @@
 A model drafter is weakest where a model-free one is strongest: a prophet head
 has little answer to attend to at the start of a reply, which is just where
 replies restate the prompt, and it drafts only a few tokens deep, where a
-copied line of code runs on for many. ``MergedDrafter`` runs its primary drafter and its
-extras (prompt lookup, suffix) on the same context and merges every path into
-one token tree (``TokenTree.from_paths``, the primary's paths first). Extra
-branches cost a few verify positions and no model forward. ArcticInference
-pairs suffix decoding with EAGLE drafts in the same spirit.
+copied line of code runs on for many. ``MergedDrafter`` runs its primary
+drafter and its extras (prompt lookup, suffix) on the same context and merges
+every path into one token tree (``TokenTree.from_paths``, the primary's paths
+first). Extra branches cost a few verify positions and no model forward.
+ArcticInference pairs suffix decoding with EAGLE drafts in the same spirit.
 
 Greedy verification accepts whichever branch matches the target's argmax, so
 the output stays greedy's. Under sampling the merge is skipped and the primary's

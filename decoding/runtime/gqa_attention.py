@@ -4,10 +4,10 @@ transformers' ``sdpa`` attention hands SDPA its grouped keys and values only
 when there is no mask. A forward over several new positions with a mask (a
 token tree's verify forward, a lookahead window) instead expands every layer's
 cached keys and values to one copy per query head (``repeat_kv``) before each
-call. SmolLM2-135M has 9 query heads over 3 KV
-heads, so each layer copies its cache three times over, every forward. A
-profile of the prophet on the CPU put 7 % of a run's time in that copy
-(BENCHMARKS.md, "Cheaper tree verification on the CPU").
+call. SmolLM2-135M has 9 query heads over 3 KV heads, so each layer copies its
+cache three times over, every forward. A profile of the prophet on the CPU put
+7 % of a run's time in that copy (BENCHMARKS.md, "Cheaper tree verification on
+the CPU").
 
 PyTorch's SDPA takes the grouped tensors with a mask directly
 (``enable_gqa=True``). On the CPU its result is bit-identical to the expanded
