@@ -82,3 +82,26 @@ def test_the_profiler_counts_only_greedys_one_position_decode_forwards():
               ForwardPass(step=3, model="target", positions=1, ms=22.0, kind="decode"),
               ForwardPass(step=4, model="target", positions=5, ms=30.0, kind="verify"), object()]
     assert profile.greedy_steps(events) == [20.0, 22.0]
+
+
+def test_the_kv_cache_benchmark_times_both_caches_and_compares_their_logits(monkeypatch):
+    from decoding.runtime import session as session_mod
+    from decoding.runtime.kvcache import GrowingLayer
+    from tiny_models import tiny_causal
+    monkeypatch.setattr(session_mod, "new_dynamic_cache", session_mod.new_dynamic_cache)   # put back after
+    bench = _bench_module("bench_kvcache")
+    lm = tiny_causal("llama")
+    rows = bench.forwards(lm, (8, 40), 2)
+    assert [r["context"] for r in rows] == [8, 40]
+    for r in rows:
+        assert r["bit_identical"] is True
+        assert r["stock_ms"] > 0 and r["growing_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["stock_ms"] / r["growing_ms"])     # stock over growing, not inverted
+    bench.use("stock")                       # the switch really swaps what the session builds
+    s = session_mod.Session(lm)
+    s.prefill([5, 6, 7])
+    assert not any(isinstance(layer, GrowingLayer) for layer in s.cache.layers)
+    bench.use("growing")                     # and the benchmark leaves the growing cache in place
+    s = session_mod.Session(lm)
+    s.prefill([5, 6, 7])
+    assert all(isinstance(layer, GrowingLayer) for layer in s.cache.layers)

@@ -1,16 +1,91 @@
-"""KV caches: shrink one to a length, and compact one onto the rows a tree verification accepted.
+"""KV caches: a dynamic cache that grows in place, shrink one to a length, and compact one onto the rows a
+tree verification accepted.
 
-Both work on transformers' dynamic caches through their public layers; the fast path's static caches
-(``fastpath.StaticRunner``) do their own. ``session.Session`` is the only caller in the loops.
+transformers' ``DynamicLayer`` appends each forward's keys and values with ``torch.cat``: every forward
+copies the whole cache of every layer, which grows with the context (about 5 % of a greedy step after
+1,300 tokens on a 2-core EPYC; BENCHMARKS.md). ``GrowingLayer`` writes them into a buffer with headroom and
+hands attention a view of the filled part: the same values, shapes and strides in the last two dimensions,
+so the logits are bit-identical (tested), and a copy only when the buffer is outgrown. ``new_dynamic_cache``
+makes a ``DynamicCache`` of such layers.
+
+Shrinking and compaction work on transformers' dynamic caches through their public layers; the fast path's
+static caches (``fastpath.StaticRunner``) do their own. ``session.Session`` is the only caller in the loops.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
+from transformers import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicLayer
+
+HEADROOM = 0.25        # a growing layer's buffer holds this share more than it needs when it is (re)allocated
+MIN_HEADROOM = 64      # positions, at least
+ALIGN = 256            # buffer capacities are multiples of this
+
+
+def grown_capacity(need: int) -> int:
+    """The buffer size for ``need`` positions: ``HEADROOM`` more (at least ``MIN_HEADROOM``), rounded up."""
+    want = max(int(need * (1 + HEADROOM)), need + MIN_HEADROOM)
+    return -(-want // ALIGN) * ALIGN
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values are views into a preallocated buffer.
+
+    ``update`` writes the new positions after the filled ones and returns views of the filled part; when
+    the buffer is too small it is reallocated at ``grown_capacity`` and the filled part copied once. Anything
+    that replaces ``keys`` with a tensor of its own (beam search's reorder, a batch repeat) is adopted at the
+    next update. ``crop`` (a shorter view) and in-place writes to the views (``compact_cache``) keep the
+    buffer. ``reallocations`` counts the copies.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._kbuf: Optional[torch.Tensor] = None
+        self._vbuf: Optional[torch.Tensor] = None
+        self.reallocations = 0
+
+    def _ours(self) -> bool:
+        """Whether ``keys``/``values`` are still views of the start of this layer's buffers."""
+        return (self._kbuf is not None and self.keys.data_ptr() == self._kbuf.data_ptr()
+                and self.values.data_ptr() == self._vbuf.data_ptr())
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.keys.shape[-2] if self.keys.numel() else 0
+        t = key_states.shape[-2]
+        fits = self._kbuf is not None and n + t <= self._kbuf.shape[-2] \
+            and self._kbuf.shape[:-2] == key_states.shape[:-2] and self._kbuf.dtype == key_states.dtype
+        if not fits or (n and not self._ours()):
+            cap = grown_capacity(n + t)
+            kbuf = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
+            vbuf = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+            if n:
+                kbuf[..., :n, :] = self.keys
+                vbuf[..., :n, :] = self.values
+                self.reallocations += 1
+            self._kbuf, self._vbuf = kbuf, vbuf
+        self._kbuf[..., n:n + t, :] = key_states
+        self._vbuf[..., n:n + t, :] = value_states
+        self.keys = self._kbuf[..., :n + t, :]
+        self.values = self._vbuf[..., :n + t, :]
+        return self.keys, self.values
+
+
+def new_dynamic_cache(encoder_decoder: bool = False) -> Any:
+    """A ``DynamicCache`` (an ``EncoderDecoderCache`` of two for encoder-decoder models) whose layers are
+    ``GrowingLayer``s."""
+    def one() -> DynamicCache:
+        cache = DynamicCache()
+        cache.layer_class_to_replicate = GrowingLayer     # its layers are made at their first update
+        return cache
+    return EncoderDecoderCache(one(), one()) if encoder_decoder else one()
 
 
 @functools.lru_cache(maxsize=None)

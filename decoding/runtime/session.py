@@ -17,7 +17,7 @@ import torch
 
 from decoding.events import ForwardPass
 from decoding.runtime import fastpath
-from decoding.runtime.kvcache import cache_kwarg, compact_cache, crop_cache
+from decoding.runtime.kvcache import cache_kwarg, compact_cache, crop_cache, new_dynamic_cache
 from decoding.runtime.models import LoadedModel
 from decoding.tracer import NULL_TRACER
 
@@ -91,10 +91,7 @@ class Session:
         return t if t.dim() == 2 else t.unsqueeze(0)
 
     def new_cache(self) -> Any:
-        from transformers import DynamicCache, EncoderDecoderCache
-        if self.lm.is_encoder_decoder:
-            return EncoderDecoderCache(DynamicCache(), DynamicCache())
-        return DynamicCache()
+        return new_dynamic_cache(self.lm.is_encoder_decoder)
 
     # ------------------------------------------------------------------ forwards
     def prefill(self, prompt_ids: Sequence[int], batch: int = 1, hidden: bool = False) -> torch.Tensor:
