@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
-from common import median, write_json  # first: it puts the repository root on sys.path
+from common import gain_summary, interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
 
 from decoding.harness.bench import load_prompt_set
 from decoding.harness.runner import encode_prompt, environment, run_one
@@ -65,18 +64,13 @@ def forwards(lm, contexts: tuple[int, ...], repeats: int) -> list[dict]:
             s = Session(lm)
             s.prefill([(100 + (i * 7919) % 20000) % lm.vocab_size for i in range(n)])
             sessions[impl] = s
-        times: dict[str, list[float]] = {STOCK: [], NAME: []}
-        logits = {}
-        for r in range(repeats + 1):                         # the first round warms up
-            for impl in ((STOCK, NAME) if r % 2 else (NAME, STOCK)):
-                lm.model.set_attn_implementation(impl)
-                s = sessions[impl]
-                length = s.length
-                t0 = time.perf_counter()
-                logits[impl] = tree_forward(s, [42], TREE)
-                if r:
-                    times[impl].append((time.perf_counter() - t0) * 1e3)
-                s.crop(length)
+        length = {impl: s.length for impl, s in sessions.items()}
+
+        def call(impl: str):
+            lm.model.set_attn_implementation(impl)
+            return tree_forward(sessions[impl], [42], TREE)
+        times, logits = interleaved_ms([STOCK, NAME], repeats, call,
+                                       after=lambda impl: sessions[impl].crop(length[impl]))
         row = {"context": n, "positions": 1 + len(TREE), "stock_ms": median(times[STOCK]),
                "grouped_ms": median(times[NAME]), "bit_identical": bool(torch.equal(logits[STOCK], logits[NAME]))}
         row["speedup"] = row["stock_ms"] / row["grouped_ms"]
@@ -130,9 +124,7 @@ def runs(lm, names: list[str], args: argparse.Namespace) -> list[dict]:
 def summarize(rows: list[dict], names: list[str]) -> dict:
     out = {}
     for n in names:
-        gains = [r[n]["gain"] for r in rows]
-        out[n] = {"prompts": len(rows), "median_gain": statistics.median(gains),
-                  "geomean_gain": statistics.geometric_mean(gains), "min_gain": min(gains), "max_gain": max(gains),
+        out[n] = {"prompts": len(rows), **gain_summary([r[n]["gain"] for r in rows]),
                   "median_vs_greedy_stock": statistics.median(r[n]["vs_greedy_stock"] for r in rows),
                   "median_vs_greedy_grouped": statistics.median(r[n]["vs_greedy_grouped"] for r in rows),
                   "identical": sum(r[n]["identical"] for r in rows)}

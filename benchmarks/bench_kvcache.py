@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import statistics
-import time
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from common import median, write_json  # first: it puts the repository root on sys.path
+from common import gain_summary, interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
 
 import decoding.runtime.session as session_mod
 from decoding.harness.runner import encode_prompt, environment, run_one
@@ -75,18 +73,10 @@ def forwards(lm, contexts: tuple[int, ...], repeats: int) -> list[dict]:
             s = Session(lm)
             s.prefill([(100 + (i * 7919) % 20000) % lm.vocab_size for i in range(n)])
             sessions[name] = s
-        times: dict[str, list[float]] = {name: [] for name in CACHES}
-        logits = {}
-        for r in range(repeats + 1):                         # the first round warms up
-            for name in (list(CACHES) if r % 2 else list(CACHES)[::-1]):
-                s = sessions[name]
-                length = s.length
-                ids = s.tensor([[42]])
-                t0 = time.perf_counter()
-                logits[name] = s.forward(ids)
-                if r:
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-                s.crop(length)
+        length = {name: s.length for name, s in sessions.items()}
+        ids = {name: s.tensor([[42]]) for name, s in sessions.items()}
+        times, logits = interleaved_ms(list(CACHES), repeats, lambda name: sessions[name].forward(ids[name]),
+                                       after=lambda name: sessions[name].crop(length[name]))
         row = {"context": n, "stock_ms": median(times["stock"]), "growing_ms": median(times["growing"]),
                "bit_identical": bool(torch.equal(logits["stock"], logits["growing"]))}
         row["speedup"] = row["stock_ms"] / row["growing_ms"]
@@ -145,9 +135,7 @@ def runs(lm, names: list[str], args: argparse.Namespace) -> list[dict]:
 def summarize(rows: list[dict], names: list[str]) -> dict:
     out = {}
     for n in names:
-        gains = [r[n]["gain"] for r in rows]
-        out[n] = {"runs": len(rows), "median_gain": statistics.median(gains),
-                  "geomean_gain": statistics.geometric_mean(gains), "min_gain": min(gains), "max_gain": max(gains),
+        out[n] = {"runs": len(rows), **gain_summary([r[n]["gain"] for r in rows]),
                   "identical": sum(r[n]["identical"] for r in rows)}
         s = out[n]
         print(f"{n}: growing over stock median {s['median_gain']:.3f}x (geomean {s['geomean_gain']:.3f}, "

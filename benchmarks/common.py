@@ -31,6 +31,30 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def interleaved_ms(names: list[str], repeats: int, call: Callable[[str], Any],
+                   after: Callable[[str], Any] | None = None) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Time ``call(name)`` for every name, ``repeats`` rounds after a warm-up round, the order flipping every
+    round; ``after(name)`` runs untimed after each call (e.g. crop the forward's positions off again).
+    Returns each name's milliseconds and its last call's result."""
+    times: dict[str, list[float]] = {n: [] for n in names}
+    last: dict[str, Any] = {}
+    for r in range(repeats + 1):                         # the first round warms up
+        for n in (names if r % 2 else names[::-1]):
+            t0 = time.perf_counter()
+            last[n] = call(n)
+            if r:
+                times[n].append((time.perf_counter() - t0) * 1e3)
+            if after is not None:
+                after(n)
+    return times, last
+
+
+def gain_summary(gains: list[float]) -> dict:
+    """Median, geometric mean, smallest and largest of per-prompt ratios."""
+    return {"median_gain": statistics.median(gains), "geomean_gain": statistics.geometric_mean(gains),
+            "min_gain": min(gains), "max_gain": max(gains)}
+
+
 def generate_new_tokens(lm: Any, prompt_ids: list[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
     """transformers' generate, new tokens only, cut after the first EOS."""
     from decoding.harness.bench import hf_generate
