@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -19,13 +20,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_local(demo, attempts: int = 3) -> str:
+    """Start ``demo`` on a free loopback port; its URL.
+
+    Gradio's start-up check gives the new server a single HEAD request with a 3 s timeout and raises
+    "localhost is not accessible" when it times out, which a machine still busy with an earlier test's
+    server can cause (a full run once failed so, and the test passed alone): try again on a fresh port."""
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+            return f"http://127.0.0.1:{port}/"
+        except ValueError as e:
+            if "localhost is not accessible" not in str(e) or attempt == attempts - 1:
+                raise
+            demo.close()
+            time.sleep(2)
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def app_url():
     import app
     demo = app.build_demo()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
+    yield launch_local(demo)
     demo.close()
 
 

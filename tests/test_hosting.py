@@ -124,3 +124,33 @@ def test_preload_loads_the_default_model_and_its_head_and_never_raises():
         calls.append(name)
         raise OSError("no weights here")
     assert preload_default(load=broken) is None and calls == [default_target()]
+
+
+def test_the_tests_launcher_tries_again_when_gradio_cannot_reach_its_new_server(monkeypatch):
+    """Gradio's start-up check is one HEAD request with a 3 s timeout; on a busy machine it can time out and
+    the launch raise. ``conftest.launch_local`` closes that server and starts again on a fresh port."""
+    import gradio as gr
+    from gradio import networking
+
+    from conftest import launch_local
+    real, calls = networking.url_ok, []
+
+    def flaky(url: str) -> bool:
+        calls.append(url)
+        return False if len(calls) == 1 else real(url)
+    monkeypatch.setattr(networking, "url_ok", flaky)
+    with gr.Blocks() as demo:
+        gr.Markdown("hello")
+    try:
+        url = launch_local(demo)
+        assert len(calls) == 2 and calls[0] != calls[1]          # a second server, on another port
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200
+    finally:
+        demo.close()
+    monkeypatch.setattr(networking, "url_ok", lambda url: False)   # never reachable: the third failure is raised
+    with gr.Blocks() as demo:
+        gr.Markdown("hello")
+    with pytest.raises(ValueError, match="localhost is not accessible"):
+        launch_local(demo)
+    demo.close()

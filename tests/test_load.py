@@ -244,14 +244,13 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
 
 def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
     """Our trace files keep the newest few; Gradio's copies go with delete_cache (short here, 30 min live)."""
-    from conftest import free_port
+    from conftest import launch_local
     monkeypatch.setattr(app.TRACE_FILES, "keep", 8)
     monkeypatch.setitem(app.LIMITS, "cache_cleanup_s", (1, 3))
     demo = app.build_demo()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url = launch_local(demo)
     try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = Client(url, verbose=False)
 
         def cached() -> int:
             return sum(os.path.exists(f) for files in demo.temp_file_sets for f in files)

@@ -24,7 +24,7 @@ from gradio_client import Client
 from web import queue_guard
 
 import app
-from conftest import free_port
+from conftest import launch_local
 from stop_traffic import post, stop_loop, stop_routes
 
 BUNDLED = "smollm2-135m-instruct"
@@ -54,10 +54,9 @@ def _health(url: str) -> tuple[int, dict]:
 @pytest.fixture(scope="module")
 def served():
     demo = app.build_demo()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url = launch_local(demo)
     demo._queue.pending_messages_per_session.max_size = SESSIONS
-    yield demo, f"http://127.0.0.1:{port}/"
+    yield demo, url
     demo.close()
 
 

@@ -161,11 +161,9 @@ def any_model_client():
     """An app started with --allow-any-model (its own settings; the other tests' app keeps the presets only)."""
     from gradio_client import Client
 
-    from conftest import free_port
+    from conftest import launch_local
     demo = app.build_demo(app.Settings(allow_any_model=True))
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    yield Client(launch_local(demo), verbose=False)
     demo.close()
 
 
