@@ -10,9 +10,10 @@
 #   exact   the lossless strategies on the bundled model in float32 on the GPU
 #   train   the prophet head's data and training on the GPU (GEN_MINUTES, TRAIN_MINUTES, LR, TRAIN_ARGS)
 #   mix     issue 26: the mixed data (self-written, grounded, code/math/translation and template prompts, held
-#           out by source) made by WORKERS generate processes at once, then four heads trained at once on it:
-#           A the shipped head continued (fresh 8k draft vocabulary), D the same with a 16k vocabulary,
-#           B an EAGLE-3-style head fusing layers 2 and 15 with the last, C = A's recipe on B's units only
+#           out by source) made by WORKERS generate processes at once, then the heads named in HEADS (default
+#           "A") trained at once on it: A the shipped head continued (fresh 8k draft vocabulary), D the same
+#           with a 16k vocabulary, B an EAGLE-3-style head fusing layers 2 and 15 with the last, C = A's
+#           recipe on B's units only
 # Results go to ${OUT:-out}/.
 set -euo pipefail
 PY=${PY:-python3}
@@ -111,14 +112,20 @@ mix() {
   local common="--data mix --skip-data --device $DEVICE --data-dir $data --depth 5 --context --batch 64 \
       --steps 40000 --train-minutes ${TRAIN_MINUTES:-3.5} --lr ${LR:-1e-3} --eval-every 500 \
       --init-from presets/prophet/smollm2-135m-instruct.safetensors --new-vocab"
-  "$PY" -m decoding.train_prophet $common --vocab 8192 --out-dir /root/hA --export "$OUTDIR/A.safetensors" \
-      > $logs/train-A.txt 2>&1 &
-  "$PY" -m decoding.train_prophet $common --vocab 16384 --out-dir /root/hD --export "$OUTDIR/D.safetensors" \
-      > $logs/train-D.txt 2>&1 &
-  "$PY" -m decoding.train_prophet $common --vocab 8192 --feature-layers 2,15 --out-dir /root/hB \
-      --export "$OUTDIR/B.safetensors" > $logs/train-B.txt 2>&1 &
-  "$PY" -m decoding.train_prophet $common --vocab 8192 --only-layered --out-dir /root/hC \
-      --export "$OUTDIR/C.safetensors" > $logs/train-C.txt 2>&1 &
+  # HEADS: which of the four to train, at once (default A alone: four at once starved each other on the
+  # H200 and none reached its first checkpoint)
+  local h
+  for h in ${HEADS:-A}; do
+    case $h in
+      A) set -- --vocab 8192 ;;
+      D) set -- --vocab 16384 ;;
+      B) set -- --vocab 8192 --feature-layers 2,15 ;;
+      C) set -- --vocab 8192 --only-layered ;;
+      *) echo "unknown head $h (A, B, C or D)"; return 2 ;;
+    esac
+    "$PY" -m decoding.train_prophet $common "$@" --out-dir /root/h$h --export "$OUTDIR/$h.safetensors" \
+        > $logs/train-$h.txt 2>&1 &
+  done
   wait
   # the logs without their progress bars (each worker's last bar line stays)
   for f in $logs/*.txt; do
