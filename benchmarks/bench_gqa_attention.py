@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from common import gain_summary, interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
+from common import filler_ids, gain_summary, interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
 
 from decoding.harness.bench import load_prompt_set
 from decoding.harness.runner import encode_prompt, environment, run_one
@@ -62,7 +62,7 @@ def forwards(lm, contexts: tuple[int, ...], repeats: int) -> list[dict]:
         for impl in (STOCK, NAME):
             lm.model.set_attn_implementation(impl)
             s = Session(lm)
-            s.prefill([(100 + (i * 7919) % 20000) % lm.vocab_size for i in range(n)])
+            s.prefill(filler_ids(lm.vocab_size, n))
             sessions[impl] = s
         length = {impl: s.length for impl, s in sessions.items()}
 

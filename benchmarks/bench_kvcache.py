@@ -22,7 +22,7 @@ import inspect
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from common import gain_summary, interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
+from common import filler_ids, gain_summary, interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
 
 import decoding.runtime.session as session_mod
 from decoding.harness.runner import encode_prompt, environment, run_one
@@ -71,7 +71,7 @@ def forwards(lm, contexts: tuple[int, ...], repeats: int) -> list[dict]:
         for name in CACHES:
             use(name)
             s = Session(lm)
-            s.prefill([(100 + (i * 7919) % 20000) % lm.vocab_size for i in range(n)])
+            s.prefill(filler_ids(lm.vocab_size, n))
             sessions[name] = s
         length = {name: s.length for name, s in sessions.items()}
         ids = {name: s.tensor([[42]]) for name, s in sessions.items()}

@@ -31,6 +31,11 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def filler_ids(vocab_size: int, n: int) -> list[int]:
+    """``n`` spread-out token ids below ``vocab_size``: a context to time forwards after (no meaning needed)."""
+    return [(100 + (i * 7919) % 20000) % vocab_size for i in range(n)]
+
+
 def interleaved_ms(names: list[str], repeats: int, call: Callable[[str], Any],
                    after: Callable[[str], Any] | None = None) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Time ``call(name)`` for every name, ``repeats`` rounds after a warm-up round, the order flipping every

@@ -60,16 +60,21 @@ def _bench_module(name: str):
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
+def _check_timed_pair(rows: list[dict], ours: str) -> None:
+    """A forwards() table of an A/B benchmark at contexts 8 and 40: both sides timed, logits bit-identical,
+    speedup = stock over ours (not inverted)."""
+    assert [r["context"] for r in rows] == [8, 40]
+    for r in rows:
+        assert r["bit_identical"] is True
+        assert r["stock_ms"] > 0 and r[ours] > 0
+        assert r["speedup"] == pytest.approx(r["stock_ms"] / r[ours])
+
+
 def test_the_attention_benchmark_times_both_kernels_and_compares_their_logits():
     from tiny_models import tiny_causal
     bench = _bench_module("bench_gqa_attention")
     lm = tiny_causal("llama")
-    rows = bench.forwards(lm, (8, 40), 2)
-    assert [r["context"] for r in rows] == [8, 40]
-    for r in rows:
-        assert r["bit_identical"] is True
-        assert r["stock_ms"] > 0 and r["grouped_ms"] > 0
-        assert r["speedup"] == pytest.approx(r["stock_ms"] / r["grouped_ms"])      # stock over grouped, not inverted
+    _check_timed_pair(bench.forwards(lm, (8, 40), 2), "grouped_ms")
     assert lm.model.config._attn_implementation in (bench.STOCK, bench.NAME)
 
 
@@ -91,12 +96,7 @@ def test_the_kv_cache_benchmark_times_both_caches_and_compares_their_logits(monk
     monkeypatch.setattr(session_mod, "new_dynamic_cache", session_mod.new_dynamic_cache)   # put back after
     bench = _bench_module("bench_kvcache")
     lm = tiny_causal("llama")
-    rows = bench.forwards(lm, (8, 40), 2)
-    assert [r["context"] for r in rows] == [8, 40]
-    for r in rows:
-        assert r["bit_identical"] is True
-        assert r["stock_ms"] > 0 and r["growing_ms"] > 0
-        assert r["speedup"] == pytest.approx(r["stock_ms"] / r["growing_ms"])     # stock over growing, not inverted
+    _check_timed_pair(bench.forwards(lm, (8, 40), 2), "growing_ms")
     bench.use("stock")                       # the switch really swaps what the session builds
     s = session_mod.Session(lm)
     s.prefill([5, 6, 7])

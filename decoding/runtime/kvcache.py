@@ -4,10 +4,9 @@ tree verification accepted.
 transformers' ``DynamicLayer`` appends each forward's keys and values with ``torch.cat``: every forward
 copies the whole cache of every layer, which grows with the context (5-8 % of a one-position forward of
 the bundled model after 256-4,096 tokens on a 2-vCPU Zen 5 EPYC; ``benchmarks/bench_kvcache.py``).
-``GrowingLayer`` writes them into a buffer with headroom and
-hands attention a view of the filled part: the same values, shapes and strides in the last two dimensions,
-so the logits are bit-identical (tested), and a copy only when the buffer is outgrown. ``new_dynamic_cache``
-makes a ``DynamicCache`` of such layers.
+``GrowingLayer`` writes them into a buffer with headroom and hands attention a view of the filled part: the
+same values, shapes and strides in the last two dimensions, so the logits are bit-identical (tested), and a
+copy only when the buffer is outgrown. ``new_dynamic_cache`` makes a ``DynamicCache`` of such layers.
 
 Shrinking and compaction work on transformers' dynamic caches through their public layers; the fast path's
 static caches (``fastpath.StaticRunner``) do their own. ``session.Session`` is the only caller in the loops.
