@@ -315,11 +315,14 @@ def _tabs(ui: Views) -> None:
                                        type="filepath", elem_id="trace-upload")
 
 
+_REDUCED = {"fp16": "float16", "bf16": "bfloat16"}
+
+
 def target_choices(presets: dict) -> list:
-    """The target picker's entries: the presets that can load on this machine; a float16-weight preset says
-    that it is its own reference (BENCHMARKS.md, "Float16 weights")."""
-    return [(f"{name} (float16 weights: checked against its own greedy)", name) if p.weights == "fp16" else name
-            for name, p in presets.items() if runs_here(p)]
+    """The target picker's entries: the presets that can load on this machine; a reduced-weight preset says
+    that it is its own reference (BENCHMARKS.md, "Float16 weights", "Bfloat16 weights on AMX")."""
+    return [(f"{name} ({_REDUCED[p.weights]} weights: checked against its own greedy)", name)
+            if p.weights in _REDUCED else name for name, p in presets.items() if runs_here(p)]
 
 
 def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:

@@ -131,3 +131,20 @@ def test_lossless_strategies_on_it_still_equal_greedy_and_do_use_it(monkeypatch)
     grouped.clear()
     assert lookahead(ids, ModelPair(target), LookaheadParams(), max_new_tokens=24).token_ids == ref
     assert any(grouped)
+
+
+@pytest.mark.parametrize("forward", [gqa_attention.gqa_sdpa_forward, gqa_attention.rows_sdpa_forward])
+def test_the_layers_scaling_reaches_the_kernel(forward):
+    """A model whose attention scaling is not 1/sqrt(d) (Gemma 3's query_pre_attn_scalar) gets it: dropping
+    ``scaling`` on the way to SDPA is harmless for Llama's default and wrong for such a model."""
+    gen = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    query = torch.randn(1, 4, 3, 16, generator=gen)
+    key, value = torch.randn(1, 2, 7, 16, generator=gen), torch.randn(1, 2, 7, 16, generator=gen)
+    mask = torch.ones(1, 1, 3, 7, dtype=torch.bool).tril(4)
+    scaling = 0.05                                      # far from 1 / sqrt(16) = 0.25
+    out, _ = forward(module, query, key, value, mask, scaling=scaling)
+    scores = (query @ key.repeat_interleave(2, dim=1).transpose(-1, -2)) * scaling
+    want = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ value.repeat_interleave(2, dim=1)
+    assert torch.allclose(out, want.transpose(1, 2), atol=1e-5)

@@ -65,6 +65,8 @@ def at(exc: Invalid, place: str) -> Invalid:
 
 
 def _short(value: Any) -> str:
+    if type(value) is int and value.bit_length() > 128:   # JSON integers have no size limit (repr may refuse)
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -83,7 +85,11 @@ def _int_check(lo: int, hi: int) -> Check:
 
 
 def _float_check(v: Any) -> int:
-    if type(v) not in (int, float) or not math.isfinite(v):
+    try:
+        finite = type(v) in (int, float) and math.isfinite(v)
+    except OverflowError:   # an integer too large for a float (JSON integers have no size limit)
+        finite = False
+    if not finite:
         _fail("a finite number", v)
     return 1
 

@@ -533,7 +533,9 @@ def history_outputs(rows: list[dict]) -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------- what leaves the server
-_PATH = re.compile(r"(?<![\w.:/~-])(?:~/|/)(?!/)[^\s'\"<>()\[\],;]+")
+# a path starts with / or ~/ (not inside a word, a URL or a relative path, and not the / of a closing tag
+# such as </script>, which is markup to escape, not a path to hide)
+_PATH = re.compile(r"(?<![\w.:/~-])(?!(?<=<)/[A-Za-z][\w-]*>)(?:~/|/)(?!/)[^\s'\"<>()\[\],;]+")
 
 
 def redact_paths(text: str) -> str:

@@ -79,6 +79,12 @@ def check_mask_support(lm: Any) -> None:
     if verdict is None:
         verdict = _probe(lm)
         lm.extras["mask_support"] = verdict
+    if verdict == BF16_ROWS:
+        raise ValueError(f"tree drafts and lookahead verify rows whose visible keys are not contiguous; {lm.name} "
+                         f"rounds each linear layer's input to bfloat16, which can turn the last-bit difference of "
+                         f"such a row's attention into a different logit, so they cannot be exact against its "
+                         f"greedy. On it, drafts are chains (prophet, prompt lookup, suffix); the float32 preset "
+                         f"runs trees and lookahead")
     if verdict != "ok":
         raise ValueError(f"tree drafts and lookahead need a model that accepts a custom 4D attention mask "
                          f"with explicit position ids; {type(lm.model).__name__} does not ({verdict})")
@@ -92,7 +98,14 @@ def supports_trees(lm: Any) -> bool:
     return True
 
 
+# The verdict for a bfloat16-weight model (models.WEIGHTS): its rows are exact only where each row's visible keys
+# are a prefix of the cache (gqa_attention.rows_sdpa_forward), which a tree's or a lookahead window's are not.
+BF16_ROWS = "bf16-rows"
+
+
 def _probe(lm: Any) -> str:
+    if getattr(lm, "weights", "full") == "bf16":
+        return BF16_ROWS
     kinds, _ = _layer_kinds(lm.model.config)
     odd = kinds - {"full_attention", "sliding_attention"}
     if odd:

@@ -30,6 +30,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from decoding.runtime.kernels import EXACT_WIDTH
+
 NAME = "sdpa_gqa_cpu"
 
 
@@ -55,19 +57,92 @@ def gqa_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     return out.transpose(1, 2).contiguous(), None
 
 
+# --------------------------------------------------------------------------- row-exact attention
+
+ROWS_NAME = "sdpa_rows_cpu"
+KEY_BLOCK = 16     # PyTorch's CPU SDPA gives a row the same bits for every key length >= its visible keys
+                   # rounded up to this (measured; tests/test_bf16_weights.py pins it)
+
+
+def _row_exact(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Optional[torch.Tensor], dropout: float, kwargs: dict) -> bool:
+    return (query.device.type == "cpu" and query.shape[0] == 1 and query.shape[2] <= EXACT_WIDTH
+            and dropout == 0.0 and getattr(module, "is_causal", True) and key.shape[-1] == value.shape[-1]
+            and (attention_mask is None or attention_mask.dtype == torch.bool or _blocking(attention_mask))
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+            and not kwargs.get("output_attentions", False))
+
+
+def _blocking(mask: torch.Tensor) -> bool:
+    """Whether a float mask only allows (0) or blocks (-inf), as ``attention.attention_mask`` builds them."""
+    return bool(mask.is_floating_point() and ((mask == 0) | (mask == float("-inf"))).all())
+
+
+def _longer(cached: torch.Tensor, length: int) -> torch.Tensor:
+    """``cached [1, kv, S, d]`` seen as ``[1, kv, length, d]``: a longer view of its buffer where the buffer
+    has room (a growing cache's zeroed headroom), else a zero-padded copy. The extra positions are masked."""
+    extra = length - cached.shape[-2]
+    if extra <= 0:
+        return cached
+    stride = cached.stride()
+    last = cached.storage_offset() + sum((n - 1) * st for n, st in zip(cached.shape[:-2], stride[:-2])) \
+        + (length - 1) * stride[-2] + (cached.shape[-1] - 1) * stride[-1]
+    if last < cached.untyped_storage().nbytes() // cached.element_size():
+        return cached.as_strided((*cached.shape[:-2], length, cached.shape[-1]), stride, cached.storage_offset())
+    return F.pad(cached, (0, 0, 0, extra))
+
+
+def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                      is_causal: Optional[bool] = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention whose every row gets the bits a one-position forward gives it, however many rows there are.
+
+    For a reduced-weight model (``kernels.Bf16Linear``), which rounds each linear's input to bfloat16: there
+    a last-bit difference from the attention's summation order can flip a rounding and grow into a different
+    token, so a verify forward's rows must equal greedy's exactly. PyTorch's CPU SDPA computes each batch
+    element alone and gives a row the same bits for every key length from its visible keys rounded up to
+    :data:`KEY_BLOCK` on (the tail masked). So each query row becomes its own batch element (keys and values
+    broadcast, not copied) over a key length rounded up to :data:`KEY_BLOCK`, read from the cache's zeroed
+    headroom. Forwards wider than ``kernels.EXACT_WIDTH`` (prefills, shared by every strategy) and every other
+    case go to :func:`gqa_sdpa_forward`. ``query [1, heads, T, d]`` -> ``([1, T, heads, d], None)``."""
+    if not _row_exact(module, query, key, value, attention_mask, dropout, kwargs):
+        return gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                is_causal=is_causal, **kwargs)
+    _, heads, t, d = query.shape
+    kv, s = key.shape[1], key.shape[2]
+    padded = -(-s // KEY_BLOCK) * KEY_BLOCK
+    visible = torch.zeros(t, 1, 1, padded, dtype=torch.bool)                  # [T, 1, 1, S'] per row
+    if attention_mask is None:       # causal over the cache: row i sees keys 0 .. S - T + i
+        visible[:, 0, 0, :s] = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+    else:
+        allowed = attention_mask[0, 0, -t:, :s]
+        visible[:, 0, 0, :s] = allowed if allowed.dtype == torch.bool else allowed == 0
+    rows = query[0].transpose(0, 1).unsqueeze(2)                               # [T, heads, 1, d]
+    keys = _longer(key, padded).expand(t, kv, padded, d)                       # [T, kv, S', d], no copy
+    values = _longer(value, padded).expand(t, kv, padded, d)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=visible, scale=scaling,
+                                         enable_gqa=heads != kv)               # [T, heads, 1, d]
+    return out.squeeze(2).unsqueeze(0), None                                  # [1, T, heads, d]
+
+
 def register() -> None:
-    """Make :data:`NAME` known to transformers (idempotent); its masks are built as ``sdpa``'s."""
-    if NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(NAME, gqa_sdpa_forward)
-    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    """Make :data:`NAME` and :data:`ROWS_NAME` known to transformers (idempotent); their masks are built as
+    ``sdpa``'s."""
+    for name, function in ((NAME, gqa_sdpa_forward), (ROWS_NAME, rows_sdpa_forward)):
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, function)
+        if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
 
 
-def use_gqa_attention(model: Any) -> bool:
-    """Switch ``model`` from ``sdpa`` to :data:`NAME`; whether it did (other implementations stay as they are)."""
+def use_gqa_attention(model: Any, row_exact: bool = False) -> bool:
+    """Switch ``model`` from ``sdpa`` to :data:`NAME` (``row_exact``: :data:`ROWS_NAME`); whether it did (other
+    implementations stay as they are)."""
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", NAME, ROWS_NAME) \
+            or not hasattr(model, "set_attn_implementation"):
         return False
     register()
-    model.set_attn_implementation(NAME)
-    return config._attn_implementation == NAME
+    name = ROWS_NAME if row_exact else NAME
+    model.set_attn_implementation(name)
+    return config._attn_implementation == name

@@ -348,13 +348,119 @@ def half_linears(model: nn.Module) -> int:
     nothing on other devices or dtypes, or on a build without FBGEMM. The model must stay frozen
     afterwards.
     """
-    if not half_available():
-        return 0
+    return _swap_float32_linears(model, HalfLinear) if half_available() else 0
+
+
+def _swap_float32_linears(model: nn.Module, wrap: Callable[[nn.Module], nn.Module]) -> int:
+    """Every float32 CPU ``nn.Linear``/``PackedLinear`` of ``model`` replaced by ``wrap(plain linear)``."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) in (nn.Linear, PackedLinear) and child.weight.device.type == "cpu" \
                     and child.weight.dtype == torch.float32:
-                setattr(parent, name, HalfLinear(child.unpacked() if isinstance(child, PackedLinear) else child))
+                setattr(parent, name, wrap(child.unpacked() if isinstance(child, PackedLinear) else child))
                 swapped += 1
     return swapped
+
+
+# --------------------------------------------------------------------------- bfloat16 weights (AMX)
+
+# Rows up to this many are computed exactly as one row is (checked on the machine by ``bf16_available``): a
+# verify forward, a lookahead window or a Jacobi block inside it gives each position the logits a greedy step
+# gives. oneDNN's bfloat16 kernels switch their blocking past 32 rows on an AMX Xeon (a one-ulp difference in
+# some outputs); a prefill is shared by greedy and every strategy, so that width never parts them.
+BF16_EXACT_ROWS = 32
+# The widest forward whose rows a reduced-weight model computes exactly as it computes one row: linears in
+# chunks of BF16_EXACT_ROWS, attention row by row (gqa_attention.rows_sdpa_forward). Wider forwards are
+# prefills, which greedy and every strategy share.
+EXACT_WIDTH = 64
+
+
+class Bf16Linear(nn.Module):
+    """``nn.Linear`` on bfloat16 weights prepacked for oneDNN (AMX tiles on an Intel Xeon), float32 in and out.
+
+    The input is rounded to bfloat16, the product accumulates in float32 and its result is rounded to
+    bfloat16 before it comes back as float32; everything between the linear layers (norms, rotary,
+    attention, the residual stream) stays float32. Like a float16-weight preset it is another model (its own
+    greedy is the reference), and unlike a bfloat16 model its rows do not depend on how many are computed
+    together (up to ``BF16_EXACT_ROWS``), so the lossless strategies stay token-identical to its greedy.
+    Why: on an AMX Xeon a float32 product over 16 rows costs 3-5x one row (AVX-512 FMA is compute-bound
+    there), while AMX's bfloat16 tiles run 1-32 rows in about the time of one, on half the weight bytes.
+    The float32 ``weight``/``bias`` stay the module's parameters (``state_dict`` unchanged); a call that
+    needs gradients, or an input that is not a float32 CPU tensor, falls back to ``F.linear`` on them.
+    """
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        object.__setattr__(self, "packed", _pack(linear.weight.detach().to(torch.bfloat16)))
+        object.__setattr__(self, "bias16", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or (
+                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        lead = x.shape[:-1]
+        # [..., in] f32 -> [rows, in] bf16 -> [rows, out] bf16 (f32 accumulation) -> [..., out] f32
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if BF16_EXACT_ROWS < rows.shape[0] <= EXACT_WIDTH:      # a wide verify forward: row-exact chunks
+            y = torch.cat([self._product(part) for part in rows.split(BF16_EXACT_ROWS)])
+        else:
+            y = self._product(rows)
+        return y.to(torch.float32).reshape(*lead, self.out_features)
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias16, "none", [], "")
+
+    def unpacked(self) -> nn.Linear:
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        plain.weight, plain.bias = self.weight, self.bias
+        return plain
+
+
+_BF16_OK: list = []
+
+
+def bf16_available() -> bool:
+    """Whether bfloat16-weight linears run here and keep rows independent of the width, checked once.
+
+    Three checks on random layers: the ops exist, one row agrees with ``F.linear`` on bfloat16-rounded
+    operands, and 1..``BF16_EXACT_ROWS`` rows computed together equal the same rows computed one at a
+    time, bit for bit (the property the lossless strategies rest on; it depends on the CPU's kernels, so
+    it is measured, not assumed). Whether the route is also *faster* is the caller's measurement.
+    """
+    if not _BF16_OK:
+        _BF16_OK.append(_bf16_checks())
+    return _BF16_OK[0]
+
+
+def _bf16_checks() -> bool:
+    if not available():
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for width, out in ((576, 1536), (1536, 576), (96, 200)):
+            layer = nn.Linear(width, out)
+            fast = Bf16Linear(layer)
+            x = torch.randn(BF16_EXACT_ROWS, width, generator=gen)
+            with torch.inference_mode():
+                together = fast(x)
+                one_by_one = torch.cat([fast(x[i:i + 1]) for i in range(BF16_EXACT_ROWS)])
+                want = F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
+            if not torch.equal(together, one_by_one):
+                return False
+            if not torch.allclose(together, want, atol=3e-2, rtol=2e-2):
+                return False
+        return True
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):
+        return False
+
+
+def bf16_linears(model: nn.Module) -> int:
+    """Every float32 CPU linear layer of ``model`` on bfloat16 weights (``Bf16Linear``); how many were swapped.
+
+    For a target only as a preset that says so (``weights: bf16``): another model, its own reference.
+    Does nothing on other devices or dtypes, or where ``bf16_available`` fails. The model must stay frozen.
+    """
+    return _swap_float32_linears(model, Bf16Linear) if bf16_available() else 0

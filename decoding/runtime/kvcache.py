@@ -64,8 +64,10 @@ class GrowingLayer(DynamicLayer):
             and self._kbuf.shape[:-2] == key_states.shape[:-2] and self._kbuf.dtype == key_states.dtype
         if not fits or (n and not self._ours()):
             cap = grown_capacity(n + t)
-            kbuf = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
-            vbuf = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+            # zeros, not garbage: the row-exact attention (gqa_attention.rows_sdpa_forward) reads masked
+            # positions past the filled part, and a masked NaN would still poison its sums
+            kbuf = key_states.new_zeros(*key_states.shape[:-2], cap, key_states.shape[-1])
+            vbuf = value_states.new_zeros(*value_states.shape[:-2], cap, value_states.shape[-1])
             if n:
                 kbuf[..., :n, :] = self.keys
                 vbuf[..., :n, :] = self.values

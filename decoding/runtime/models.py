@@ -47,7 +47,16 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # against. Unlike a bfloat16 model its rows do not depend on how many are computed at once (a verify forward
 # over 10 positions gives each the logits a one-position forward gives, to float32 rounding), so the lossless
 # strategies stay token-identical to its greedy. BENCHMARKS.md, "Float16 weights".
-WEIGHTS = ("full", "fp16")
+# "bf16": bfloat16 copies prepacked for oneDNN (AMX tiles on an Intel Xeon), the inputs and outputs of each
+# linear rounded to bfloat16, float32 everywhere else (kernels.Bf16Linear): another model again, whose rows are
+# checked on the machine to be width-independent (kernels.bf16_available), and whose forward over up to 32
+# positions costs about what one costs where AMX runs it. BENCHMARKS.md, "Bfloat16 weights on AMX".
+WEIGHTS = ("full", "fp16", "bf16")
+# What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
+_WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_linears,
+                            "fp16-weights"),
+                   "bf16": ("oneDNN bfloat16 kernels whose rows do not depend on the width (checked on this CPU)",
+                            kernels.bf16_available, kernels.bf16_linears, "bf16-weights")}
 
 
 class ModelLoadError(RuntimeError):
@@ -90,14 +99,15 @@ def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
 
 def runs_here(preset: ModelPreset, device: str | None = None) -> bool:
     """Whether ``preset`` can load on this machine's ``device`` (default: the one ``load_model`` picks):
-    float16-weight presets need the CPU and PyTorch's FBGEMM fp16 kernels (x86)."""
-    if preset.weights != "fp16":
+    float16-weight presets need the CPU and PyTorch's FBGEMM fp16 kernels (x86), bfloat16-weight presets the
+    CPU and oneDNN bfloat16 kernels that pass ``kernels.bf16_available``."""
+    if preset.weights == "full":
         return True
     try:
         dev = pick_device(device)
     except ModelLoadError:
         return False
-    return dev.type == "cpu" and kernels.half_available()
+    return dev.type == "cpu" and _WEIGHT_KERNELS[preset.weights][1]()
 
 
 def default_target(path: Path | None = None) -> str:
@@ -204,7 +214,7 @@ class LoadedModel:
     chat: bool = False
     network: bool = False
     supports_logits_to_keep: bool = False
-    weights: str = "full"          # WEIGHTS: "fp16" = float16 weights, float32 activations (HalfLinear)
+    weights: str = "full"          # WEIGHTS: "fp16"/"bf16" = reduced weights, float32 activations (kernels.py)
     extras: dict = field(default_factory=dict)
     uid: int = field(default_factory=lambda: next(_UIDS))
 
@@ -235,10 +245,10 @@ class LoadedModel:
     @property
     def kernels(self) -> str:
         """How the linear layers run (decoding/runtime/kernels.py): ``default``, ``onednn-packed``, or
-        ``mixed: ...`` naming the kernel of each range of row counts; ``fp16-weights`` for a float16-weight
-        preset."""
-        if self.weights == "fp16":
-            return "fp16-weights"
+        ``mixed: ...`` naming the kernel of each range of row counts; ``fp16-weights``/``bf16-weights`` for a
+        reduced-weight preset."""
+        if self.weights in _WEIGHT_KERNELS:
+            return _WEIGHT_KERNELS[self.weights][3]
         return kernels.label(self.model)
 
     def describe(self) -> dict:
@@ -259,7 +269,9 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
     """Wrap an already-built transformers model (tests build tiny random ones)."""
     import inspect
     model.eval()
-    use_gqa_attention(model)      # masked multi-position forwards without copying the KV cache (CPU)
+    # masked multi-position forwards without copying the KV cache (CPU); a bfloat16-weight model's rows
+    # computed exactly as a one-position forward computes them
+    use_gqa_attention(model, row_exact=kwargs.get("weights") == "bf16")
     param = next(model.parameters())
     return LoadedModel(
         name=name, source=kwargs.pop("source", name), model=model, tokenizer=tokenizer,
@@ -382,17 +394,18 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     name = preset.name if preset else spec
     stem = preset.base if preset and preset.base else name      # whose converted cache and kernel choice
     weights = preset.weights if preset else "full"
-    if weights == "fp16":
+    if weights != "full":
+        what = {"fp16": "float16", "bf16": "bfloat16"}[weights]
+        needs, works = _WEIGHT_KERNELS[weights][:2]
         if device.type != "cpu" or dtype != torch.float32:
-            raise ModelLoadError(f"{name} reads float16 weights with float32 activations, a CPU option; it "
+            raise ModelLoadError(f"{name} reads {what} weights with float32 activations, a CPU option; it "
                                  f"cannot load on device={device.type}, dtype={str(dtype).replace('torch.', '')} "
                                  f"(use device=cpu and dtype float32 or auto, or the preset {stem!r})")
         if kernel_mode == "packed":
-            raise ModelLoadError(f"{name} runs FBGEMM's float16-weight kernels; kernels='packed' (oneDNN float32) "
+            raise ModelLoadError(f"{name} runs its own {what}-weight kernels; kernels='packed' (oneDNN float32) "
                                  f"does not apply to it (use the preset {stem!r} for that)")
-        if not kernels.half_available():
-            raise ModelLoadError(f"{name} needs PyTorch's FBGEMM float16 kernels (x86 CPUs), which this "
-                                 f"build lacks; use the preset {stem!r}")
+        if not works():
+            raise ModelLoadError(f"{name} needs {needs}, which this machine or build lacks; use the preset {stem!r}")
     if kind == "bundled":
         cached = cache_root() / stem
         if not (cached / "config.json").is_file():
@@ -414,12 +427,12 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     if preset and preset.adapter:        # before the kernels pack the weights
         merge_adapter(model, PRESETS_DIR / preset.adapter)
     model.to(device)
-    if weights == "fp16":                # every linear layer on float16 weights (FBGEMM), no kernel choice
+    if weights != "full":                # every linear layer on reduced weights, no kernel choice
         big = max((float(m.weight.detach().abs().max()) for m in model.modules() if isinstance(m, torch.nn.Linear)),
                   default=0.0)
-        if not big < 65504.0:
+        if weights == "fp16" and not big < 65504.0:
             raise ModelLoadError(f"{name}: a weight of magnitude {big:g} does not fit float16 (at most 65504)")
-        kernels.half_linears(model)
+        _WEIGHT_KERNELS[weights][2](model)
         choice = None
     else:
         # CPU linear kernels per bucket of row counts, measured once per machine and cached next to

@@ -1,0 +1,179 @@
+"""Bfloat16-weight presets (``weights: bf16``): another model, whose verify forwards give every row the bits a
+one-position forward gives it.
+
+The preset rounds each linear layer's input and weights to bfloat16 (oneDNN, AMX tiles on an Intel Xeon) and
+keeps float32 between the layers. Because a rounding can turn a last-bit difference into a different token,
+exactness against its own greedy needs *bit* equality between a wide forward's rows and one-position
+forwards. What would break it: linears wider than the kernels' exact rows not chunked, attention over a
+key length that depends on the width, a cache buffer whose masked tail holds garbage (NaN), the row-exact
+attention not switched on for the preset, or trees verified on it although their rows cannot be exact.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_prophet import random_prophet
+
+from decoding.harness.bench import width_logits
+from decoding.harness.runner import run_comparison
+from decoding.runtime import kernels
+from decoding.runtime.attention import check_mask_support
+from decoding.runtime.gqa_attention import KEY_BLOCK, NAME, ROWS_NAME, rows_sdpa_forward
+from decoding.runtime.head import PROPHET_DIR, prophet_for, shipped_head
+from decoding.runtime.kvcache import GrowingLayer
+from decoding.runtime.models import ModelLoadError, bundled_file, load_model, load_presets, runs_here, wrap_model
+from decoding.runtime.pair import ModelPair
+
+from tiny_models import prompt, tiny_causal
+
+PRESET = "smollm2-135m-instruct-bf16w"
+needs_bf16 = pytest.mark.skipif(not kernels.bf16_available(),
+                                reason="no oneDNN bfloat16 kernels with width-independent rows on this CPU")
+
+
+def _bf16(lm):
+    assert kernels.bf16_linears(lm.model) > 0
+    return wrap_model(lm.model, None, name=lm.name + "-bf16w", weights="bf16")
+
+
+def test_cpu_sdpa_gives_a_row_the_same_bits_for_every_key_length_past_its_block():
+    """What the row-exact attention rests on (a newer PyTorch that changed it would fail here first)."""
+    gen = torch.Generator().manual_seed(0)
+    heads, kv, d = 6, 2, 32
+    for visible in (5, 16, 37, 130):
+        total = visible + 300
+        q = torch.randn(1, heads, 1, d, generator=gen)
+        k, v = torch.randn(1, kv, total, d, generator=gen), torch.randn(1, kv, total, d, generator=gen)
+
+        def row(length: int) -> torch.Tensor:
+            mask = torch.zeros(1, 1, 1, length, dtype=torch.bool)
+            mask[..., :visible] = True
+            return F.scaled_dot_product_attention(q, k[:, :, :length], v[:, :, :length], attn_mask=mask,
+                                                  enable_gqa=True)
+        first = -(-visible // KEY_BLOCK) * KEY_BLOCK
+        ref = row(first)
+        for length in range(first, total, 7):
+            assert torch.equal(row(length), ref), (visible, length)
+
+
+def test_row_exact_attention_reads_masked_headroom_without_copying_and_ignores_its_values():
+    gen = torch.Generator().manual_seed(1)
+    heads, kv, d, filled, t = 4, 2, 16, 21, 3
+    buffer = torch.randn(1, kv, 64, d, generator=gen)
+    buffer[..., filled:, :] = float("nan")              # what an unzeroed buffer could hold
+    keys = buffer[..., :filled, :]
+    query = torch.randn(1, heads, t, d, generator=gen)
+    plain = torch.randn(1, kv, filled, d, generator=gen)
+    module = torch.nn.Module()
+    out, _ = rows_sdpa_forward(module, query, plain, plain, None)
+    assert out.shape == (1, t, heads, d) and torch.isfinite(out).all()
+    zeroed = buffer.clone()
+    zeroed[..., filled:, :] = 0
+    out_nan, _ = rows_sdpa_forward(module, query, keys, keys, None)
+    out_zero, _ = rows_sdpa_forward(module, query, zeroed[..., :filled, :], zeroed[..., :filled, :], None)
+    # masked NaN would poison the sums: the buffer's headroom must hold finite values (GrowingLayer zeroes it)
+    assert not torch.isfinite(out_nan).all()
+    assert torch.isfinite(out_zero).all()
+
+
+def test_a_growing_cache_zeroes_the_headroom_it_allocates():
+    for _ in range(3):                                  # leave NaN-filled blocks for the allocator to hand out
+        junk = torch.full((1, 2, 256, 16), float("nan"))
+        del junk
+        gc.collect()
+    layer = GrowingLayer()
+    k = torch.randn(1, 2, 5, 16)
+    layer.update(k, k.clone())
+    assert layer._kbuf.shape[-2] > 5
+    assert torch.equal(layer._kbuf[..., 5:, :], torch.zeros_like(layer._kbuf[..., 5:, :]))
+    assert torch.equal(layer._vbuf[..., 5:, :], torch.zeros_like(layer._vbuf[..., 5:, :]))
+
+
+@needs_bf16
+def test_bf16_linear_rows_are_the_rows_of_one_row_calls_up_to_the_exact_width():
+    layer = torch.nn.Linear(96, 200)
+    fast = kernels.Bf16Linear(layer)
+    x = torch.randn(kernels.EXACT_WIDTH, 96)
+    with torch.inference_mode():
+        one = torch.cat([fast(x[i:i + 1]) for i in range(x.shape[0])])
+        for rows in (2, 9, kernels.BF16_EXACT_ROWS, kernels.BF16_EXACT_ROWS + 1, kernels.EXACT_WIDTH):
+            assert torch.equal(fast(x[:rows]), one[:rows]), rows
+        want = F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
+    assert torch.allclose(one, want, atol=3e-2, rtol=2e-2)
+
+
+@needs_bf16
+def test_wide_forwards_of_the_bf16_model_give_every_row_the_bits_of_a_one_position_forward():
+    lm = _bf16(tiny_causal("llama", seed=3, scale=4.0))
+    assert lm.model.config._attn_implementation == ROWS_NAME and lm.kernels == "bf16-weights"
+    with torch.inference_mode():
+        for context in (3, 40):
+            for width in (2, 9, 33, 64):
+                wide, narrow = width_logits(lm.model, torch.tensor([prompt(context, seed=width)]),
+                                            torch.tensor([prompt(width, seed=context)]))
+                assert torch.equal(wide, narrow), (context, width, float((wide - narrow).abs().max()))
+
+
+@needs_bf16
+def test_lossless_strategies_equal_the_bf16_models_own_greedy_and_trees_are_refused_by_reason():
+    lm = _bf16(tiny_causal("llama", seed=0, scale=8.0))
+    with pytest.raises(ValueError, match="bfloat16"):
+        check_mask_support(lm)
+    pair = ModelPair(lm, prophet=random_prophet(lm, seed=1))
+    runs = [("prophet", {}), ("prophet", {"tree": False}), ("prompt_lookup", {}), ("jacobi", {}), ("suffix", {})]
+    for seed in (0, 1):
+        results = run_comparison(prompt(10, seed=seed), pair, runs, max_new_tokens=24, warmup=False, trace=False)
+        ref = results[0].token_ids
+        assert len(ref) == 24 or lm.eos_token_ids
+        for r in results[1:]:
+            assert r.error is None and r.token_ids == ref, (r.strategy, r.error)
+        assert results[1].draft_forwards > 0                  # the tree asked for became a chain, not an error
+
+
+def test_the_bf16_weights_field_is_checked():
+    presets = load_presets()
+    assert presets[PRESET].weights == "bf16" and presets[PRESET].base == "smollm2-135m-instruct"
+    assert runs_here(presets[PRESET], device="cpu") == kernels.bf16_available()
+    assert not runs_here(presets[PRESET], device="cuda")
+
+
+def _bundled():
+    preset = load_presets()[PRESET]
+    return preset if bundled_file(preset.bundled, assemble=False) is not None else None
+
+
+@needs_bf16
+@pytest.mark.skipif(_bundled() is None, reason="the bundled SmolLM2 package is not installed")
+def test_the_shipped_bf16_preset_is_its_own_model_and_its_drafts_equal_its_greedy():
+    with pytest.raises(ModelLoadError, match="CPU option"):
+        load_model(PRESET, dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="does not apply"):
+        load_model(PRESET, kernels="packed")
+    bf, full = load_model(PRESET), load_model("smollm2-135m-instruct")
+    assert bf is not full and bf.weights == "bf16" and bf.kernels == "bf16-weights"
+    assert sum(isinstance(m, kernels.Bf16Linear) for m in bf.model.modules()) == 30 * 7 + 1
+    assert bf.model.config._attn_implementation == ROWS_NAME and full.model.config._attn_implementation == NAME
+    assert shipped_head(bf) == PROPHET_DIR / "smollm2-135m-instruct.safetensors"
+    ids = torch.tensor([bf.tokenizer("The capital of France is").input_ids])
+    with torch.inference_mode():
+        gap = float((bf.model(ids).logits[0, -1] - full.model(ids).logits[0, -1]).abs().max())
+    assert 0 < gap < 3.0, gap                       # rounded: close to float32, not the same model
+    pair = ModelPair(bf, None, prophet=prophet_for(bf))
+    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("prompt_lookup", {}), ("hf_greedy", {})],
+                             max_new_tokens=24, warmup=False, trace=False)
+    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 3
+    assert results[1].target_forwards < len(results[0].token_ids)   # the head's chains were accepted: fewer forwards
+
+
+def test_the_target_picker_labels_the_bf16_preset():
+    import app
+    values = {(c[1] if isinstance(c, tuple) else c): c for c in app.target_choices(load_presets())}
+    if kernels.bf16_available():
+        label, value = values[PRESET]
+        assert value == PRESET and "bfloat16 weights" in label and "own greedy" in label
+    else:
+        assert PRESET not in values
