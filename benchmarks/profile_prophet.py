@@ -3,6 +3,7 @@ runs' own events.
 
     python benchmarks/profile_prophet.py [--per-category 2] [--variant fixed8:tree_nodes=8]
     python benchmarks/profile_prophet.py --attention sdpa_gqa_cpu --attention sdpa   # an A/B, interleaved
+    python benchmarks/profile_prophet.py --target smollm2-135m-instruct-bf16w       # bfloat16 weights (AMX)
 
 Runs the prophet (traced) on prompts of presets/bench_unseen.yaml after a warm-up and sums its events:
 ``StepTiming`` splits every propose-verify step into drafting, the target's verify forward and the rest
@@ -104,9 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
                         f"twice, e.g. --attention {GROUPED} --attention sdpa, for an interleaved A/B")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--target", default="smollm2-135m-instruct",
+                   help="the target preset, e.g. smollm2-135m-instruct-bf16w (bfloat16 weights on AMX)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    lm = load_model("smollm2-135m-instruct")
+    lm = load_model(args.target)
     original = lm.model.config._attn_implementation
     attentions = args.attention or [original]
     strategy = get_strategy("prophet")
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
             _accumulate(totals[impl], widths[impl], profile(events, seconds))
     lm.model.set_attn_implementation(original)
     return {impl: report(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads; prophet {name} on {len(prompts)} "
-                         f"prompts, attention {impl}", totals[impl], widths[impl], greedy_ms[impl])
+                         f"prompts, {lm.name}, attention {impl}", totals[impl], widths[impl], greedy_ms[impl])
             for impl in attentions}
 
 

@@ -6,7 +6,7 @@ keeps float32 between the layers. Because a rounding can turn a last-bit differe
 exactness against its own greedy needs *bit* equality between a wide forward's rows and one-position
 forwards. What would break it: linears wider than the kernels' exact rows not chunked, attention over a
 key length that depends on the width, a cache buffer whose masked tail holds garbage (NaN), the row-exact
-attention not switched on for the preset, or trees verified on it although their rows cannot be exact.
+attention not switched on for the preset, or a tree row whose ancestors are not laid out as greedy cached them.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from test_prophet import random_prophet
 from decoding.harness.bench import width_logits
 from decoding.harness.runner import run_comparison
 from decoding.runtime import kernels
-from decoding.runtime.attention import check_mask_support
-from decoding.runtime.gqa_attention import KEY_BLOCK, NAME, ROWS_NAME, rows_sdpa_forward
+from decoding.runtime.attention import check_mask_support, tree_forward
+from decoding.runtime.gqa_attention import KEY_BLOCK, NAME, ROWS_NAME, layout_of, rows_sdpa_forward
 from decoding.runtime.head import PROPHET_DIR, prophet_for, shipped_head
 from decoding.runtime.kvcache import GrowingLayer
 from decoding.runtime.models import ModelLoadError, bundled_file, load_model, load_presets, runs_here, wrap_model
 from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
+from decoding.tree import TokenTree
 
 from tiny_models import prompt, tiny_causal
 
@@ -118,20 +120,67 @@ def test_wide_forwards_of_the_bf16_model_give_every_row_the_bits_of_a_one_positi
                 assert torch.equal(wide, narrow), (context, width, float((wide - narrow).abs().max()))
 
 
+def test_the_layout_gives_each_tree_row_its_ancestors_in_order():
+    # root 0; children 1, 2 of 0; 3 child of 1; 4 child of 2; 5 child of 3 (BFS order), after 4 cached keys
+    parents = [-1, 0, 0, 1, 2, 3]
+    allowed = torch.zeros(6, 10, dtype=torch.bool)
+    allowed[:, :4] = True
+    for row, parent in enumerate(parents):
+        allowed[row, 4 + row] = True
+        while parent != -1:
+            allowed[row, 4 + parent] = True
+            parent = parents[parent]
+    layout = layout_of(allowed, 6)
+    assert not layout.plain and layout.seen == (1, 2, 2, 3, 3, 4)
+    groups = {path: set(members) for members, path in layout.groups}
+    assert groups == {(0, 1, 3, 5): {0, 1, 3, 5}, (0, 2, 4): {2, 4}}          # one group per leaf
+    chain = layout_of(torch.ones(3, 7, dtype=torch.bool).tril(4), 3)
+    assert chain.plain and chain.seen == (1, 2, 3) and layout_of(None, 3) == chain
+    windowed = allowed.clone()
+    windowed[:, 0] = False                              # a sliding window: the cache is not all visible
+    assert layout_of(windowed, 6) is None
+
+
 @needs_bf16
-def test_lossless_strategies_equal_the_bf16_models_own_greedy_and_trees_are_refused_by_reason():
+def test_tree_rows_of_the_bf16_model_are_the_bits_of_their_paths_fed_one_by_one():
+    lm = _bf16(tiny_causal("llama", seed=5, scale=4.0))
+    check_mask_support(lm)
+    tree = TokenTree((5, 6, 7, 8, 9, 10, 11, 12, 13), (-1, -1, 0, 0, 1, 4, 2, 6, 5))
+    assert _tree_rows_equal_their_paths(lm, tree) == [True] * (2 * len(tree.tokens))
+
+
+def _tree_rows_equal_their_paths(lm, tree) -> list[bool]:
+    same = []
+    for context in (3, 37):
+        prefix = prompt(context, seed=context)
+        session = Session(lm)
+        session.prefill(prefix)
+        got = tree_forward(session, [3], tree)                                   # [1 + nodes, V]
+        for node in range(len(tree.tokens)):
+            path, j = [], node
+            while j != -1:
+                path.append(tree.tokens[j])
+                j = tree.parents[j]
+            plain = Session(lm)
+            plain.prefill(prefix)
+            for token in [3] + path[::-1]:
+                want = plain.forward(plain.tensor([[token]]))[0, -1]
+            same.append(bool(torch.equal(got[node + 1], want)))
+    return same
+
+
+@needs_bf16
+def test_lossless_strategies_equal_the_bf16_models_own_greedy():
     lm = _bf16(tiny_causal("llama", seed=0, scale=8.0))
-    with pytest.raises(ValueError, match="bfloat16"):
-        check_mask_support(lm)
     pair = ModelPair(lm, prophet=random_prophet(lm, seed=1))
-    runs = [("prophet", {}), ("prophet", {"tree": False}), ("prompt_lookup", {}), ("jacobi", {}), ("suffix", {})]
+    runs = [("prophet", {}), ("prophet", {"tree": False}), ("prompt_lookup", {}), ("lookahead", {}),
+            ("jacobi", {}), ("suffix", {})]
     for seed in (0, 1):
         results = run_comparison(prompt(10, seed=seed), pair, runs, max_new_tokens=24, warmup=False, trace=False)
         ref = results[0].token_ids
         assert len(ref) == 24 or lm.eos_token_ids
         for r in results[1:]:
             assert r.error is None and r.token_ids == ref, (r.strategy, r.error)
-        assert results[1].draft_forwards > 0                  # the tree asked for became a chain, not an error
 
 
 def test_the_bf16_weights_field_is_checked():
@@ -163,9 +212,20 @@ def test_the_shipped_bf16_preset_is_its_own_model_and_its_drafts_equal_its_greed
         gap = float((bf.model(ids).logits[0, -1] - full.model(ids).logits[0, -1]).abs().max())
     assert 0 < gap < 3.0, gap                       # rounded: close to float32, not the same model
     pair = ModelPair(bf, None, prophet=prophet_for(bf))
-    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("prompt_lookup", {}), ("hf_greedy", {})],
+    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("prompt_lookup", {}), ("lookahead", {}),
+                                                     ("hf_greedy", {})],
                              max_new_tokens=24, warmup=False, trace=False)
-    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 3
+    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 4
+    # on the plain grouped attention its tree rows are not the bits of a plain forward: the probe refuses trees
+    try:
+        bf.model.set_attn_implementation(NAME)
+        bf.extras.pop("mask_support", None)
+        with pytest.raises(ValueError, match="bfloat16"):
+            check_mask_support(bf)
+    finally:
+        bf.model.set_attn_implementation(ROWS_NAME)
+        bf.extras.pop("mask_support", None)
+    check_mask_support(bf)
     assert results[1].target_forwards < len(results[0].token_ids)   # the head's chains were accepted: fewer forwards
 
 

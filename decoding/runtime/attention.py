@@ -80,11 +80,11 @@ def check_mask_support(lm: Any) -> None:
         verdict = _probe(lm)
         lm.extras["mask_support"] = verdict
     if verdict == BF16_ROWS:
-        raise ValueError(f"tree drafts and lookahead verify rows whose visible keys are not contiguous; {lm.name} "
-                         f"rounds each linear layer's input to bfloat16, which can turn the last-bit difference of "
-                         f"such a row's attention into a different logit, so they cannot be exact against its "
-                         f"greedy. On it, drafts are chains (prophet, prompt lookup, suffix); the float32 preset "
-                         f"runs trees and lookahead")
+        raise ValueError(f"tree drafts and lookahead need every row of a masked forward to equal a plain "
+                         f"forward's; {lm.name} rounds each linear layer's input to bfloat16, and its attention "
+                         f"({lm.model.config._attn_implementation}) does not give a tree row the bits a plain forward "
+                         f"gives it, so they would not be exact against its greedy. On it, drafts are chains; the "
+                         f"float32 preset runs trees and lookahead")
     if verdict != "ok":
         raise ValueError(f"tree drafts and lookahead need a model that accepts a custom 4D attention mask "
                          f"with explicit position ids; {type(lm.model).__name__} does not ({verdict})")
@@ -98,14 +98,12 @@ def supports_trees(lm: Any) -> bool:
     return True
 
 
-# The verdict for a bfloat16-weight model (models.WEIGHTS): its rows are exact only where each row's visible keys
-# are a prefix of the cache (gqa_attention.rows_sdpa_forward), which a tree's or a lookahead window's are not.
+# The verdict for a bfloat16-weight model (models.WEIGHTS) whose tree rows are not bit-equal to a plain forward's
+# (the row-exact attention, gqa_attention.rows_sdpa_forward, makes them equal; another attention would not).
 BF16_ROWS = "bf16-rows"
 
 
 def _probe(lm: Any) -> str:
-    if getattr(lm, "weights", "full") == "bf16":
-        return BF16_ROWS
     kinds, _ = _layer_kinds(lm.model.config)
     odd = kinds - {"full_attention", "sliding_attention"}
     if odd:
@@ -128,5 +126,7 @@ def _probe(lm: Any) -> str:
         return f"{type(exc).__name__}: {exc}"
     scale = float(ref.abs().max()) + 1e-6
     tol = 1e-3 if lm.dtype in (torch.float32, torch.float64) else 3e-2
+    if getattr(lm, "weights", "full") == "bf16":   # rounded inputs: only bit-equal rows keep it exact
+        return "ok" if torch.equal(got[[0, 2]], ref) else BF16_ROWS
     diff = float((got[[0, 2]] - ref).abs().max()) / scale
     return "ok" if diff <= tol else f"fused and separate logits differ by {diff:.3g} (relative)"

@@ -22,6 +22,8 @@ function unchanged.
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -67,7 +69,8 @@ KEY_BLOCK = 16     # PyTorch's CPU SDPA gives a row the same bits for every key 
 def _row_exact(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: Optional[torch.Tensor], dropout: float, kwargs: dict) -> bool:
     return (query.device.type == "cpu" and query.shape[0] == 1 and query.shape[2] <= EXACT_WIDTH
-            and dropout == 0.0 and getattr(module, "is_causal", True) and key.shape[-1] == value.shape[-1]
+            and query.shape[2] <= key.shape[2] and dropout == 0.0 and getattr(module, "is_causal", True)
+            and key.shape[-1] == value.shape[-1]
             and (attention_mask is None or attention_mask.dtype == torch.bool or _blocking(attention_mask))
             and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
             and not kwargs.get("output_attentions", False))
@@ -92,6 +95,74 @@ def _longer(cached: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(cached, (0, 0, 0, extra))
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How the rows of one forward are computed: groups of rows, each over one order of the new keys.
+
+    ``groups``: ``(rows, path)`` pairs; ``path`` lists new-key indices (0 = the first position of this
+    forward) in the order they are laid after the cached keys for that group, and each row of the group sees
+    the cache and the first ``seen[row]`` keys of its group's path. A token tree has one group per
+    root-to-leaf path: a node sees the cache and its ancestors, laid out as greedy would have cached them.
+    """
+    groups: tuple
+    seen: tuple
+    plain: bool          # one group whose path is the new keys in order (a causal chain): nothing to move
+
+
+_MEMO = threading.local()      # the last mask's layout (every layer of a forward gets the same mask object)
+
+
+def layout_of(allowed: Optional[torch.Tensor], t: int) -> Optional[Layout]:
+    """The :class:`Layout` of a forward's rows from ``allowed [T, cached + T]`` (None: causal), or None when a
+    row does not see the whole cache (a sliding window: no exact layout)."""
+    if allowed is None:
+        return Layout(((tuple(range(t)), tuple(range(t))),), tuple(range(1, t + 1)), True)
+    base = allowed.shape[1] - t
+    if base and not bool(allowed[:, :base].all()):
+        return None
+    paths = [tuple(j for j, ok in enumerate(row) if ok) for row in allowed[:, base:].tolist()]
+    groups, covered = [], set()
+    for row in sorted(range(t), key=lambda r: -len(paths[r])):
+        if row in covered:
+            continue
+        path = paths[row]
+        members = tuple(r for r in range(t) if r not in covered and paths[r] == path[:len(paths[r])])
+        covered.update(members)
+        groups.append((members, path))
+    plain = len(groups) == 1 and groups[0][1] == tuple(range(t))
+    return Layout(tuple(groups), tuple(len(p) for p in paths), plain)
+
+
+_CAUSAL: dict = {}             # t -> the causal layout (immutable, shared by every thread)
+
+
+def _layout(attention_mask: Optional[torch.Tensor], t: int, s: int) -> Optional[Layout]:
+    if attention_mask is None:
+        if t not in _CAUSAL:
+            _CAUSAL[t] = layout_of(None, t)
+        return _CAUSAL[t]
+    if getattr(_MEMO, "mask", None) is attention_mask and getattr(_MEMO, "shape", None) == (t, s):
+        return _MEMO.layout
+    allowed = attention_mask[0, 0, -t:, :s]
+    found = layout_of(allowed if allowed.dtype == torch.bool else allowed == 0, t)
+    _MEMO.mask, _MEMO.shape, _MEMO.layout = attention_mask, (t, s), found
+    return found
+
+
+def _visible(layout: Layout, base: int, padded: int) -> Optional[torch.Tensor]:
+    """Each row's keys: the cache and the first ``seen`` keys of its path, as a ``[T, 1, 1, S']`` mask (None when
+    every row sees every key: a one-position forward over a key length that needs no padding). Built once per
+    forward (every layer asks for the same)."""
+    key = (base, padded)
+    if getattr(_MEMO, "visible_layout", None) is layout and _MEMO.visible_key == key:
+        return _MEMO.visible
+    ends = torch.tensor(layout.seen) + base                                    # [T] keys each row sees
+    visible = None if bool((ends == padded).all()) else \
+        (torch.arange(padded) < ends[:, None]).view(len(layout.seen), 1, 1, padded)
+    _MEMO.visible_layout, _MEMO.visible_key, _MEMO.visible = layout, key, visible
+    return visible
+
+
 def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                       is_causal: Optional[bool] = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -103,26 +174,41 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     element alone and gives a row the same bits for every key length from its visible keys rounded up to
     :data:`KEY_BLOCK` on (the tail masked). So each query row becomes its own batch element (keys and values
     broadcast, not copied) over a key length rounded up to :data:`KEY_BLOCK`, read from the cache's zeroed
-    headroom. Forwards wider than ``kernels.EXACT_WIDTH`` (prefills, shared by every strategy) and every other
-    case go to :func:`gqa_sdpa_forward`. ``query [1, heads, T, d]`` -> ``([1, T, heads, d], None)``."""
-    if not _row_exact(module, query, key, value, attention_mask, dropout, kwargs):
+    headroom, and sees the cache and then its own new keys in position order, as greedy cached them: a tree
+    row's ancestors are moved next to the cache for its group (:func:`layout_of`), and the cache's new keys
+    put back afterwards. Forwards wider than ``kernels.EXACT_WIDTH`` (prefills, shared by every strategy), a
+    sliding window and every other case go to :func:`gqa_sdpa_forward`.
+    ``query [1, heads, T, d]`` -> ``([1, T, heads, d], None)``."""
+    exact = _row_exact(module, query, key, value, attention_mask, dropout, kwargs)
+    layout = _layout(attention_mask, query.shape[2], key.shape[2]) if exact else None
+    if layout is None:
         return gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 is_causal=is_causal, **kwargs)
     _, heads, t, d = query.shape
     kv, s = key.shape[1], key.shape[2]
-    padded = -(-s // KEY_BLOCK) * KEY_BLOCK
-    visible = torch.zeros(t, 1, 1, padded, dtype=torch.bool)                  # [T, 1, 1, S'] per row
-    if attention_mask is None:       # causal over the cache: row i sees keys 0 .. S - T + i
-        visible[:, 0, 0, :s] = torch.ones(t, s, dtype=torch.bool).tril(s - t)
-    else:
-        allowed = attention_mask[0, 0, -t:, :s]
-        visible[:, 0, 0, :s] = allowed if allowed.dtype == torch.bool else allowed == 0
+    base, padded = s - t, -(-s // KEY_BLOCK) * KEY_BLOCK
+    visible = _visible(layout, base, padded)                                   # [T, 1, 1, S'] a prefix each
     rows = query[0].transpose(0, 1).unsqueeze(2)                               # [T, heads, 1, d]
-    keys = _longer(key, padded).expand(t, kv, padded, d)                       # [T, kv, S', d], no copy
-    values = _longer(value, padded).expand(t, kv, padded, d)
-    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=visible, scale=scaling,
-                                         enable_gqa=heads != kv)               # [T, heads, 1, d]
-    return out.squeeze(2).unsqueeze(0), None                                  # [1, T, heads, d]
+    keys, values = _longer(key, padded), _longer(value, padded)               # [1, kv, S', d]
+    if layout.plain:
+        out = F.scaled_dot_product_attention(rows, keys.expand(t, kv, padded, d), values.expand(t, kv, padded, d),
+                                             attn_mask=visible, scale=scaling, enable_gqa=heads != kv)
+        return out.squeeze(2).unsqueeze(0), None                              # [1, T, heads, d]
+    new_k, new_v = keys[..., base:s, :].clone(), values[..., base:s, :].clone()   # [1, kv, T, d]
+    out = torch.empty(t, heads, 1, d, dtype=query.dtype)
+    try:
+        for members, path in layout.groups:
+            n, index = len(members), list(members)
+            # 1. this group's keys after the cache, in path order  2. its rows, each over its prefix
+            keys[..., base:base + len(path), :] = new_k[..., list(path), :]
+            values[..., base:base + len(path), :] = new_v[..., list(path), :]
+            out[index] = F.scaled_dot_product_attention(
+                rows[index], keys.expand(n, kv, padded, d), values.expand(n, kv, padded, d),
+                attn_mask=visible[index], scale=scaling, enable_gqa=heads != kv)
+    finally:                                                                   # 3. the cache as it was
+        keys[..., base:s, :] = new_k
+        values[..., base:s, :] = new_v
+    return out.squeeze(2).unsqueeze(0), None
 
 
 def register() -> None:
