@@ -1,5 +1,6 @@
-"""Decoding Playground: the Gradio app. The page and its wiring only: what each event does is in
-web/handlers.py, requests are validated, run and bounded in web/service.py and web/guards.py,
+"""Decoding Playground: the Gradio app. The page and its wiring, by name, only: what each event does is in
+web/handlers.py, the /race endpoint for code in web/api.py, requests are validated, run and bounded in
+web/service.py and web/guards.py, every override of Gradio's internals is in web/gradio_overrides.py,
 decoding lives in decoding/, views in visualize/ (visualize/page.py says which view shows what).
 
     python app.py [--host 127.0.0.1] [--port 7860] [--allow-any-model] [--memory-budget-gb G]
@@ -11,7 +12,6 @@ Host and port: ``--host``/``--port`` when given, else ``GRADIO_SERVER_NAME``/``G
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import os
 import threading
@@ -29,7 +29,8 @@ from decoding.strategies import registry
 from visualize.guide import HOW_TO_READ
 from visualize.race import SPEEDS
 from visualize.tokens import columns_html
-from web import queue_guard
+from web import gradio_overrides
+from web.api import race_endpoint
 from web.guards import BodyLimit
 from web.handlers import (
     JOBS,  # noqa: F401  (the tests reach it as app.JOBS)
@@ -89,6 +90,41 @@ STEP_VIEWS = ("columns", "lookahead_window", "jacobi", "drafts", "crosstok")
 STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
 
 
+# The run's inputs by name: /run takes them in this order (its API order, which scripts and tests send by
+# position), each strategy parameter as "strategy.field" (registry order) and each generation setting as
+# "generation.field" after these. The sweep takes SWEEP_INPUTS. Handlers read every value by its name.
+RUN_FIELDS = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens", "seed")
+SWEEP_INPUTS = ("model", "assistant", "prompt", "chat", "max_new_tokens", "seed", "sweep_strategy", "sweep_spec")
+
+
+def param_input(strategy: str, field: str) -> str:
+    return f"{strategy}.{field}"
+
+
+def generation_input(field: str) -> str:
+    return f"generation.{field}"
+
+
+def run_inputs() -> tuple[str, ...]:
+    """The names of the run's inputs, in /run's order."""
+    return (*RUN_FIELDS, *(param_input(s, f) for s, f in param_fields()),
+            *(generation_input(name) for name in GENERATION_FIELDS))
+
+
+class Inputs(dict):
+    """Input name -> component. An event takes ``list(names)``; its handler reads ``named(names, values)``, so
+    no handler counts positions, and where a component sits on the page changes nothing."""
+
+    def list(self, names: tuple) -> list:
+        return [self[name] for name in names]
+
+    @staticmethod
+    def named(names: tuple, values: tuple) -> dict:
+        if len(values) != len(names):
+            raise gr.Error(f"expected {len(names)} values ({', '.join(names[:7])}, ...), got {len(values)}")
+        return dict(zip(names, values))
+
+
 class Views(dict):
     """View name -> component. Handlers return ``{view name: value}``; ``pack`` turns that into Gradio's
     ``{component: value}`` and refuses a name with no component, so no value lands in another's slot."""
@@ -123,70 +159,12 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
 
 
 # --------------------------------------------------------------------------- layout
-class SnapshotSet(set):
-    """A set whose iteration walks a copy taken under the GIL.
-
-    Gradio's cache cleaner (``delete_cache``) iterates each component's set of cached files in a worker thread
-    while requests add to it. One "Set changed size during iteration" ends its cleanup loop for the life of the
-    server, and the cache then grows without bound: CI saw 33 copies left where 8 were allowed."""
-
-    def __iter__(self):
-        return iter(set.copy(self))
-
-
-def _left_out(block: Any) -> Any:
-    """What Gradio 6.31 sends for an output left out of a handler's dict (HTML carries its extra props)."""
-    if block.stateful:
-        return None
-    if isinstance(block, gr.HTML):
-        return {"props": {"__type__": "update"}, "__type__": "update"}
-    return {"__type__": "update"}
-
-
-class Playground(gr.Blocks):
-    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise, makes the sets
-    of cached files safe for Gradio's cleaner to walk while requests add to them, keeps the queue alive
-    (``web/queue_guard.py``) and answers ``GET /healthz``."""
-
-    def guard_temp_files(self) -> int:
-        """Swap every cached-file set for a :class:`SnapshotSet` (same contents, same sharing); returns how many."""
-        swapped: dict[int, SnapshotSet] = {}
-
-        def safe(files: set) -> set:
-            if isinstance(files, SnapshotSet):
-                return files
-            return swapped.setdefault(id(files), SnapshotSet(files))
-        for block in self.blocks.values():
-            if isinstance(getattr(block, "temp_files", None), set):
-                block.temp_files = safe(block.temp_files)
-        self.upload_file_set = safe(self.upload_file_set)
-        self.temp_file_sets = [safe(files) for files in self.temp_file_sets]
-        return len(swapped)
-
-    async def postprocess_data(self, block_fn: Any, predictions: Any, state: Any) -> list:
-        """Outputs a handler's dict leaves out are answered as Gradio answers them (``{"__type__": "update"}``,
-        ``None`` for a state) without Gradio's rebuild of each such component and its config (about 1.5 ms
-        apiece, gradio 6.31). A live-race frame leaves out 22 of the run's 24 outputs: with 16 visitors
-        watching at five frames a second, those rebuilds took more of the server than the decoding did.
-        The outputs given go through Gradio's own postprocessing."""
-        outputs = list(block_fn.outputs)
-        if not (isinstance(predictions, dict) and predictions and all(isinstance(k, gr.blocks.Block)
-                                                                        for k in predictions)):
-            return await super().postprocess_data(block_fn, predictions, state)
-        given = {k._id for k in predictions}
-        keep = [i for i, block in enumerate(outputs) if block._id in given]
-        if len(keep) == len(outputs) or len(keep) != len(given):
-            return await super().postprocess_data(block_fn, predictions, state)
-        part = copy.copy(block_fn)
-        part.outputs = [outputs[i] for i in keep]
-        values = await super().postprocess_data(part, predictions, state)
-        out: list = [_left_out(block) for block in outputs]
-        for i, value in zip(keep, values):
-            out[i] = value
-        return out
+class Playground(gradio_overrides.GuardedBlocks):
+    """The app's Blocks: ``launch`` caps uploads and request bodies unless told otherwise, puts this app's
+    overrides of Gradio's internals on (``web/gradio_overrides.py``: cached-file sets safe for Gradio's cleaner,
+    frames that cost what they change, a queue that stays alive) and answers ``GET /healthz``."""
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
-        self.guard_temp_files()
         kwargs.setdefault("max_file_size", LIMITS["upload_bytes"])
         kwargs.setdefault("css", PAGE_CSS)
         app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
@@ -195,8 +173,8 @@ class Playground(gr.Blocks):
                            larger={"/upload": LIMITS["upload_bytes"] + 2**20})
         # the queue keeps every waiting client's session and restarts if it stops; GET /healthz says how it is
         # (web/queue_guard.py: issue 25 item 4)
-        queue_guard.install(self)
-        health = Middleware(queue_guard.Health, blocks=self)
+        gradio_overrides.install(self)
+        health = Middleware(gradio_overrides.Health, blocks=self)
         app_kwargs["middleware"] = [health, *app_kwargs.get("middleware", []), limit]
         return super().launch(*args, app_kwargs=app_kwargs, **kwargs)
 
@@ -238,14 +216,14 @@ GENERATION_LABELS = {
 }
 
 
-def _generation_inputs() -> list:
+def _generation_inputs() -> dict[str, Any]:
     defaults = GenerationSettings()
     with gr.Accordion("Generation settings (logits processors, applied to every strategy)", open=False):
         gr.Markdown("transformers' own processors, in `generate`'s order; every lossless strategy stays "
                     "identical to greedy under the same settings.", elem_classes=["dp-help"])
         with gr.Row():
-            return [gr.Number(value=getattr(defaults, name), label=GENERATION_LABELS[name][0],
-                              info=GENERATION_LABELS[name][1], min_width=160) for name in GENERATION_FIELDS]
+            return {name: gr.Number(value=getattr(defaults, name), label=GENERATION_LABELS[name][0],
+                                    info=GENERATION_LABELS[name][1], min_width=160) for name in GENERATION_FIELDS}
 
 
 def _race(ui: Views) -> None:
@@ -325,8 +303,12 @@ def target_choices(presets: dict) -> list:
             if p.weights in _REDUCED else name for name, p in presets.items() if runs_here(p)]
 
 
-def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:
-    """The page; ``settings`` (what the operator chose at start) reach every run and sweep."""
+def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple] = None) -> gr.Blocks:
+    """The page; ``settings`` (what the operator chose at start) reach every run and sweep. ``run_order``: the
+    order /run takes its inputs in, by name (default :func:`run_inputs`; the tests move one)."""
+    run_order = tuple(run_inputs() if run_order is None else run_order)
+    if sorted(run_order) != sorted(run_inputs()):
+        raise ValueError("run_order must name each of the run's inputs (app.run_inputs()) once")
     presets = load_presets()
     reg = registry()
     prompts = example_prompts()
@@ -361,70 +343,84 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS) -> gr.Blocks:
             run_btn = gr.Button("Run", variant="primary", scale=2)
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
             clear_btn = gr.Button("Clear history", scale=1, elem_id="clear-history")
+        inputs = Inputs(model=model, assistant=assistant, strategies=strategies, prompt=prompt, chat=chat,
+                        max_new_tokens=max_new, seed=seed)
         with gr.Row():
             with gr.Column():
-                param_inputs = _param_inputs(reg)
+                inputs.update({param_input(s, f): c for (s, f), c in _param_inputs(reg).items()})
             with gr.Column():
-                generation_inputs = _generation_inputs()
+                inputs.update({generation_input(n): c for n, c in _generation_inputs().items()})
         _race(ui)
         _tabs(ui)
+        inputs.update(sweep_strategy=ui["sweep_strategy"], sweep_spec=ui["sweep_spec"])
         ui["key"] = gr.State(None)              # a key into STORE, never the document itself
         ui["race_anchor"] = gr.State(None)      # where the wall-clock replay started: {"wall", "from"}
         ui["playing"] = gr.State(None)          # which replay plays now: "steps", "race" or None
         ui["ticker"] = gr.Timer(0.4, active=False)
         ui["race_ticker"] = gr.Timer(RACE_TICK_S, active=False)
         cancel_queued = gr.Number(visible=False)
-        _wire(ui, demo, prompts, [model, assistant, strategies, prompt, chat, max_new, seed],
-              param_inputs, generation_inputs, dict(category=category, example=example, prompt=prompt,
-                                                    run=run_btn, stop=stop_btn, clear=clear_btn,
-                                                    cancel_queued=cancel_queued), settings)
+        _wire(ui, demo, prompts, inputs, run_order, dict(category=category, example=example, prompt=prompt,
+                                                         run=run_btn, stop=stop_btn, clear=clear_btn,
+                                                         cancel_queued=cancel_queued), settings)
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (handlers.LINE) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
     return demo
 
 
-def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: dict, generation_inputs: list,
-          c: dict, settings: Settings) -> None:
-    """Every event: runs and sweeps share one queued worker; replays are unqueued and bounded."""
-    keys, n_params = list(param_inputs), len(param_inputs)
+def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: tuple, c: dict,
+          settings: Settings) -> None:
+    """Every event: runs and sweeps share one queued worker; replays are unqueued and bounded. Handlers take
+    their inputs by name (``inputs``), never by position."""
     outputs = ui.list(RUN_VIEWS)
+    params = param_fields()
 
     # Gradio injects request and progress only into positional parameters before *values
     async def _run(request: gr.Request, progress=gr.Progress(), *values):
-        params = dict(zip(keys, values[7:7 + n_params]))
-        async for item in run_playground(*values[:7], params, list(values[7 + n_params:]), progress=progress,
-                                         request=request, settings=settings):
+        v = Inputs.named(run_order, values)
+        async for item in run_playground(
+                model=v["model"], assistant=v["assistant"], strategies=v["strategies"], prompt=v["prompt"],
+                chat=v["chat"], max_new_tokens=v["max_new_tokens"], seed=v["seed"],
+                params={(s, f): v[param_input(s, f)] for s, f in params},
+                generation=[v[generation_input(name)] for name in GENERATION_FIELDS],
+                progress=progress, request=request, settings=settings):
             yield ui.pack(item)
 
-    async def _sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
-                     progress=gr.Progress(), request: gr.Request = None):
-        async for item in run_sweep(model, assistant, prompt, chat, max_new, seed, strategy, spec,
-                                    progress=progress, request=request, settings=settings):
+    async def _sweep(request: gr.Request, progress=gr.Progress(), *values):
+        v = Inputs.named(SWEEP_INPUTS, values)
+        async for item in run_sweep(
+                model=v["model"], assistant=v["assistant"], prompt=v["prompt"], chat=v["chat"],
+                max_new_tokens=v["max_new_tokens"], seed=v["seed"], strategy=v["sweep_strategy"],
+                spec=v["sweep_spec"], progress=progress, request=request, settings=settings):
             yield item
 
     def _import(path, request: gr.Request = None):
         return ui.pack(import_file(path, request=request))
 
+    # The API page shows one endpoint, /race (web/api.py): named parameters, the CLI's JSON back. The page's own
+    # events are left off it: those named here stay callable by name (scripts, tests, a client's Stop), the
+    # rest are the page's alone (their parameters are the page's components, in the page's order).
+    named, page = dict(api_visibility="undocumented"), dict(api_visibility="private")
     # Runs and sweeps are admitted (a Stop ticket, a bounded number per session) before they wait. Their
     # handlers only watch: the compute runs in handlers.LINE's slot (one on a CPU), where every run and sweep
     # waits its turn and sees its place; so many handlers may wait at once without holding a thread. Their
     # inputs reach web/service.py as sent (preprocess=False), so it names every bad field itself.
-    heavy = dict(concurrency_id="generate", concurrency_limit=4 * LIMITS["queue_size"], validator=admit,
-                 preprocess=False)
-    run_event = c["run"].click(_run, [*fixed, *param_inputs.values(), *generation_inputs], outputs,
-                               api_name="run", show_progress="minimal", show_progress_on=[ui["status"]], **heavy)
-    sweep_event = ui["sweep_btn"].click(_sweep, [*fixed[:2], *fixed[3:], ui["sweep_strategy"], ui["sweep_spec"]],
-                                        [ui["sweep_plot"], ui["sweep_status"]], api_name="sweep", **heavy)
+    line = dict(concurrency_id="generate", concurrency_limit=4 * LIMITS["queue_size"])
+    heavy = dict(line, validator=admit, preprocess=False, **named)
+    run_event = c["run"].click(_run, inputs.list(run_order), outputs, api_name="run", show_progress="minimal",
+                               show_progress_on=[ui["status"]], **heavy)
+    sweep_event = ui["sweep_btn"].click(_sweep, inputs.list(SWEEP_INPUTS), [ui["sweep_plot"], ui["sweep_status"]],
+                                        api_name="sweep", **heavy)
+    gradio_overrides.api_endpoint(race_endpoint(settings), api_name="race", validator=admit, **line)
     # Stop sets this session's flags (a running job keeps its partial trace); a job still waiting in
     # the queue is also taken out of it, through the hidden value's change and Gradio's cancels=.
     # concurrency_limit=None: Stops sent through the API (/call/stop) are queued by Gradio even with queue=False;
     # without it they would wait one at a time and a Stop storm would fill the queue that Runs need
     c["stop"].click(stop_run, None, [ui["status"], c["cancel_queued"]], api_name="stop", queue=False,
-                    concurrency_limit=None)
-    c["cancel_queued"].change(None, None, None, cancels=[run_event, sweep_event])
+                    concurrency_limit=None, **named)
+    c["cancel_queued"].change(None, None, None, cancels=[run_event, sweep_event], **page)
     c["clear"].click(clear_history, None, ui["status"], api_name="clear_history", queue=False,
-                     concurrency_limit=None)
+                     concurrency_limit=None, **named)
     # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
     # clamp their raw inputs themselves; they show no progress: Gradio would dim the columns and put a
     # timer on them while each frame (ten a second in the wall-clock replay) is in flight
@@ -438,47 +434,50 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, fixed: list, param_inputs: 
         if p == "race":
             values.pop("columns")
         return ui.pack(values)
-    ui["step"].change(_replay, [ui["key"], ui["step"], ui["playing"]], step_views, api_name="replay", **light)
+    ui["step"].change(_replay, [ui["key"], ui["step"], ui["playing"]], step_views, api_name="replay", **light,
+                      **named)
     ui["step"].input(lambda k, s: ui.pack({**replay(k, s), "playing": None}), [ui["key"], ui["step"]],
-                     [*step_views, ui["playing"]], **light)
+                     [*step_views, ui["playing"]], **light, **page)
     ui["step"].change(lambda k, s, n: ui.pack(replay_figures(k, s, n)),
                       [ui["key"], ui["step"], ui["inspect_strategy"]], step_figs, api_name="replay_figures",
-                      trigger_mode="always_last", **light)
+                      trigger_mode="always_last", **light, **named)
     # one replay plays at a time (both redraw the columns): each play button stops the other's timer and
     # names itself in "playing", and a tick of the other replay (one already in flight) stops its timer
     ui["play"].click(lambda k, s: (*play(k, s), gr.Timer(active=False), "steps"), [ui["key"], ui["step"]],
-                     [ui["step"], ui["ticker"], ui["race_ticker"], ui["playing"]], **light)
+                     [ui["step"], ui["ticker"], ui["race_ticker"], ui["playing"]], **light, **page)
     ui["ticker"].tick(lambda k, s, p: advance(k, s) if p == "steps" else (gr.skip(), gr.Timer(active=False)),
-                      [ui["key"], ui["step"], ui["playing"]], [ui["step"], ui["ticker"]], **light)
+                      [ui["key"], ui["step"], ui["playing"]], [ui["step"], ui["ticker"]], **light, **page)
     race_out = ui.list(("columns", "clock_readout"))
     ui["clock"].input(lambda k, t, v: ui.pack(race_at(k, t, v)), [ui["key"], ui["clock"], ui["race_speed"]],
-                      race_out, api_name="race_at", trigger_mode="always_last", **light)
+                      race_out, api_name="race_at", trigger_mode="always_last", **light, **named)
     ui["race"].click(lambda k, t, v: ui.pack({**race_play(k, t, v), "ticker": gr.Timer(active=False),
                                               "playing": "race"}),
                      [ui["key"], ui["clock"], ui["race_speed"]],
                      ui.list(("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker",
-                              "playing")), **light)
+                              "playing")), **light, **page)
     ui["race_ticker"].tick(lambda k, a, v, p: ui.pack(race_tick(k, a, v) if p == "race"
                                                       else {"race_ticker": gr.Timer(active=False)}),
                            [ui["key"], ui["race_anchor"], ui["race_speed"], ui["playing"]],
-                           ui.list(("columns", "clock_readout", "clock", "race_ticker", "playing")), **light)
+                           ui.list(("columns", "clock_readout", "clock", "race_ticker", "playing")), **light, **page)
     # a replayed run (a recording of the identical request) plays its race in real time at once
     run_event.then(lambda k, v: ui.pack(autoplay(k, v)), [ui["key"], ui["race_speed"]],
                    ui.list(("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker",
-                            "playing")), **light)
-    ui["race_speed"].change(race_rebase, [ui["race_anchor"], ui["clock"]], ui["race_anchor"], **light)
+                            "playing")), **light, **page)
+    ui["race_speed"].change(race_rebase, [ui["race_anchor"], ui["clock"]], ui["race_anchor"], **light, **page)
     ui["upload"].upload(_import, ui["upload"], outputs, api_name="import_trace", concurrency_id="import",
-                        concurrency_limit=1, validator=admit)
+                        concurrency_limit=1, validator=admit, **named)
     ui["sweep_strategy"].change(lambda n: SWEEP_DEFAULTS.get(n, ""), ui["sweep_strategy"], ui["sweep_spec"],
-                                queue=False)
+                                queue=False, **page)
     for trigger in (ui["inspect_strategy"].change, ui["inspect_pos"].change):
-        trigger(inspect_position, [ui["key"], ui["inspect_strategy"], ui["inspect_pos"]], ui["inspector"], **light)
+        trigger(inspect_position, [ui["key"], ui["inspect_strategy"], ui["inspect_pos"]], ui["inspector"], **light,
+                **page)
     ui["inspect_strategy"].change(lambda k, s, n: ui.pack({"tree": replay_figures(k, s, n)["tree"]}),
-                                  [ui["key"], ui["step"], ui["inspect_strategy"]], ui.list(("tree",)), **light)
+                                  [ui["key"], ui["step"], ui["inspect_strategy"]], ui.list(("tree",)), **light,
+                                  **page)
     c["category"].change(lambda cat: gr.update(choices=prompts.get(cat, []), value=(prompts.get(cat) or [""])[0]),
-                         c["category"], c["example"], queue=False)
-    c["example"].change(lambda e: e, c["example"], c["prompt"], queue=False)
-    demo.run_event, demo.ui = run_event, ui
+                         c["category"], c["example"], queue=False, **page)
+    c["example"].change(lambda e: e, c["example"], c["prompt"], queue=False, **page)
+    demo.run_event, demo.ui, demo.inputs, demo.run_order = run_event, ui, inputs, run_order
 
 
 def _warm_start(settings: Settings, preload: bool, record: bool) -> None:

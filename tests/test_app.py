@@ -18,7 +18,9 @@ def run(client, strategies, prompt="Say hi in five words.", max_new=12, seed=0, 
     values = [None] * len(app.param_fields())
     for (s, f), v in (params or {}).items():
         values[app.param_fields().index((s, f))] = v
-    out = client.predict(model, assistant, strategies, prompt, chat, max_new, seed, *values, api_name="/run")
+    # /run is the page's event, off the API page: the client knows no defaults for it, so every value is sent
+    out = client.predict(model, assistant, strategies, prompt, chat, max_new, seed, *values,
+                         *[None] * len(app.GENERATION_FIELDS), api_name="/run")
     # API outputs (gr.State stays in the session): step, columns, speed, timeline, sources, trace, status
     step, columns, trace, status = out[0], out[1], out[5], out[6]
     html = columns if isinstance(columns, str) else columns.get("value", "")

@@ -274,7 +274,8 @@ def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
 
 # --------------------------------------------------------------------------- through the app
 def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> list:
-    return [BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *[None] * len(app.param_fields())]
+    return [BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *[None] * len(app.param_fields()),
+            *[None] * len(app.GENERATION_FIELDS)]     # every value: /run is off the API page, with no defaults
 
 
 def _doc(out) -> dict:

@@ -34,7 +34,8 @@ STOP_CALLS = 100       # calls per Stop loop (enough to push every waiting sessi
 
 
 def _values() -> list:
-    return [None] * len(app.param_fields())
+    """/run's values after the first seven (every one: /run is off the API page, so the client has no defaults)."""
+    return [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS))
 
 
 def _doc(out) -> dict:

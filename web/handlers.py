@@ -24,8 +24,6 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import anyio
 import gradio as gr
-import plotly.graph_objects as go
-from gradio.components.plot import PlotData
 
 from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
@@ -37,6 +35,7 @@ from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, rac
 from visualize.tokens import columns_html, number
 from visualize.traces import export_trace, import_trace_file
 from web.crowd import Board, Computation, Line, QueueFull, Recording, Recordings
+from web.gradio_overrides import plot_once
 from web.guards import Histories, TraceFiles, TraceStore, history_from
 from web.service import (DEFAULT_SETTINGS, Settings, 
     GENERATION_FIELDS,
@@ -145,9 +144,12 @@ def clear_history(request: gr.Request = None) -> str:
 
 
 # --------------------------------------------------------------------------- compute (plain data in and out)
-def _error(exc: BaseException, prefix: str = "") -> gr.Error:
+def user_error(exc: BaseException, prefix: str = "") -> gr.Error:
     """A message for the browser: no server paths, and markup shown as text (Gradio renders it as HTML)."""
     return gr.Error(html.escape(prefix + public_message(exc), quote=False))
+
+
+_error = user_error
 
 
 def _run_seconds(stop: Any, req: RunRequest) -> int:
@@ -278,9 +280,9 @@ def _frame(comp: Computation) -> dict:
     return {"columns": live_columns_html(snap), "status": live_status(snap, max_new)}
 
 
-async def _watch(comp: Computation, stop: Any, progress: Any) -> AsyncIterator[dict]:
+async def _watch(comp: Computation, stop: Any, progress: Any, frames: bool = True) -> AsyncIterator[dict]:
     """What a visitor sees until the computation is done or they press Stop: their place in line while it
-    waits, the live columns while it runs."""
+    waits, the live columns while it runs (none drawn without ``frames``: a caller with no page)."""
     seen: Any = None
     while not comp.done.is_set() and not stop.is_set():
         if comp.state == "waiting":
@@ -289,7 +291,7 @@ async def _watch(comp: Computation, stop: Any, progress: Any) -> AsyncIterator[d
                 seen = text
                 _progress(progress, 0.0, text)
                 yield {"status": text}
-        elif comp.live is not None and comp.version != seen:
+        elif frames and comp.live is not None and comp.version != seen:
             seen = version = comp.version
             frame = comp.memo("frame", version, lambda: _frame(comp))
             snap, max_new = comp.live
@@ -306,6 +308,60 @@ def _progress(progress: Any, fraction: float, desc: str) -> None:
 async def _until_done(comp: Computation) -> None:
     while not comp.done.is_set():
         await asyncio.sleep(WATCH_S)
+
+
+# --------------------------------------------------------------------------- a checked run, for any caller
+@dataclasses.dataclass
+class Finished:
+    """How a run ended for one caller: its document, computed now (``outcome``, ``joined`` callers shared it)
+    or replayed from the recording of the identical request (``recording``)."""
+    doc: dict
+    outcome: Optional[Outcome] = None
+    recording: Optional[Recording] = None
+    joined: int = 1
+
+
+async def follow_run(req: RunRequest, stop: Any, progress: Any, session: Optional[str],
+                     frames: bool = True) -> AsyncIterator[Any]:
+    """Everything between a checked request and its result, the same for the page's Run and the ``/race`` API:
+    the recording of the identical request when there is one; else a place in the line (joining the identical
+    computation under way), watched until it is done. The session's history keeps the outputs.
+
+    Yields view updates (``{"status": ...}``, live frames with ``frames``) and last a :class:`Finished`, unless
+    the caller stopped watching or the run was cancelled (then a status update is the last). Raises gr.Error
+    for a full line, a bad request only the model can tell, or a failed run. Close it with
+    ``contextlib.aclosing``: closing it is how a caller leaves the computation (the last to leave stops it)."""
+    rec = None if req.private else await anyio.to_thread.run_sync(RECORDINGS.get, req.key)
+    if rec is not None:
+        HISTORIES.add(session, history_outputs(rec.doc["results"]))
+        yield Finished(rec.doc, recording=rec)
+        return
+    try:
+        comp, _ = submit_run(req)
+    except QueueFull as exc:
+        raise gr.Error(str(exc)) from None
+    _progress(progress, 0.0, "starting")
+    try:
+        async for update in _watch(comp, stop, progress, frames):
+            yield update
+    finally:
+        others = comp.leave()           # the last one to leave (Stop, a closed tab) stops the computation
+    if not comp.done.is_set() and others > 0:
+        frame = comp.memo("frame", comp.version, lambda: _frame(comp)) if frames and comp.live else {}
+        yield {**frame, "status": f"Stopped watching. {others} other visitor{'s' * (others != 1)} asked for "
+                                  f"this same run, so it goes on for them."}
+        return
+    await _until_done(comp)
+    if comp.state == "cancelled":
+        yield {"status": "Stopped the queued run before it started."}
+        return
+    if comp.error is not None:
+        if isinstance(comp.error, (ValueError, ModelLoadError)):
+            raise _error(comp.error) from None
+        raise comp.error
+    outcome: Outcome = comp.result
+    HISTORIES.add(session, outcome.outputs)
+    yield Finished(outcome.doc, outcome=outcome, joined=comp.joined)
 
 
 # --------------------------------------------------------------------------- handlers: return {view name: value}
@@ -325,41 +381,19 @@ async def run_playground(model: Any, assistant: Any, strategies: Any, prompt: An
                               HISTORIES.items(session), settings)
         except ValueError as exc:
             raise _error(exc) from None
-        rec = None if req.private else await anyio.to_thread.run_sync(RECORDINGS.get, req.key)
-        if rec is not None:
-            HISTORIES.add(session, history_outputs(rec.doc["results"]))
-            yield await anyio.to_thread.run_sync(_replayed, rec)
-            return
-        try:
-            comp, _ = submit_run(req)
-        except QueueFull as exc:
-            raise gr.Error(str(exc)) from None
-        _progress(progress, 0.0, "starting")
-        try:
-            async for update in _watch(comp, stop, progress):
-                yield update
-        finally:
-            others = comp.leave()           # the last one to leave (Stop, a closed tab) stops the computation
-        if not comp.done.is_set() and others > 0:
-            frame = comp.memo("frame", comp.version, lambda: _frame(comp)) if comp.live else {}
-            yield {**frame, "status": f"Stopped watching. {others} other visitor{'s' * (others != 1)} asked for "
-                                      f"this same run, so it goes on for them."}
-            return
-        await _until_done(comp)
-        if comp.state == "cancelled":
-            yield {"status": "Stopped the queued run before it started."}
-            return
-        if comp.error is not None:
-            if isinstance(comp.error, (ValueError, ModelLoadError)):
-                raise _error(comp.error) from None
-            raise comp.error
-        outcome: Outcome = comp.result
-        HISTORIES.add(session, outcome.outputs)
-        shared = (f" {comp.joined} visitors asked for this same run while it was computed; it ran once."
-                  if comp.joined > 1 else "")
-        yield await anyio.to_thread.run_sync(
-            lambda: _outputs(outcome.doc, outcome.message + shared, len(outcome.text),
-                             TRACE_FILES.write(outcome.text), outcome.views))
+        async with contextlib.aclosing(follow_run(req, stop, progress, session)) as updates:
+            async for item in updates:
+                if not isinstance(item, Finished):
+                    yield item
+                elif item.recording is not None:
+                    yield await anyio.to_thread.run_sync(_replayed, item.recording)
+                else:
+                    outcome = item.outcome
+                    shared = (f" {item.joined} visitors asked for this same run while it was computed; it ran "
+                              f"once." if item.joined > 1 else "")
+                    yield await anyio.to_thread.run_sync(
+                        lambda: _outputs(outcome.doc, outcome.message + shared, len(outcome.text),
+                                         TRACE_FILES.write(outcome.text), outcome.views))
 
 
 def _replayed(rec: Recording) -> dict:
@@ -416,11 +450,6 @@ async def run_sweep(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_
         yield sweep_figure(sweep), message
 
 
-def _plot(value: Any) -> Any:
-    """A figure serialized once (Gradio would serialize a shared figure again for every visitor)."""
-    return PlotData(type="plotly", plot=value.to_json()) if isinstance(value, go.Figure) else value
-
-
 def _views(doc: dict) -> dict:
     """The views of a finished run that are the same for every visitor: drawn once, shared."""
     top = top_step(doc)
@@ -431,7 +460,7 @@ def _views(doc: dict) -> dict:
     values.update(chart_views(doc))
     values.update(step_html(doc, top))
     values.update(step_figures(doc, top, choices[0] if choices else None))
-    return {name: _plot(v) for name, v in values.items()}
+    return {name: plot_once(v) for name, v in values.items()}
 
 
 def _outputs(doc: dict, message: str, size: int, trace_path: Optional[str], views: Optional[dict] = None,

@@ -1,7 +1,8 @@
 """Keeps this app's Gradio queue alive, brings it back if it stops anyway, and says how it is (``GET /healthz``).
 
 Written against gradio 6.31.0 (``gradio/queueing.py``, ``gradio/routes.py``, ``gradio/utils.py``); the newest
-6.x on PyPI when written, so no upgrade fixes it. Issue 25 item 4, "A queue that cannot die".
+6.x on PyPI when written, so no upgrade fixes it. Issue 25 item 4, "A queue that cannot die". The app reaches it
+through ``web/gradio_overrides.py``, which records the Gradio every override fits and warns on another.
 
 The trigger
 -----------
@@ -55,13 +56,11 @@ from asyncio import Queue as AsyncQueue
 from collections import OrderedDict
 from typing import Any, Optional
 
-import gradio
 from gradio import queueing
 from gradio.exceptions import Error
 from gradio.server_messages import ProcessCompletedMessage
 from gradio.utils import LRUCache, error_payload
 
-GRADIO_VERSION = "6.31.0"          # the Gradio whose queue this was written against
 WATCH_S = 1.0                      # how often the watchdog looks at the queue's loops
 HEALTH_PATH = "/healthz"
 LOOPS = {"processing": "start_processing", "progress": "start_progress_updates"}
@@ -216,10 +215,8 @@ def install(blocks: Any) -> bool:
     if isinstance(queue, GuardedQueue):
         return True
     if type(queue) is not queueing.Queue or not all(hasattr(queue, name) for name in REQUIRED):
-        log.warning("queue guard not installed: %r is not gradio %s's Queue", type(queue), GRADIO_VERSION)
+        log.warning("queue guard not installed: %r is not the Gradio Queue it was written for", type(queue))
         return False
-    if gradio.__version__ != GRADIO_VERSION:
-        log.warning("queue guard written for gradio %s, running on %s", GRADIO_VERSION, gradio.__version__)
     queue.__class__ = GuardedQueue
     queue._guard_init()
     # Gradio rebuilds a pandas summary of up to 10,000 past events after every finished job (about 22 ms

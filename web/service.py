@@ -526,6 +526,18 @@ def run_document(results: list, prep: Prepared, prompt: str, chat: bool,
     return doc, message
 
 
+CLI_KEYS = ("environment", "prompt", "chat", "prompt_ids", "max_new_tokens", "generation", "results")
+
+
+def cli_document(doc: dict, generation: GenerationSettings) -> dict:
+    """The document ``python -m decoding run --json`` writes, from a run's trace document (:func:`run_document`,
+    or a recording of one): the same keys in the same order, ``generation`` always present as the CLI has it."""
+    out = {key: doc[key] for key in CLI_KEYS[:5]}
+    out["generation"] = doc.get("generation") or dataclasses.asdict(generation)
+    out["results"] = doc["results"]
+    return out
+
+
 def history_outputs(rows: list[dict]) -> list[list[int]]:
     """Outputs a session's history keeps from a run: those of suffix runs that drafted from history."""
     return [list(r["token_ids"]) for r in rows if r.get("strategy") == "suffix" and not r.get("error")

@@ -8,7 +8,6 @@ never asks which one it got.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import torch
@@ -57,8 +56,6 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     if kind == "prophet" or (kind == "speculative" and pair.assistant is None and pair.prophet is not None):
         if pair.target.is_encoder_decoder:
             raise ValueError("the prophet head drafts for decoder-only targets")
-        if params.tree and not _trees_ok(pair):   # like the model-free drafters: a chain (a bfloat16-weight target)
-            params = dataclasses.replace(params, tree=False)
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)
         cost = None
         if params.tree and getattr(params, "budget", "fixed") == "measured":   # timed once per model
@@ -78,6 +75,5 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
 
 
 def _trees_ok(pair: Any) -> bool:
-    """Drafters fall back to chains on a target that cannot verify a tree exactly (no 4D masks, or a
-    bfloat16-weight model: ``attention.check_mask_support``)."""
+    """Model-free drafters fall back to chains on a target that cannot verify a tree (no 4D masks)."""
     return supports_trees(pair.target)
