@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import html
 import os
 import threading
 from typing import Any, Optional
@@ -22,8 +23,9 @@ import yaml
 from starlette.middleware import Middleware
 
 from decoding.processors import GenerationSettings
-from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, budget_bytes, default_target, load_presets,
+from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets,
                                      runs_here)
+from decoding.runtime.models import default_target  # noqa: F401  (the tests reach it as app.default_target)
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from visualize.guide import HOW_TO_READ
@@ -62,6 +64,7 @@ from web.service import (
     DEFAULT_SETTINGS,
     Settings,
     SWEEP_DEFAULTS,
+    chosen_target,
     build_plan,  # noqa: F401  (the tests reach it as app.build_plan)
     check_model_name,  # noqa: F401  (the tests reach it as app.check_model_name)
     field_kind,
@@ -325,12 +328,14 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                                           allow_custom_value=True)
             with gr.Column(scale=2):
                 with gr.Row():
-                    model = gr.Dropdown(target_choices(presets), value=default_target(), label="Target model",
-                                        allow_custom_value=True)   # our validator names the parameter
+                    model = gr.Dropdown(target_choices(presets), value=settings.default_target(),
+                                        label="Target model", allow_custom_value=True)   # our validator names it
                     assistant = gr.Dropdown(
                         [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
-                        value=PROPHET if has_prophet(default_target()) else "none",
+                        value=PROPHET if has_prophet(settings.default_target()) else "none",
                         label="Assistant (Speculative, transformers assisted)", allow_custom_value=True)
+                if settings.target_note:      # why this target is the default here (measured at start)
+                    gr.Markdown(html.escape(settings.target_note), elem_id="target-note", elem_classes=["dp-help"])
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
                     seed = gr.Number(value=0, step=1, label="Seed", min_width=80)
@@ -516,6 +521,9 @@ def main() -> None:
                     help="do not load the default model in the background at start")
     ap.add_argument("--no-record-examples", action="store_true",
                     help="do not record the example prompts' default comparison in the background at start")
+    ap.add_argument("--target", default=None,
+                    help="the page's default target model (default: the version of presets/models.yaml's default "
+                         "that measures fastest on this CPU, timed at the first start and cached)")
     ap.add_argument("--recordings-dir", default=None,
                     help="keep recorded runs here across restarts (default: a folder under ~/.cache per code "
                          "version, machine and library versions; 'none' keeps them in memory only)")
@@ -524,7 +532,17 @@ def main() -> None:
         budget_bytes(args.memory_budget_gb or None)
     except ValueError as exc:
         ap.error(f"--memory-budget-gb: {exc}")
-    settings = Settings(allow_any_model=args.allow_any_model, memory_budget_gb=args.memory_budget_gb or None)
+    settings = Settings(allow_any_model=args.allow_any_model, memory_budget_gb=args.memory_budget_gb or None,
+                        quiet_recordings=True)
+    if args.target:
+        try:
+            check_model_name(args.target, "--target", load_presets(), args.allow_any_model)
+        except ValueError as exc:
+            ap.error(str(exc))
+        settings = dataclasses.replace(settings, target=args.target)
+    else:
+        settings = chosen_target(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
+        print(f"[app] {settings.target_note}", flush=True)
     host, port = server_address(args.host, args.port)
     if args.recordings_dir != "none":
         RECORDINGS.persist_to(args.recordings_dir or recordings_dir())

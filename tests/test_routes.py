@@ -74,3 +74,30 @@ def test_a_base_without_siblings_is_not_timed():
         raise AssertionError("nothing to choose between")
     only = choose("other", _presets(), measure=measure)
     assert only.target == "other" and only.source == "only-one" and "only version" in only.reason
+
+
+def test_the_app_starts_on_the_chosen_version_and_says_why(tmp_path, monkeypatch):
+    """``chosen_target`` (what ``app.main`` calls before building the page): the measured choice becomes the
+    page's default target, the default request's model and the note under the picker (escaped)."""
+    import app
+    from web import service
+    from web.service import Settings, chosen_target, default_request
+    names = routes.candidates("smollm2-135m-instruct", service.load_presets())
+    cheapest = names[-1]
+    table = {name: {1: 40.0, WIDTH: 70.0} for name in names}
+    table[cheapest] = {1: 40.0, WIDTH: 45.0}
+    cleared = []
+    monkeypatch.setattr(service, "clear_model_cache", lambda: cleared.append(True))
+    settings = chosen_target(Settings(), measure=table.__getitem__, file=tmp_path / "routes.json")
+    assert settings.target == cheapest and settings.default_target() == cheapest
+    assert (cleared == [True]) == (len(names) > 1)         # the candidates timed are not kept loaded
+    assert settings.target_note and (len(names) == 1 or "45" in settings.target_note)
+    assert default_request("Hi", settings).inputs.model == cheapest
+    assert Settings().default_target() == "smollm2-135m-instruct"          # no choice made: the presets' default
+    shown = Settings(target=cheapest, target_note="<b>AMX</b> & co")
+    demo = app.build_demo(shown)
+    values = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    note = values["target-note"].value
+    assert "<b>" not in note and "&lt;b&gt;AMX&lt;/b&gt;" in note
+    pickers = [b for b in demo.blocks.values() if getattr(b, "label", None) == "Target model"]
+    assert pickers and pickers[0].value == cheapest

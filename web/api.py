@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import gradio as gr
 
-from decoding.runtime.models import default_target, load_presets
+from decoding.runtime.models import load_presets
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from web.handlers import HISTORIES, Finished, follow_run, job, user_error
@@ -103,7 +103,7 @@ def race_endpoint(settings: Settings = DEFAULT_SETTINGS) -> Callable:
     """The ``/race`` function for an app with ``settings``: its signature is the endpoint's (``gr.api`` reads the
     annotations themselves, the return type's unevaluated, so this module has no ``from __future__ import
     annotations``)."""
-    target_default = default_target()
+    target_default = settings.default_target()
 
     async def race(prompt: str, strategies: list[str], target: str = target_default,
                    assistant: Optional[str] = None, max_new_tokens: int = DEFAULT_MAX_NEW, seed: int = 0,

@@ -28,6 +28,7 @@ import gradio as gr
 from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
 from decoding.harness.runner import run_comparison
+from decoding.runtime.forward_cost import forward_cost
 from decoding.runtime.models import ModelLoadError
 from visualize.charts import sweep_figure
 from visualize.page import chart_views, drafted, inspector_view, race_views, step_figures, step_html, top_step
@@ -207,6 +208,25 @@ class Outcome:
     message: str
     outputs: list
     views: dict          # drawn once in the computation's thread, shared by every watcher and the recording
+    quiet: bool = True   # timed on a quiet machine (``quiet_timing``): only then is it recorded
+
+
+def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
+    """Whether greedy's steps in this run cost about what the target's one-position forward costs when the
+    machine is quiet (its calibrated fastest, ``forward_cost``); else the run was timed while something else
+    used the cores, and replaying its timings to every later visitor would misstate every speedup."""
+    greedy = next((r for r in doc["results"] if r["strategy"] == "greedy" and not r["error"]), None)
+    if not req.settings.quiet_recordings or greedy is None or not greedy.get("target_forwards"):
+        return True, ""
+    try:
+        one = forward_cost(req.settings.load(req.inputs.model), 1)(1)
+    except Exception:  # noqa: BLE001: a model whose forwards cannot be timed alone keeps the old behaviour
+        return True, ""
+    step = 1000.0 * greedy["wall_s"] / greedy["target_forwards"]
+    if step <= LIMITS["quiet_slack"] * one + LIMITS["quiet_ms"]:
+        return True, ""
+    return False, (f" Not recorded: greedy took {step:.0f} ms a step against {one:.0f} ms on a quiet machine, so "
+                   f"something else was using the cores; it is recorded when the machine is quiet.")
 
 
 def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
@@ -219,8 +239,11 @@ def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
                 _, doc, message, outputs = item
         outcome = Outcome(doc, export_trace(doc), message, outputs, _views(doc))
         if not req.private and not comp.stop.is_set() and complete(doc):
-            RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
-                                     views=outcome.views))
+            outcome.quiet, note = quiet_timing(req, doc)
+            if outcome.quiet:
+                RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
+                                         views=outcome.views))
+            outcome.message += note
         return outcome
     return work
 
@@ -258,9 +281,15 @@ def record_examples(prompts: list[str], settings: Settings = DEFAULT_SETTINGS, s
             continue
         comp.done.wait()
         comp.leave()
-        if not comp.preempted:          # recorded, or not worth recording (an error, the time limit)
-            recorded += RECORDINGS.get(req.key) is not None
+        if comp.preempted:
+            continue
+        if RECORDINGS.get(req.key) is not None:
+            recorded += 1
             pending.pop(0)
+        elif getattr(comp.result, "quiet", True):   # not worth recording (an error, the time limit)
+            pending.pop(0)
+        else:                                       # timed while the machine was busy: again, later
+            time.sleep(idle_s * LIMITS["quiet_retry_idle"])
     return recorded
 
 

@@ -32,7 +32,9 @@ from decoding.harness.runner import encode_prompt, environment, run_comparison
 from decoding.params import check_max_new_tokens, params_to_dict
 from decoding.processors import GenerationSettings
 from decoding.runtime.kernel_choice import cpu_name
-from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, cache_root, default_target, load_model, load_presets
+from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, cache_root, clear_model_cache, default_target, load_model,
+                                     load_presets)
+from decoding.runtime.routes import choose, measured_costs
 from decoding.runtime.pair import PROPHET, has_prophet, make_pair
 from decoding.strategies import registry
 from web.crowd import request_key
@@ -58,6 +60,12 @@ LIMITS: dict[str, Any] = {
     "history_sessions": 64,       # browser sessions whose suffix-decoding history is kept (least recent dropped)
     "history_tokens": 2048,       # earlier output tokens one session's history keeps (oldest outputs dropped)
     "history_nodes": 1_000_000,   # suffix-tree nodes over all histories (about 300 bytes each)
+    # a run is recorded only if greedy's step cost at most quiet_slack x the target's calibrated one-position
+    # forward + quiet_ms (the prefill and the loop's own work); else the example is recorded again after
+    # quiet_retry_idle x the recorder's idle wait
+    "quiet_slack": 1.35,
+    "quiet_ms": 3.0,
+    "quiet_retry_idle": 30,
 }
 
 
@@ -69,10 +77,27 @@ class Settings:
     changed at start: two apps in one process (the tests run several) keep their own."""
     allow_any_model: bool = False                             # any Hub id in the model pickers, not just presets
     memory_budget_gb: Optional[float] = DEFAULT_MEMORY_BUDGET_GB   # cached models beyond it are evicted (None: no cap)
+    target: Optional[str] = None          # the page's default target (None: presets/models.yaml's default_target)
+    target_note: str = ""                 # why that target (shown under the picker): the start's measured choice
+    quiet_recordings: bool = False        # record a run only if timed on a quiet machine (app.main turns it on)
 
     def load(self, name: str) -> Any:
         """Load a model (or take it from the cache) under this app's memory budget."""
         return load_model(name, memory_budget_gb=self.memory_budget_gb)
+
+    def default_target(self) -> str:
+        return self.target or default_target()
+
+
+def chosen_target(settings: "Settings", *, measure: Optional[Callable[[str], dict]] = None,
+                  file: Optional[Path] = None, progress: Optional[Callable[[str], None]] = None) -> "Settings":
+    """``settings`` with the default target's version this machine runs best (``decoding/runtime/routes.py``:
+    measured once per machine and cached next to the converted models), and the line that says why."""
+    choice = choose(default_target(), load_presets(), measure=measure or measured_costs(settings.load),
+                    file=file if file is not None else cache_root().parent / "routes.json", progress=progress)
+    if choice.source == "measured":      # the candidates were loaded to time them: keep only the chosen one
+        clear_model_cache()
+    return dataclasses.replace(settings, target=choice.target, target_note=choice.reason)
 
 
 DEFAULT_SETTINGS = Settings()
@@ -418,7 +443,7 @@ def ui_default(strategy: str, field: str) -> Any:
 
 def default_request(prompt: str, settings: Settings = DEFAULT_SETTINGS) -> RunRequest:
     """The request the page sends for ``prompt`` when nothing else was changed (what examples are recorded as)."""
-    model = default_target()
+    model = settings.default_target()
     plan = [name for name in DEFAULT_STRATEGIES if name in registry()]
     values = {(s, f): ui_default(s, f) for s, f in param_fields() if s in plan}
     return run_request(model, PROPHET if has_prophet(model) else "none", plan, prompt, True, DEFAULT_MAX_NEW, 0,
@@ -429,7 +454,7 @@ def preload_default(settings: Settings = DEFAULT_SETTINGS, load: Optional[Callab
     """Load the default target and its prophet head into the in-process caches (the app calls this in a
     background thread at start, so a visitor's first Run does not wait for the load). Returns the model
     name, or None when it could not be loaded (the first Run then reports why)."""
-    name, load = default_target(), load or settings.load
+    name, load = settings.default_target(), load or settings.load
     try:                            # the pair prepare() builds for the default comparison (head included)
         make_pair(load(name), PROPHET if has_prophet(name) else None, load)
     except Exception:               # noqa: BLE001: a Run will load it again and name the error
