@@ -208,13 +208,27 @@ def prune_shared(folder: Path, keep: int = SHARED_FILES) -> list[Path]:
     return gone
 
 
-def _read(path: Path) -> list:
+def read_entries(path: Path, version: int) -> list:
+    """The entries of a decision file (``{"version", "entries": [...]}``) written at ``version``; [] otherwise."""
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
-        return list(doc.get("entries", [])) if doc.get("version") == VERSION else []
+        return list(doc.get("entries", [])) if doc.get("version") == version else []
     except (OSError, ValueError, AttributeError):
         return []
+
+
+def write_entries(path: Path, version: int, entries: list, keep: int) -> None:
+    """Write a decision file atomically, keeping the ``keep`` newest entries."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"version": version, "entries": entries[-keep:]}, fh, indent=1)
+    tmp.replace(path)
+
+
+def _read(path: Path) -> list:
+    return read_entries(path, VERSION)
 
 
 def read_cache(path: Path, key: dict) -> Optional[dict]:
@@ -230,11 +244,7 @@ def write_cache(path: Path, key: dict, choice: KernelChoice) -> None:
                     "bucket_ms": choice.bucket_ms, "measure_s": round(choice.seconds, 2),
                     "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"version": VERSION, "entries": entries[-KEEP_ENTRIES:]}, fh, indent=1)
-    tmp.replace(path)
+    write_entries(path, VERSION, entries, KEEP_ENTRIES)
 
 
 # --------------------------------------------------------------------------- choosing

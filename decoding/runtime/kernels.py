@@ -288,7 +288,34 @@ def label(model: nn.Module) -> str:
 
 # --------------------------------------------------------------------------- half-precision weights for drafters
 
-class HalfLinear(nn.Module):
+class _ReducedLinear(nn.Module):
+    """What the reduced-weight linears share: the float32 ``weight``/``bias`` stay the module's parameters
+    (``state_dict`` unchanged), a reduced copy sits outside them (``packed``), and a call that needs gradients,
+    or an input that is not a float32 CPU tensor, runs ``F.linear`` on the float32 parameters."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or (
+                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        lead = x.shape[:-1]
+        return self.reduced(x.reshape(-1, self.in_features)).reshape(*lead, self.out_features)
+
+    def reduced(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[rows, in]`` float32 -> ``[rows, out]`` float32 on the reduced weights."""
+        raise NotImplementedError
+
+    def unpacked(self) -> nn.Linear:
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        plain.weight, plain.bias = self.weight, self.bias
+        return plain
+
+
+class HalfLinear(_ReducedLinear):
     """``nn.Linear`` whose weights are read as float16 (FBGEMM's prepacked fp16 GEMM), float32 in and out.
 
     For drafters: a draft token never decides what is committed (the target's
@@ -303,24 +330,12 @@ class HalfLinear(nn.Module):
     """
 
     def __init__(self, linear: nn.Module) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
+        super().__init__(linear)
         object.__setattr__(self, "packed", torch.ops.quantized.linear_prepack_fp16(
             linear.weight.detach().float(), None if linear.bias is None else linear.bias.detach().float()))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or (
-                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        lead = x.shape[:-1]
-        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features), self.packed)
-        return y.reshape(*lead, self.out_features)
-
-    def unpacked(self) -> nn.Linear:
-        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        plain.weight, plain.bias = self.weight, self.bias
-        return plain
+    def reduced(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)
 
 
 _HALF_OK: list = []
@@ -376,7 +391,7 @@ BF16_EXACT_ROWS = 32
 EXACT_WIDTH = 64
 
 
-class Bf16Linear(nn.Module):
+class Bf16Linear(_ReducedLinear):
     """``nn.Linear`` on bfloat16 weights prepacked for oneDNN (AMX tiles on an Intel Xeon), float32 in and out.
 
     The input is rounded to bfloat16, the product accumulates in float32 and its result is rounded to
@@ -391,32 +406,21 @@ class Bf16Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Module) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
+        super().__init__(linear)
         object.__setattr__(self, "packed", _pack(linear.weight.detach().to(torch.bfloat16)))
         object.__setattr__(self, "bias16", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or (
-                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        lead = x.shape[:-1]
-        # [..., in] f32 -> [rows, in] bf16 -> [rows, out] bf16 (f32 accumulation) -> [..., out] f32
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+    def reduced(self, rows: torch.Tensor) -> torch.Tensor:
+        # [rows, in] f32 -> bf16 -> [rows, out] bf16 (f32 accumulation) -> f32
+        rows = rows.to(torch.bfloat16)
         if BF16_EXACT_ROWS < rows.shape[0] <= EXACT_WIDTH:      # a wide verify forward: row-exact chunks
             y = torch.cat([self._product(part) for part in rows.split(BF16_EXACT_ROWS)])
         else:
             y = self._product(rows)
-        return y.to(torch.float32).reshape(*lead, self.out_features)
+        return y.to(torch.float32)
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias16, "none", [], "")
-
-    def unpacked(self) -> nn.Linear:
-        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        plain.weight, plain.bias = self.weight, self.bias
-        return plain
 
 
 _BF16_OK: list = []

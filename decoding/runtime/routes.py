@@ -14,8 +14,6 @@ so only the first start pays for it (a few seconds per candidate).
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from decoding.runtime.forward_cost import calibrate
-from decoding.runtime.kernel_choice import _cpuinfo, cpu_label, cpu_name
+from decoding.runtime.kernel_choice import _cpuinfo, cpu_label, cpu_name, read_entries, write_entries
 from decoding.runtime.models import ModelPreset, runs_here
 
 WIDTH = 10            # a typical verify forward: the prophet's 8-node tree with its root and a spare row
@@ -85,24 +83,11 @@ def machine_key(names: list[str]) -> dict:
             "width": WIDTH}
 
 
-def _read(path: Path) -> list:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-        return list(doc.get("entries", [])) if doc.get("version") == VERSION else []
-    except (OSError, ValueError, AttributeError):
-        return []
-
-
 def _write(path: Path, key: dict, choice: RouteChoice) -> None:
-    entries = [e for e in _read(path) if e.get("key") != key]
+    entries = [e for e in read_entries(path, VERSION) if e.get("key") != key]
     entries.append({"key": key, "target": choice.target, "costs": choice.costs,
                     "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"version": VERSION, "entries": entries[-KEEP_ENTRIES:]}, fh, indent=1)
-    tmp.replace(path)
+    write_entries(path, VERSION, entries, KEEP_ENTRIES)
 
 
 def choose(base: str, presets: dict[str, ModelPreset], *, measure: Measure, file: Optional[Path] = None,
@@ -113,7 +98,7 @@ def choose(base: str, presets: dict[str, ModelPreset], *, measure: Measure, file
         return RouteChoice(base, base, "only-one")
     key = machine_key(names)
     if file is not None and not remeasure:
-        for entry in _read(file):
+        for entry in read_entries(file, VERSION):
             if entry.get("key") == key and entry.get("target") in names:
                 return RouteChoice(entry["target"], base, "cache", entry.get("costs", {}))
     if progress:
