@@ -59,7 +59,9 @@ def _reachable(host: str, port: int) -> bool:
 def _launch(env_extra: dict, args: list[str], port: int):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIO_SERVER_")}
     env.update(HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", **env_extra)
-    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "app.py", "--no-preload", *args], cwd=ROOT, env=env,
+    # --target: the start's timed choice of the model's version (routes.py) is not what these tests check
+    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "app.py", "--no-preload", "--target",
+                             "smollm2-135m-instruct", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:

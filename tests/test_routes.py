@@ -101,3 +101,14 @@ def test_the_app_starts_on_the_chosen_version_and_says_why(tmp_path, monkeypatch
     assert "<b>" not in note and "&lt;b&gt;AMX&lt;/b&gt;" in note
     pickers = [b for b in demo.blocks.values() if getattr(b, "label", None) == "Target model"]
     assert pickers and pickers[0].value == cheapest
+
+
+def test_the_app_refuses_an_unknown_target_by_name():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "app.py", "--target", "no-such-model", "--port", "0"], cwd=root,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "--target" in proc.stderr and "no-such-model" in proc.stderr
