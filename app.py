@@ -525,8 +525,9 @@ def main() -> None:
                     help="the page's default target model (default: the version of presets/models.yaml's default "
                          "that measures fastest on this CPU, timed at the first start and cached)")
     ap.add_argument("--recordings-dir", default=None,
-                    help="keep recorded runs here across restarts (default: a folder under ~/.cache per code "
-                         "version, machine and library versions; 'none' keeps them in memory only)")
+                    help="keep recorded runs here across restarts (default: a folder per code version, machine and "
+                         "library versions under /data where a Space has persistent storage, else under ~/.cache; "
+                         "'none' keeps them in memory only)")
     args = ap.parse_args()
     try:
         budget_bytes(args.memory_budget_gb or None)

@@ -277,10 +277,16 @@ class Recording:
 
 class Recordings:
     """Finished runs by request key, least recently used dropped beyond ``max_bytes``; with a ``directory``
-    each is also written there (one JSON file, at most ``max_files``) and found again after a restart."""
+    each is also written there (one JSON file, written atomically) and found again after a restart.
 
-    def __init__(self, max_bytes: int, directory: Optional[str] = None, max_files: int = 256) -> None:
-        self.max_bytes, self.max_files = max_bytes, max_files
+    On disk, visitors' recordings are bounded by ``max_files`` and ``max_disk_bytes``, oldest dropped first.
+    The example prompts' recordings (``put(..., pinned=True)``) live apart, in ``examples/`` with bounds of
+    their own, so no number of visitors' runs pushes them off the disk."""
+
+    def __init__(self, max_bytes: int, directory: Optional[str] = None, max_files: int = 256,
+                 max_disk_bytes: int = 64 << 20, max_pinned_files: int = 64, max_pinned_bytes: int = 32 << 20) -> None:
+        self.max_bytes, self.max_files, self.max_disk_bytes = max_bytes, max_files, max_disk_bytes
+        self.max_pinned_files, self.max_pinned_bytes = max_pinned_files, max_pinned_bytes
         self.directory = Path(directory) if directory else None
         self._items: "OrderedDict[str, Recording]" = OrderedDict()
         self._held = 0
@@ -300,9 +306,9 @@ class Recordings:
             self._hold(rec)
         return rec
 
-    def put(self, rec: Recording) -> None:
+    def put(self, rec: Recording, pinned: bool = False) -> None:
         self._hold(rec)
-        self._write(rec)
+        self._write(rec, pinned)
 
     def _hold(self, rec: Recording) -> None:
         with self._lock:
@@ -316,11 +322,13 @@ class Recordings:
                 _, dropped = self._items.popitem(last=False)
                 self._held -= dropped.size
 
-    def _path(self, key: str) -> Optional[Path]:
-        return self.directory / f"{key}.json" if self.directory else None
+    def _path(self, key: str, pinned: bool = False) -> Optional[Path]:
+        if not self.directory:
+            return None
+        return (self.directory / "examples" if pinned else self.directory) / f"{key}.json"
 
-    def _write(self, rec: Recording) -> None:
-        path = self._path(rec.key)
+    def _write(self, rec: Recording, pinned: bool = False) -> None:
+        path = self._path(rec.key, pinned)
         if path is None:
             return
         try:
@@ -330,16 +338,17 @@ class Recordings:
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(meta + "\n" + rec.text)
-            os.replace(tmp, path)
-            files = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)
-            for stale in files[:max(0, len(files) - self.max_files)]:
-                stale.unlink(missing_ok=True)
+            os.replace(tmp, path)           # a reader sees the old file or the whole new one, never half
+            if pinned:
+                _bound(path.parent, self.max_pinned_files, self.max_pinned_bytes)
+            else:
+                _bound(path.parent, self.max_files, self.max_disk_bytes)
         except OSError:
             pass                            # a cache: a full disk costs a recomputation, nothing else
 
     def _read(self, key: str) -> Optional[Recording]:
-        path = self._path(key)
-        if path is None or not path.is_file():
+        path = next((p for p in (self._path(key, True), self._path(key)) if p is not None and p.is_file()), None)
+        if path is None:
             return None
         try:
             with open(path, encoding="utf-8") as fh:
@@ -358,3 +367,20 @@ class Recordings:
     @property
     def held_bytes(self) -> int:
         return self._held
+
+
+def _bound(folder: Path, max_files: int, max_bytes: int) -> None:
+    """Delete the oldest recordings of ``folder`` (not its subfolders) until both bounds hold."""
+    files = []
+    for path in folder.glob("*.json"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        files.append((stat.st_mtime, stat.st_size, path))
+    files.sort()
+    total = sum(size for _, size, _ in files)
+    while files and (len(files) > max_files or total > max_bytes):
+        _, size, path = files.pop(0)
+        path.unlink(missing_ok=True)
+        total -= size

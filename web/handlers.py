@@ -229,7 +229,7 @@ def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
                    f"something else was using the cores; it is recorded when the machine is quiet.")
 
 
-def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
+def _run_work(req: RunRequest, example: bool = False) -> Callable[[Computation], Outcome]:
     """What the computation thread does for a run: compute, publish live frames, record the result."""
     def work(comp: Computation) -> Outcome:
         for item in compute_run(comp.stop, req):
@@ -242,7 +242,7 @@ def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
             outcome.quiet, note = quiet_timing(req, doc)
             if outcome.quiet:
                 RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
-                                         views=outcome.views))
+                                         views=outcome.views), pinned=example)
             outcome.message += note
         return outcome
     return work
@@ -251,7 +251,8 @@ def _run_work(req: RunRequest) -> Callable[[Computation], Outcome]:
 def submit_run(req: RunRequest, background: bool = False) -> tuple[Computation, bool]:
     """Join the identical computation under way, or start one (QueueFull when the line is full)."""
     def make() -> Computation:
-        return Computation(req.key, _run_work(req), units=req.units, background=background)
+        # a background run is the example recorder's: its recording is kept apart from visitors' on disk
+        return Computation(req.key, _run_work(req, example=background), units=req.units, background=background)
     if req.private:
         comp = make()
         comp.subscribe()

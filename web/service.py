@@ -387,7 +387,18 @@ def recordings_dir() -> str:
         digest.update(path.read_bytes())
     device = torch.cuda.get_device_name(0) if cuda_available() else cpu_name()
     digest.update(f"{torch.__version__}|{transformers.__version__}|{device}|{torch.get_num_threads()}".encode())
-    return str(cache_root().parent / "recordings" / digest.hexdigest()[:16])
+    return str(recordings_root() / digest.hexdigest()[:16])
+
+
+PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
+
+
+def recordings_root() -> Path:
+    """The persistent storage's folder where there is one to write (it outlives a Space's restarts; replicas
+    that mount the same folder share the recordings), else the user's cache."""
+    if PERSISTENT.is_dir() and os.access(PERSISTENT, os.W_OK):
+        return PERSISTENT / "decoding-playground" / "recordings"
+    return cache_root().parent / "recordings"
 
 
 def cuda_available() -> bool:
