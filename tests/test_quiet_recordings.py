@@ -78,3 +78,17 @@ def test_the_recorder_records_a_busy_example_again_when_the_machine_is_quiet(mon
     recorder.join(20)
     assert done == [1] and len(tries) == 3
     assert handlers.RECORDINGS.get(default_request("Busy.", QUIET).key) is not None
+
+
+def test_the_recorder_is_not_counted_as_a_visitor():
+    """A visitor who joins the example recorder's run is told about visitors only: the recorder is not one."""
+    from web.crowd import Computation
+    recorded = Computation("k", lambda comp: None, background=True)
+    recorded.subscribe()                      # the recorder
+    assert recorded.visitors == 0
+    recorded.subscribe()                      # a visitor asking for the same run
+    assert recorded.visitors == 1 and not recorded.background
+    visitors = Computation("k2", lambda comp: None)
+    visitors.subscribe()
+    visitors.subscribe()
+    assert visitors.visitors == 2

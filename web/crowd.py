@@ -79,11 +79,20 @@ class Computation:
     preempted: bool = False                 # stopped to give its slot to a visitor (background work only)
     subscribers: int = 0
     joined: int = 0                         # how many requests this computation answered
+    recorder: bool = False                  # started by the example recorder (one of ``joined`` is not a visitor)
     entered: float = field(default_factory=time.monotonic)
     started: Optional[float] = None
     finished: Optional[float] = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.recorder = self.background     # background work is the recorder's until a visitor joins it
+
+    @property
+    def visitors(self) -> int:
+        """How many visitors' requests it answered (the recorder's own subscription not counted)."""
+        return self.joined - int(self.recorder)
 
     def publish(self, live: Any) -> None:
         with self._lock:

@@ -391,7 +391,7 @@ async def follow_run(req: RunRequest, stop: Any, progress: Any, session: Optiona
         raise comp.error
     outcome: Outcome = comp.result
     HISTORIES.add(session, outcome.outputs)
-    yield Finished(outcome.doc, outcome=outcome, joined=comp.joined)
+    yield Finished(outcome.doc, outcome=outcome, joined=comp.visitors)
 
 
 # --------------------------------------------------------------------------- handlers: return {view name: value}
