@@ -71,7 +71,6 @@ def _row_exact(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
     return (query.device.type == "cpu" and query.shape[0] == 1 and query.shape[2] <= EXACT_WIDTH
             and query.shape[2] <= key.shape[2] and dropout == 0.0 and getattr(module, "is_causal", True)
             and key.shape[-1] == value.shape[-1]
-            and (attention_mask is None or attention_mask.dtype == torch.bool or _blocking(attention_mask))
             and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
             and not kwargs.get("output_attentions", False))
 
@@ -144,7 +143,10 @@ def _layout(attention_mask: Optional[torch.Tensor], t: int, s: int) -> Optional[
     if getattr(_MEMO, "mask", None) is attention_mask and getattr(_MEMO, "shape", None) == (t, s):
         return _MEMO.layout
     allowed = attention_mask[0, 0, -t:, :s]
-    found = layout_of(allowed if allowed.dtype == torch.bool else allowed == 0, t)
+    if allowed.dtype == torch.bool:
+        found = layout_of(allowed, t)
+    else:                     # a float mask: exact only when it just allows (0) or blocks (-inf)
+        found = layout_of(allowed == 0, t) if _blocking(attention_mask) else None
     _MEMO.mask, _MEMO.shape, _MEMO.layout = attention_mask, (t, s), found
     return found
 
