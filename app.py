@@ -1,5 +1,6 @@
-"""Decoding Playground: the Gradio app. The page and its wiring, by name, only: what each event does is in
-web/handlers.py, the /race endpoint for code in web/api.py, requests are validated, run and bounded in
+"""Decoding Playground: the Gradio app. The page and its wiring, by name, only: one app object owns every store
+(web/app.py), what each event does is in web/handlers.py (thin functions of that object), runs, sweeps and the
+example recordings in web/compute.py, the /race endpoint for code in web/api.py, requests are validated, run and bounded in
 web/service.py and web/guards.py, every override of Gradio's internals is in web/gradio_overrides.py,
 decoding lives in decoding/, views in visualize/ (visualize/page.py says which view shows what).
 
@@ -34,10 +35,9 @@ from visualize.tokens import columns_html
 from web import gradio_overrides
 from web.api import race_endpoint
 from web.guards import BodyLimit
+from web.app import PlaygroundApp
+from web.compute import record_examples
 from web.handlers import (
-    JOBS,  # noqa: F401  (the tests reach it as app.JOBS)
-    RECORDINGS,
-    TRACE_FILES,  # noqa: F401  (the tests reach it as app.TRACE_FILES)
     admit,
     advance,
     autoplay,
@@ -49,7 +49,6 @@ from web.handlers import (
     race_play,
     race_rebase,
     race_tick,
-    record_examples,
     replay,
     replay_figures,
     run_playground,
@@ -169,6 +168,7 @@ class Playground(gradio_overrides.GuardedBlocks):
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("max_file_size", LIMITS["upload_bytes"])
+        kwargs.setdefault("state_session_capacity", LIMITS["sessions"])     # sessions' state: bounded (issue 39)
         kwargs.setdefault("css", PAGE_CSS)
         app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
         # uploads get the file limit plus room for the multipart wrapping; everything else a small one
@@ -306,9 +306,13 @@ def target_choices(presets: dict) -> list:
             if p.weights in _REDUCED else name for name, p in presets.items() if runs_here(p)]
 
 
-def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple] = None) -> gr.Blocks:
-    """The page; ``settings`` (what the operator chose at start) reach every run and sweep. ``run_order``: the
+def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple] = None,
+               state: Optional[PlaygroundApp] = None) -> gr.Blocks:
+    """The page of one app: ``state`` owns its stores (default: a new :class:`PlaygroundApp` with ``settings``,
+    what the operator chose at start, which reach every run and sweep); it is ``demo.playground``. ``run_order``: the
     order /run takes its inputs in, by name (default :func:`run_inputs`; the tests move one)."""
+    state = PlaygroundApp(settings) if state is None else state
+    settings = state.settings
     run_order = tuple(run_inputs() if run_order is None else run_order)
     if sorted(run_order) != sorted(run_inputs()):
         raise ValueError("run_order must name each of the run's inputs (app.run_inputs()) once")
@@ -358,7 +362,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         _race(ui)
         _tabs(ui)
         inputs.update(sweep_strategy=ui["sweep_strategy"], sweep_spec=ui["sweep_spec"])
-        ui["key"] = gr.State(None)              # a key into STORE, never the document itself
+        ui["key"] = gr.State(None)              # a key into the app's trace store, never the document itself
         ui["race_anchor"] = gr.State(None)      # where the wall-clock replay started: {"wall", "from"}
         ui["playing"] = gr.State(None)          # which replay plays now: "steps", "race" or None
         ui["ticker"] = gr.Timer(0.4, active=False)
@@ -366,17 +370,18 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         cancel_queued = gr.Number(visible=False)
         _wire(ui, demo, prompts, inputs, run_order, dict(category=category, example=example, prompt=prompt,
                                                          run=run_btn, stop=stop_btn, clear=clear_btn,
-                                                         cancel_queued=cancel_queued), settings)
-    # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (handlers.LINE) for the
+                                                         cancel_queued=cancel_queued), state)
+    demo.playground = state
+    # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (the app's line) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
     return demo
 
 
 def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: tuple, c: dict,
-          settings: Settings) -> None:
-    """Every event: runs and sweeps share one queued worker; replays are unqueued and bounded. Handlers take
-    their inputs by name (``inputs``), never by position."""
+          state: PlaygroundApp) -> None:
+    """Every event: runs and sweeps share one queued worker; replays are unqueued and bounded. Handlers are
+    functions of ``state`` (the app object) and take their inputs by name (``inputs``), never by position."""
     outputs = ui.list(RUN_VIEWS)
     params = param_fields()
 
@@ -384,47 +389,56 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
     async def _run(request: gr.Request, progress=gr.Progress(), *values):
         v = Inputs.named(run_order, values)
         async for item in run_playground(
-                model=v["model"], assistant=v["assistant"], strategies=v["strategies"], prompt=v["prompt"],
+                state, model=v["model"], assistant=v["assistant"], strategies=v["strategies"], prompt=v["prompt"],
                 chat=v["chat"], max_new_tokens=v["max_new_tokens"], seed=v["seed"],
                 params={(s, f): v[param_input(s, f)] for s, f in params},
                 generation=[v[generation_input(name)] for name in GENERATION_FIELDS],
-                progress=progress, request=request, settings=settings):
+                progress=progress, request=request):
             yield ui.pack(item)
 
     async def _sweep(request: gr.Request, progress=gr.Progress(), *values):
         v = Inputs.named(SWEEP_INPUTS, values)
         async for item in run_sweep(
-                model=v["model"], assistant=v["assistant"], prompt=v["prompt"], chat=v["chat"],
+                state, model=v["model"], assistant=v["assistant"], prompt=v["prompt"], chat=v["chat"],
                 max_new_tokens=v["max_new_tokens"], seed=v["seed"], strategy=v["sweep_strategy"],
-                spec=v["sweep_spec"], progress=progress, request=request, settings=settings):
+                spec=v["sweep_spec"], progress=progress, request=request):
             yield item
 
     def _import(path, request: gr.Request = None):
-        return ui.pack(import_file(path, request=request))
+        return ui.pack(import_file(state, path, request=request))
+
+    def _admit(request: gr.Request, *values):           # Gradio passes the request by its annotation
+        return admit(state, request, *values)
+
+    def _stop(request: gr.Request = None):
+        return stop_run(state, request)
+
+    def _clear(request: gr.Request = None):
+        return clear_history(state, request)
 
     # The API page shows one endpoint, /race (web/api.py): named parameters, the CLI's JSON back. The page's own
     # events are left off it: those named here stay callable by name (scripts, tests, a client's Stop), the
     # rest are the page's alone (their parameters are the page's components, in the page's order).
     named, page = dict(api_visibility="undocumented"), dict(api_visibility="private")
     # Runs and sweeps are admitted (a Stop ticket, a bounded number per session) before they wait. Their
-    # handlers only watch: the compute runs in handlers.LINE's slot (one on a CPU), where every run and sweep
+    # handlers only watch: the compute runs in the app line's slot (one on a CPU), where every run and sweep
     # waits its turn and sees its place; so many handlers may wait at once without holding a thread. Their
     # inputs reach web/service.py as sent (preprocess=False), so it names every bad field itself.
     line = dict(concurrency_id="generate", concurrency_limit=4 * LIMITS["queue_size"])
-    heavy = dict(line, validator=admit, preprocess=False, **named)
+    heavy = dict(line, validator=_admit, preprocess=False, **named)
     run_event = c["run"].click(_run, inputs.list(run_order), outputs, api_name="run", show_progress="minimal",
                                show_progress_on=[ui["status"]], **heavy)
     sweep_event = ui["sweep_btn"].click(_sweep, inputs.list(SWEEP_INPUTS), [ui["sweep_plot"], ui["sweep_status"]],
                                         api_name="sweep", **heavy)
-    gradio_overrides.api_endpoint(race_endpoint(settings), api_name="race", validator=admit, **line)
+    gradio_overrides.api_endpoint(race_endpoint(state), api_name="race", validator=_admit, **line)
     # Stop sets this session's flags (a running job keeps its partial trace); a job still waiting in
     # the queue is also taken out of it, through the hidden value's change and Gradio's cancels=.
     # concurrency_limit=None: Stops sent through the API (/call/stop) are queued by Gradio even with queue=False;
     # without it they would wait one at a time and a Stop storm would fill the queue that Runs need
-    c["stop"].click(stop_run, None, [ui["status"], c["cancel_queued"]], api_name="stop", queue=False,
+    c["stop"].click(_stop, None, [ui["status"], c["cancel_queued"]], api_name="stop", queue=False,
                     concurrency_limit=None, **named)
     c["cancel_queued"].change(None, None, None, cancels=[run_event, sweep_event], **page)
-    c["clear"].click(clear_history, None, ui["status"], api_name="clear_history", queue=False,
+    c["clear"].click(_clear, None, ui["status"], api_name="clear_history", queue=False,
                      concurrency_limit=None, **named)
     # unqueued handlers do bounded work (a replay frame draws at most MAX_FRAME_ITEMS tokens) and
     # clamp their raw inputs themselves; they show no progress: Gradio would dim the columns and put a
@@ -435,48 +449,48 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
     # left over from the step replay, delivered late on a busy server, must not redraw them); the
     # visitor moving the step slider, or ▶ Play steps, gives them back to the step replay
     def _replay(k, s, p=None):
-        values = replay(k, s)
+        values = replay(state, k, s)
         if p == "race":
             values.pop("columns")
         return ui.pack(values)
     ui["step"].change(_replay, [ui["key"], ui["step"], ui["playing"]], step_views, api_name="replay", **light,
                       **named)
-    ui["step"].input(lambda k, s: ui.pack({**replay(k, s), "playing": None}), [ui["key"], ui["step"]],
+    ui["step"].input(lambda k, s: ui.pack({**replay(state, k, s), "playing": None}), [ui["key"], ui["step"]],
                      [*step_views, ui["playing"]], **light, **page)
-    ui["step"].change(lambda k, s, n: ui.pack(replay_figures(k, s, n)),
+    ui["step"].change(lambda k, s, n: ui.pack(replay_figures(state, k, s, n)),
                       [ui["key"], ui["step"], ui["inspect_strategy"]], step_figs, api_name="replay_figures",
                       trigger_mode="always_last", **light, **named)
     # one replay plays at a time (both redraw the columns): each play button stops the other's timer and
     # names itself in "playing", and a tick of the other replay (one already in flight) stops its timer
-    ui["play"].click(lambda k, s: (*play(k, s), gr.Timer(active=False), "steps"), [ui["key"], ui["step"]],
+    ui["play"].click(lambda k, s: (*play(state, k, s), gr.Timer(active=False), "steps"), [ui["key"], ui["step"]],
                      [ui["step"], ui["ticker"], ui["race_ticker"], ui["playing"]], **light, **page)
-    ui["ticker"].tick(lambda k, s, p: advance(k, s) if p == "steps" else (gr.skip(), gr.Timer(active=False)),
+    ui["ticker"].tick(lambda k, s, p: advance(state, k, s) if p == "steps" else (gr.skip(), gr.Timer(active=False)),
                       [ui["key"], ui["step"], ui["playing"]], [ui["step"], ui["ticker"]], **light, **page)
     race_out = ui.list(("columns", "clock_readout"))
-    ui["clock"].input(lambda k, t, v: ui.pack(race_at(k, t, v)), [ui["key"], ui["clock"], ui["race_speed"]],
+    ui["clock"].input(lambda k, t, v: ui.pack(race_at(state, k, t, v)), [ui["key"], ui["clock"], ui["race_speed"]],
                       race_out, api_name="race_at", trigger_mode="always_last", **light, **named)
-    ui["race"].click(lambda k, t, v: ui.pack({**race_play(k, t, v), "ticker": gr.Timer(active=False),
+    ui["race"].click(lambda k, t, v: ui.pack({**race_play(state, k, t, v), "ticker": gr.Timer(active=False),
                                               "playing": "race"}),
                      [ui["key"], ui["clock"], ui["race_speed"]],
                      ui.list(("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker",
                               "playing")), **light, **page)
-    ui["race_ticker"].tick(lambda k, a, v, p: ui.pack(race_tick(k, a, v) if p == "race"
+    ui["race_ticker"].tick(lambda k, a, v, p: ui.pack(race_tick(state, k, a, v) if p == "race"
                                                       else {"race_ticker": gr.Timer(active=False)}),
                            [ui["key"], ui["race_anchor"], ui["race_speed"], ui["playing"]],
                            ui.list(("columns", "clock_readout", "clock", "race_ticker", "playing")), **light, **page)
     # a replayed run (a recording of the identical request) plays its race in real time at once
-    run_event.then(lambda k, v: ui.pack(autoplay(k, v)), [ui["key"], ui["race_speed"]],
+    run_event.then(lambda k, v: ui.pack(autoplay(state, k, v)), [ui["key"], ui["race_speed"]],
                    ui.list(("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker",
                             "playing")), **light, **page)
     ui["race_speed"].change(race_rebase, [ui["race_anchor"], ui["clock"]], ui["race_anchor"], **light, **page)
     ui["upload"].upload(_import, ui["upload"], outputs, api_name="import_trace", concurrency_id="import",
-                        concurrency_limit=1, validator=admit, **named)
+                        concurrency_limit=1, validator=_admit, **named)
     ui["sweep_strategy"].change(lambda n: SWEEP_DEFAULTS.get(n, ""), ui["sweep_strategy"], ui["sweep_spec"],
                                 queue=False, **page)
     for trigger in (ui["inspect_strategy"].change, ui["inspect_pos"].change):
-        trigger(inspect_position, [ui["key"], ui["inspect_strategy"], ui["inspect_pos"]], ui["inspector"], **light,
+        trigger(lambda k, s, p: inspect_position(state, k, s, p), [ui["key"], ui["inspect_strategy"], ui["inspect_pos"]], ui["inspector"], **light,
                 **page)
-    ui["inspect_strategy"].change(lambda k, s, n: ui.pack({"tree": replay_figures(k, s, n)["tree"]}),
+    ui["inspect_strategy"].change(lambda k, s, n: ui.pack({"tree": replay_figures(state, k, s, n)["tree"]}),
                                   [ui["key"], ui["step"], ui["inspect_strategy"]], ui.list(("tree",)), **light,
                                   **page)
     c["category"].change(lambda cat: gr.update(choices=prompts.get(cat, []), value=(prompts.get(cat) or [""])[0]),
@@ -485,13 +499,13 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
     demo.run_event, demo.ui, demo.inputs, demo.run_order = run_event, ui, inputs, run_order
 
 
-def _warm_start(settings: Settings, preload: bool, record: bool) -> None:
+def _warm_start(state: PlaygroundApp, preload: bool, record: bool) -> None:
     """In the background at start: load the default model (and its head), so the first Run does not wait
     for it; then record the default comparison of every example prompt while no visitor's run is waiting."""
     if preload:
-        preload_default(settings)
+        preload_default(state.settings)
     if record:
-        record_examples([p for group in example_prompts().values() for p in group], settings)
+        record_examples(state, [p for group in example_prompts().values() for p in group])
 
 
 def server_address(host: Optional[str], port: Optional[int], env: Optional[dict] = None) -> tuple[str, int]:
@@ -545,11 +559,11 @@ def main() -> None:
         settings = chosen_target(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
         print(f"[app] {settings.target_note}", flush=True)
     host, port = server_address(args.host, args.port)
-    if args.recordings_dir != "none":
-        RECORDINGS.persist_to(args.recordings_dir or recordings_dir())
-    threading.Thread(target=_warm_start, args=(settings, not args.no_preload, not args.no_record_examples),
+    state = PlaygroundApp.create(settings, None if args.recordings_dir == "none"
+                                 else args.recordings_dir or recordings_dir())
+    threading.Thread(target=_warm_start, args=(state, not args.no_preload, not args.no_record_examples),
                      name="warm-start", daemon=True).start()
-    build_demo(settings).launch(server_name=host, server_port=port)
+    build_demo(state=state).launch(server_name=host, server_port=port)
 
 
 if __name__ == "__main__":

@@ -40,11 +40,24 @@ def launch_local(demo, attempts: int = 3) -> str:
 
 
 @pytest.fixture(scope="session")
-def app_url():
+def served():
+    """One app for the session: (its page, its URL); ``demo.playground`` is the app object that owns its stores."""
     import app
     demo = app.build_demo()
-    yield launch_local(demo)
+    url = launch_local(demo)
+    yield demo, url
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def app_url(served):
+    return served[1]
+
+
+@pytest.fixture(scope="session")
+def app_state(served):
+    """The served app's stores (``web/app.PlaygroundApp``): its line, board, recordings, jobs, histories."""
+    return served[0].playground
 
 
 @pytest.fixture(scope="session")

@@ -247,15 +247,17 @@ def test_server_paths_are_redacted_but_urls_and_hub_ids_are_not():
 
 def test_trace_files_and_replay_documents_are_bounded(tmp_path):
     from web.guards import TraceFiles, TraceStore
+    from web.memory import held_bytes
     files = TraceFiles(keep=3, directory=str(tmp_path))
     paths = [files.write(f'{{"n": {i}}}') for i in range(10)]
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in paths[-3:])
-    store = TraceStore(max_bytes=100 * TraceStore.PER_JSON_BYTE)
-    keys = [store.put({"n": i}, 30, i) for i in range(5)]
-    assert len(store) == 3 and store.held_bytes == 90 * TraceStore.PER_JSON_BYTE
-    assert store.get(keys[0]) is None and store.get(keys[4]) == ({"n": 4}, 4)
+    one = held_bytes({"n": 1000, "pad": "x" * 200})                # what each document below holds
+    store = TraceStore(max_bytes=3 * one + one // 2)
+    keys = [store.put({"n": 1000 + i, "pad": "x" * 200}, i) for i in range(5)]
+    assert len(store) == 3 and store.held_bytes == 3 * one
+    assert store.get(keys[0]) is None and store.get(keys[4])[1] == 4
     assert store.get(None) is None and store.get(["not", "a", "key"]) is None
-    big = store.put({"big": True}, 1000, 0)                          # one document over the budget stays alone
+    big = store.put({"big": "x" * (4 * one)}, 0)                    # one document over the budget stays alone
     assert len(store) == 1 and store.get(big) is not None
 
 
@@ -275,7 +277,7 @@ def test_an_oversized_trace_is_reported_with_its_real_size(tmp_path):
     with open(big, "wb") as fh:
         fh.truncate(50 * 2**20)                 # a sparse 50 MB file: nothing is written to disk
     with pytest.raises(gr.Error, match=re.escape("trace: trace file is 50.0 MB; the limit is 20 MB")):
-        app.import_file(str(big))
+        app.import_file(app.PlaygroundApp(), str(big))
 
 
 def _history_drafts(doc: dict) -> int:

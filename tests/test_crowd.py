@@ -14,7 +14,8 @@ import time
 import pytest
 from gradio_client import Client
 
-from web import handlers
+from web import compute, handlers
+from web.app import PlaygroundApp
 from web.crowd import Board, Computation, Estimator, Line, QueueFull, Recording, Recordings, request_key
 from web.service import default_request, run_request
 
@@ -206,33 +207,35 @@ def test_zero_gpu_durations_follow_the_request():
     short = run_request(BUNDLED, "none", ["greedy"], "Hi.", True, 8, 0, {}, [None] * len(app.GENERATION_FIELDS))
     long = run_request(BUNDLED, "none", ["greedy", "jacobi"], "Hi.", True, 256, 0, {},
                        [None] * len(app.GENERATION_FIELDS))
-    assert handlers._run_seconds(None, short) < handlers._run_seconds(None, long) <= app.LIMITS["time_limit_s"]
+    state = PlaygroundApp()
+    assert (compute.budget_seconds(state, short.units) < compute.budget_seconds(state, long.units)
+            <= app.LIMITS["time_limit_s"])
 
 
 def test_the_recorder_yields_to_a_visitor_and_records_again_later(monkeypatch):
     """A visitor arriving while an example is recorded stops that recording; it is recorded once idle."""
     gate, calls = threading.Event(), []
 
-    def fake(stop, req):                                 # a run that lasts until the gate opens (or a Stop)
+    def fake(stop, req, budget_s=0):                     # a run that lasts until the gate opens (or a Stop)
         calls.append(req.inputs.prompt)
         while not gate.wait(0.01) and not stop.is_set():
             pass
         result = {"strategy": "greedy", "token_ids": [1], "error": None,
                   "stop_reason": "cancelled" if stop.is_set() else "max_new_tokens"}
         yield "done", {"environment": {"cpu": "test CPU", "threads": 2}, "results": [result]}, "Ran 1.", []
-    monkeypatch.setattr(handlers, "compute_run", fake)
-    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
-    recorder = threading.Thread(target=lambda: calls.append(handlers.record_examples(["Example."], idle_s=0.05)))
+    monkeypatch.setattr(compute, "compute_run", fake)
+    state = PlaygroundApp(recordings=Recordings(2**20))
+    recorder = threading.Thread(target=lambda: calls.append(compute.record_examples(state, ["Example."], idle_s=0.05)))
     recorder.start()
     wait_for(lambda: calls == ["Example."])
-    visitor, _ = handlers.submit_run(run_request(BUNDLED, "none", ["greedy"], "Mine.", True, 4, 0, {},
+    visitor, _ = compute.submit_run(state, run_request(BUNDLED, "none", ["greedy"], "Mine.", True, 4, 0, {},
                                                  [None] * len(app.GENERATION_FIELDS)))
     wait_for(lambda: visitor.state == "running")         # the recording gave its slot up
-    assert handlers.RECORDINGS.get(default_request("Example.").key) is None
+    assert state.recordings.get(default_request("Example.").key) is None
     gate.set()
     recorder.join(10)
     assert calls[:3] == ["Example.", "Mine.", "Example."] and calls[3] == 1      # recorded on the second try
-    assert handlers.RECORDINGS.get(default_request("Example.").key).message == "Ran 1."
+    assert state.recordings.get(default_request("Example.").key).message == "Ran 1."
     visitor.leave()
 
 
@@ -240,34 +243,35 @@ def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
     """A run's views are drawn in its computation and kept with its recording; replays of a recording read from
     disk (no views yet) that arrive together draw it once, not once each (16 at once took 10 s on 2 cores)."""
     drawn = []
-    real = handlers._views
+    real = compute.draw_views
 
     def counting(doc):
         drawn.append(1)
         time.sleep(0.05)                    # long enough for the replays below to overlap
         return real(doc)
-    monkeypatch.setattr(handlers, "_views", counting)
+    monkeypatch.setattr(compute, "draw_views", counting)      # where a run draws them
+    monkeypatch.setattr(handlers, "draw_views", counting)     # where a replay read from disk draws them
+    state = PlaygroundApp(recordings=Recordings(2**20))
     doc = {"environment": {"cpu": "test CPU", "threads": 2},
            "results": [{"strategy": "greedy", "token_ids": [1, 2], "error": None, "stop_reason": "max_new_tokens",
                         "events": [], "wall_s": 0.1}]}
     rec = Recording("k", doc, json.dumps(doc), "Ran 1.", time.time(), "test CPU")
     outs = []
-    threads = [threading.Thread(target=lambda: outs.append(handlers._replayed(rec))) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: outs.append(handlers._replayed(state, rec))) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(drawn) == 1 and len(outs) == 8 and all(o["status"].startswith("Replay") for o in outs)
 
-    def fake(stop, req):
+    def fake(stop, req, budget_s=0):
         yield "done", doc, "Ran 1.", []
-    monkeypatch.setattr(handlers, "compute_run", fake)
-    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
+    monkeypatch.setattr(compute, "compute_run", fake)
     req = run_request(BUNDLED, "none", ["greedy"], "Drawn once.", True, 4, 0, {}, [None] * len(app.GENERATION_FIELDS))
-    comp, _ = handlers.submit_run(req)
+    comp, _ = compute.submit_run(state, req)
     wait_for(comp.done.is_set)
-    assert len(drawn) == 2 and handlers.RECORDINGS.get(req.key).views is comp.result.views     # drawn with the run
-    handlers._replayed(handlers.RECORDINGS.get(req.key))
+    assert len(drawn) == 2 and state.recordings.get(req.key).views is comp.result.views        # drawn with the run
+    handlers._replayed(state, state.recordings.get(req.key))
     assert len(drawn) == 2                                                                      # not again
     comp.leave()
 
@@ -287,12 +291,12 @@ def _doc(out) -> dict:
 def counted(monkeypatch):
     """How many times a run was really computed."""
     calls = []
-    real = handlers.compute_run
+    real = compute.compute_run
 
-    def counting(stop, req):
+    def counting(stop, req, budget_s=0):
         calls.append(req.key)
-        yield from real(stop, req)
-    monkeypatch.setattr(handlers, "compute_run", counting)
+        yield from real(stop, req, budget_s)
+    monkeypatch.setattr(compute, "compute_run", counting)
     return calls
 
 
@@ -316,12 +320,12 @@ def test_identical_requests_at_once_are_computed_once_then_replayed(app_url, cou
     assert len(counted) == 2                                         # another seed is another run
 
 
-def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url, counted, monkeypatch):
+def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url, app_state, counted, monkeypatch):
     from web import service
     prompt = "Reply with one word: yes."
     monkeypatch.setattr(service, "DEFAULT_MAX_NEW", 16)            # the page's default, shortened for the test
-    assert handlers.record_examples([prompt]) == 1 and len(counted) == 1
-    assert handlers.record_examples([prompt]) == 0                 # already recorded
+    assert compute.record_examples(app_state, [prompt]) == 1 and len(counted) == 1
+    assert compute.record_examples(app_state, [prompt]) == 0       # already recorded
     req = default_request(prompt)
     # exactly what the page sends when the visitor only picks the example and presses Run
     page = [app.default_target(), "prophet", list(app.DEFAULT_STRATEGIES), prompt, True, 16, 0,
@@ -331,7 +335,7 @@ def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url,
     took = time.perf_counter() - t0
     assert len(counted) == 1 and out[6].startswith("Replay of a recorded run")
     assert [r["strategy"] for r in _doc(out)["results"]] == list(app.DEFAULT_STRATEGIES)
-    assert handlers.RECORDINGS.get(req.key) is not None
+    assert app_state.recordings.get(req.key) is not None
     print(f"\n[crowd] a recorded example replayed in {took:.2f} s")
 
 
@@ -351,13 +355,13 @@ def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, count
     assert len(counted) == 1 and result["stop_reason"] != "cancelled" and len(result["token_ids"]) == 160
 
 
-def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, monkeypatch):
-    monkeypatch.setattr(handlers.LINE, "capacity", 1)
+def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, app_state, monkeypatch):
+    monkeypatch.setattr(app_state.line, "capacity", 1)
     holder, waiter, late = (Client(app_url, verbose=False) for _ in range(3))
     long = holder.submit(*_values(prompt="Write a long poem about rivers.", max_new=300, seed=11), api_name="/run")
-    wait_for(lambda: handlers.LINE.counts()["running"] == 1, timeout=120)
+    wait_for(lambda: app_state.line.counts()["running"] == 1, timeout=120)
     queued = waiter.submit(*_values(prompt="Write a long poem about hills.", max_new=300, seed=11), api_name="/run")
-    wait_for(lambda: handlers.LINE.counts()["waiting"] == 1, timeout=60)
+    wait_for(lambda: app_state.line.counts()["waiting"] == 1, timeout=60)
     with pytest.raises(Exception, match="queue full: 1 runs are waiting"):
         late.predict(*_values(prompt="Write a long poem about lakes.", max_new=4, seed=11), api_name="/run")
     waiter.predict(api_name="/stop")

@@ -11,6 +11,7 @@ import pytest
 
 import app
 from web import handlers
+from web.app import PlaygroundApp
 from web.service import run_request
 
 BUNDLED = "smollm2-135m-instruct"
@@ -73,17 +74,18 @@ def test_the_api_refuses_a_sweep_the_page_does_not_offer():
 
 @pytest.mark.parametrize("value", HOSTILE, ids=lambda v: repr(v)[:24])
 def test_the_replay_handlers_take_any_value(value):
-    key = handlers.STORE.put({"results": [{"strategy": "greedy", "label": "Greedy", "token_ids": [5, 6],
-                                           "events": [], "times_ms": [], "wall_s": 0.5}]}, 100, 3)
+    state = PlaygroundApp()
+    key = state.store.put({"results": [{"strategy": "greedy", "label": "Greedy", "token_ids": [5, 6],
+                                           "events": [], "times_ms": [], "wall_s": 0.5}]}, 3)
     for k in (key, value):
-        handlers.replay(k, value)
-        handlers.replay_figures(k, value, value)
-        handlers.race_at(k, value, value)
-        handlers.race_play(k, value, value)
-        handlers.race_tick(k, {"wall": value, "from": value}, value)
-        handlers.inspect_position(k, value, value)
-        handlers.advance(k, value)
-        handlers.play(k, value)
-        handlers.autoplay(k, value)
+        handlers.replay(state, k, value)
+        handlers.replay_figures(state, k, value, value)
+        handlers.race_at(state, k, value, value)
+        handlers.race_play(state, k, value, value)
+        handlers.race_tick(state, k, {"wall": value, "from": value}, value)
+        handlers.inspect_position(state, k, value, value)
+        handlers.advance(state, k, value)
+        handlers.play(state, k, value)
+        handlers.autoplay(state, k, value)
     anchor = handlers.race_rebase({}, value)
     assert anchor["from"] == anchor["from"] and abs(anchor["from"]) <= handlers.MAX_CLOCK_MS

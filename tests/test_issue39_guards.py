@@ -142,7 +142,7 @@ def test_answered_prompts_stay_on_their_side_of_the_hold_out(tmp_path):
 def test_a_closing_tag_in_an_error_is_escaped_not_taken_for_a_path():
     message = "bad label <script>alert(1)</script> in /home/someone/trace.json"
     assert redact_paths(message) == "bad label <script>alert(1)</script> in [path]"
-    shown = handlers._error(ValueError(message)).message
+    shown = handlers.user_error(ValueError(message)).message
     assert shown == "bad label &lt;script&gt;alert(1)&lt;/script&gt; in [path]"
     # a path in angle brackets is still a path
     assert redact_paths("no file </etc/passwd> or <~/models/x>") == "no file <[path]> or <[path]>"

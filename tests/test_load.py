@@ -196,7 +196,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
     assert "Ran 1 strategies" in _request(client, "Name a planet.", seed=1)["status"]
 
 
-def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, monkeypatch):
+def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, app_state, monkeypatch):
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     # the storm shares this machine's CPU with the run: give the run time to outlast it
@@ -207,7 +207,7 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     job = slow.submit(BUNDLED, "none", plan, "Write a very long story about a lighthouse.", True, 512, 0,
                       *values, api_name="/run")
     _wait_for_tokens(job)
-    held = len(app.JOBS)
+    held = len(app_state.jobs)
 
     def stranger(i: int) -> str:
         req = urllib.request.Request(app_url + "gradio_api/run/stop", headers={"Content-Type": "application/json"},
@@ -218,7 +218,7 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(stranger, range(5000)))
     storm = time.perf_counter() - t0
-    assert set(replies) == {"Nothing to stop."} and len(app.JOBS) == held     # no flag created, none pushed out
+    assert set(replies) == {"Nothing to stop."} and len(app_state.jobs) == held     # no flag created, none pushed out
     assert not job.done()
     t_stop = time.perf_counter()
     slow.predict(api_name="/stop")
@@ -245,9 +245,10 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
 def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
     """Our trace files keep the newest few; Gradio's copies go with delete_cache (short here, 30 min live)."""
     from conftest import launch_local
-    monkeypatch.setattr(app.TRACE_FILES, "keep", 8)
     monkeypatch.setitem(app.LIMITS, "cache_cleanup_s", (1, 3))
     demo = app.build_demo()
+    files = demo.playground.trace_files
+    files.keep = 8
     url = launch_local(demo)
     try:
         client = Client(url, verbose=False)
@@ -257,9 +258,9 @@ def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
         counts = []
         for i in range(50):
             assert "Ran 1 strategies" in _request(client, f"Say {i}.", seed=i, max_new=1)["status"]
-            counts.append((app.TRACE_FILES.count(), cached()))
+            counts.append((files.count(), cached()))
         time.sleep(5)                           # past delete_cache's age: Gradio's copies are removed
-        ours, gradio_copies = app.TRACE_FILES.count(), cached()
+        ours, gradio_copies = files.count(), cached()
     finally:
         demo.close()
     print(f"\n[files] after 50 runs: {ours} trace files of ours (at most {max(c[0] for c in counts)} at any time), "

@@ -15,6 +15,7 @@ import pytest
 
 from visualize import traces
 from web import handlers
+from web.app import PlaygroundApp
 
 HUGE = [2**1024, -(2**1100)]
 
@@ -87,5 +88,5 @@ def test_the_upload_handler_sends_the_message_to_the_browser(tmp_path, field):
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(gr.Error) as err:
-        handlers.import_file(str(path))
+        handlers.import_file(PlaygroundApp(), str(path))
     assert f"trace: {FIELDS[field]} must be a finite number, got an integer of about 309 digits" in str(err.value)

@@ -13,7 +13,8 @@ import dataclasses
 import threading
 
 import app
-from web import handlers
+from web import compute
+from web.app import PlaygroundApp
 from web.crowd import Recordings
 from web.service import DEFAULT_SETTINGS, default_request
 
@@ -23,7 +24,7 @@ QUIET = dataclasses.replace(DEFAULT_SETTINGS, quiet_recordings=True)
 
 
 def _fake_run(step_ms: float):
-    def fake(stop, req):                    # greedy: 10 forwards of step_ms each
+    def fake(stop, req, budget_s=0):        # greedy: 10 forwards of step_ms each
         result = {"strategy": "greedy", "token_ids": [1] * 10, "error": None, "stop_reason": "max_new_tokens",
                   "target_forwards": 10, "wall_s": step_ms * 10 / 1000.0, "events": []}
         yield "done", {"environment": {"cpu": "test CPU", "threads": 2}, "results": [result]}, "Ran 1.", []
@@ -31,19 +32,19 @@ def _fake_run(step_ms: float):
 
 
 def _with_one_row_cost(monkeypatch, ms: float) -> None:
-    monkeypatch.setattr(handlers, "forward_cost", lambda lm, width: ForwardCost({1: ms}))
+    monkeypatch.setattr(compute, "forward_cost", lambda lm, width: ForwardCost({1: ms}))
     monkeypatch.setattr(type(QUIET), "load", lambda self, name: object())
 
 
 def test_a_run_timed_under_load_is_served_but_not_recorded(monkeypatch):
-    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
+    state = PlaygroundApp(QUIET, recordings=Recordings(2**20))
     _with_one_row_cost(monkeypatch, 20.0)
     for step_ms, recorded in ((24.0, True), (80.0, False)):      # 1.2x the quiet cost; 4x it
-        monkeypatch.setattr(handlers, "compute_run", _fake_run(step_ms))
+        monkeypatch.setattr(compute, "compute_run", _fake_run(step_ms))
         req = dataclasses.replace(default_request(f"Step {step_ms}.", QUIET))
-        comp, _ = handlers.submit_run(req)
+        comp, _ = compute.submit_run(state, req)
         comp.done.wait(10)
-        assert (handlers.RECORDINGS.get(req.key) is not None) == recorded, step_ms
+        assert (state.recordings.get(req.key) is not None) == recorded, step_ms
         assert comp.result.quiet == recorded
         assert ("Not recorded" in comp.result.message) == (not recorded)
         assert comp.result.doc["results"][0]["token_ids"] == [1] * 10          # the visitor still gets the run
@@ -51,33 +52,33 @@ def test_a_run_timed_under_load_is_served_but_not_recorded(monkeypatch):
 
 
 def test_without_the_setting_every_complete_run_is_recorded(monkeypatch):
-    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
+    state = PlaygroundApp(recordings=Recordings(2**20))
     _with_one_row_cost(monkeypatch, 20.0)
-    monkeypatch.setattr(handlers, "compute_run", _fake_run(80.0))
+    monkeypatch.setattr(compute, "compute_run", _fake_run(80.0))
     req = default_request("Any timing.")
-    comp, _ = handlers.submit_run(req)
+    comp, _ = compute.submit_run(state, req)
     comp.done.wait(10)
-    assert handlers.RECORDINGS.get(req.key) is not None and comp.result.quiet
+    assert state.recordings.get(req.key) is not None and comp.result.quiet
     comp.leave()
 
 
 def test_the_recorder_records_a_busy_example_again_when_the_machine_is_quiet(monkeypatch):
-    monkeypatch.setattr(handlers, "RECORDINGS", Recordings(2**20))
+    state = PlaygroundApp(QUIET, recordings=Recordings(2**20))
     _with_one_row_cost(monkeypatch, 20.0)
     steps = iter([90.0, 85.0, 22.0])                            # busy, busy, then quiet
     tries = []
 
-    def fake(stop, req):
+    def fake(stop, req, budget_s=0):
         tries.append(1)
         yield from _fake_run(next(steps))(stop, req)
-    monkeypatch.setattr(handlers, "compute_run", fake)
+    monkeypatch.setattr(compute, "compute_run", fake)
     monkeypatch.setitem(app.LIMITS, "quiet_retry_idle", 1)
     done = []
-    recorder = threading.Thread(target=lambda: done.append(handlers.record_examples(["Busy."], QUIET, idle_s=0.01)))
+    recorder = threading.Thread(target=lambda: done.append(compute.record_examples(state, ["Busy."], idle_s=0.01)))
     recorder.start()
     recorder.join(20)
     assert done == [1] and len(tries) == 3
-    assert handlers.RECORDINGS.get(default_request("Busy.", QUIET).key) is not None
+    assert state.recordings.get(default_request("Busy.", QUIET).key) is not None
 
 
 def test_the_recorder_is_not_counted_as_a_visitor():

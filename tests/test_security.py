@@ -354,14 +354,14 @@ def test_an_upload_over_the_file_limit_is_refused_by_gradio(app_url, client, exp
     still_serving(client, expected)
 
 
-def test_stops_from_strangers_create_nothing(app_url, client, expected):
-    before = len(app.JOBS)
+def test_stops_from_strangers_create_nothing(app_url, app_state, client, expected):
+    before = len(app_state.jobs)
     for i in range(200):
         req = urllib.request.Request(app_url + "gradio_api/run/stop", headers={"Content-Type": "application/json"},
                                      data=json.dumps({"data": [], "session_hash": f"stranger-{i}"}).encode())
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.load(resp)["data"][0] == "Nothing to stop."
-    assert len(app.JOBS) == before
+    assert len(app_state.jobs) == before
     still_serving(client, expected)
 
 
@@ -371,7 +371,7 @@ def _status_of(job) -> str:
     return outputs[-1][6] if outputs else ""
 
 
-def test_one_session_cannot_fill_the_queue_and_a_queued_stop_holds(app_url, expected):
+def test_one_session_cannot_fill_the_queue_and_a_queued_stop_holds(app_url, app_state, expected):
     from gradio_client import Client
     busy, me = Client(app_url, verbose=False), Client(app_url, verbose=False)
     long_run = run_data(prompt="Write a very long story about a lighthouse.", max_new=400)
@@ -383,7 +383,7 @@ def test_one_session_cannot_fill_the_queue_and_a_queued_stop_holds(app_url, expe
     mine = [me.submit(*run_data(prompt=f"Write a very long story about lighthouse {i}.", max_new=400),
                       api_name="/run") for i in range(2)]
     deadline = time.time() + 60
-    while time.time() < deadline and sum(t.session == me.session_hash for t in app.JOBS._tickets.values()) < 2:
+    while time.time() < deadline and sum(t.session == me.session_hash for t in app_state.jobs._tickets.values()) < 2:
         time.sleep(0.1)                                              # both admitted (submit sends in the background)
     with pytest.raises(Exception, match="this session already has 2 jobs queued or running"):
         me.predict(*long_run, api_name="/run")                       # a third from the same session

@@ -97,7 +97,7 @@ def _sweep_views() -> dict:
 
 
 def first_views(doc: dict) -> dict:
-    """What the app draws when a trace is imported (``handlers._outputs``): view -> bytes."""
+    """What the app draws when a trace is imported (``web/handlers._outputs``): view -> bytes."""
     from visualize import page, race
     out: dict = {}
     top, choices = page.top_step(doc), page.drafted(doc)

@@ -57,7 +57,7 @@ def test_the_runs_handler_gets_every_value_under_its_name(moved, monkeypatch):
                  app.generation_input("repetition_penalty"): 1.5, app.generation_input("min_new_tokens"): 2})
     caught = []
 
-    def submit(req, background=False):
+    def submit(state, req, background=False):
         caught.append(req)
         raise QueueFull("caught before the line")
     monkeypatch.setattr(handlers, "submit_run", submit)
@@ -91,5 +91,10 @@ def test_the_race_endpoint_is_admitted_and_queued_like_a_run(moved):
     """/race goes through the page's queue admission (a Stop ticket, a few jobs per session) and concurrency group."""
     _, demo = moved
     run, race = _event(demo, "run"), _event(demo, "race")
-    assert race.validator is app.admit and run.validator is app.admit
+    assert race.validator is run.validator                      # one admission for both doors
+    jobs = demo.playground.jobs
+    request = type("Request", (), {"session_hash": "wired", "request": None})()
+    before = len(jobs)
+    verdicts = race.validator(request, "prompt", ["greedy"])   # admitted: a Stop ticket in this app's jobs
+    assert verdicts[0]["is_valid"] and len(jobs) == before + 1
     assert race.concurrency_id == run.concurrency_id == "generate"

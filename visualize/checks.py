@@ -272,6 +272,42 @@ def _mapping_check(value: Check, limit: int, key_check: Check | None = None) -> 
     return check
 
 
+MAX_ENV_NODES = 4096         # values in a trace's environment, nested ones included (a real one holds ~160)
+MAX_ENV_DEPTH = 8            # objects and lists nested in it (a real one nests 5 deep)
+
+
+def _environment(v: Any) -> int:
+    """Where and how a run was measured: an object of plain JSON values (text, numbers, booleans, null, and
+    objects and lists of them) with at most ``MAX_ENV_NODES`` values, ``MAX_ENV_DEPTH`` deep. Walked without
+    recursion; refused at the first value over a cap, before the rest is looked at."""
+    if not isinstance(v, dict):
+        _fail("an object", v)
+    nodes, stack = 1, [(v, 0, "")]
+    while stack:
+        item, depth, where = stack.pop()
+        if depth > MAX_ENV_DEPTH:
+            raise Invalid(f"{where} nests deeper than {MAX_ENV_DEPTH} objects and lists")
+        if isinstance(item, (dict, list)):
+            nodes += len(item)             # counted before any of them is looked at
+            if nodes > MAX_ENV_NODES:
+                raise Invalid(f"{where} brings it over {MAX_ENV_NODES} values in all, nested ones included")
+        if isinstance(item, dict):
+            for k, x in item.items():
+                try:
+                    _text_check(64)(k)
+                except Invalid as exc:
+                    raise at(exc, f"{where} key") from None
+                stack.append((x, depth + 1, f"{where}.{k}"))
+        elif isinstance(item, list):
+            stack.extend((x, depth + 1, f"{where}[{i}]") for i, x in enumerate(item))
+        elif depth:
+            try:
+                _scalar(item)
+            except Invalid as exc:
+                raise at(exc, where) from None
+    return nodes
+
+
 def _token_key(k: Any) -> int:
     if not isinstance(k, str) or not k.isdecimal() or len(k) > 10:
         _fail("a token id written as decimal digits", k)
@@ -333,7 +369,7 @@ RESULT_FIELDS: dict[str, Check] = {
 REQUIRED = ("strategy", "token_ids", "events")
 DOC_FIELDS: dict[str, Check] = {
     "prompt": _text_check(MAX_DOC_TEXT), "chat": _bool_check, "prompt_ids": _token_ids,
-    "max_new_tokens": _int_check(0, MAX_STEP), "environment": _mapping_check(lambda v: 0, 64),
+    "max_new_tokens": _int_check(0, MAX_STEP), "environment": _environment,
     "generation": _mapping_check(_optional(_float_check), 16),   # the logits processors' settings
 }
 

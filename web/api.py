@@ -19,7 +19,8 @@ import gradio as gr
 from decoding.runtime.models import load_presets
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
-from web.handlers import HISTORIES, Finished, follow_run, job, user_error
+from web.app import PlaygroundApp
+from web.handlers import Finished, follow_run, job, user_error
 from web.service import (DEFAULT_MAX_NEW, DEFAULT_SETTINGS, GENERATION_FIELDS, RunRequest, Settings, build_plan,
                          check_model_name, cli_document, run_request, ui_default)
 
@@ -77,21 +78,21 @@ def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_
                        [None] * len(GENERATION_FIELDS), history, settings)
 
 
-async def run_race(prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
-                   chat: Any, params: Any, request: Any = None, settings: Settings = DEFAULT_SETTINGS) -> dict:
+async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
+                   chat: Any, params: Any, request: Any = None) -> dict:
     """Check, queue (or join, or replay) and wait for one race; its CLI document. gr.Error on a bad value, a
     full line, a failed run, or a Stop from the same session before the run finished."""
-    with job(request) as (_, stop):
+    with job(app, request) as (_, stop):
         if stop.is_set():
             raise gr.Error("Stopped before the run started.")
         session = getattr(request, "session_hash", None)
         try:
             req = race_request(prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
-                               HISTORIES.items(session), settings)
+                               app.histories.items(session), app.settings)
         except ValueError as exc:
             raise user_error(exc) from None
         status = "Stopped."
-        async with contextlib.aclosing(follow_run(req, stop, None, session, frames=False)) as updates:
+        async with contextlib.aclosing(follow_run(app, req, stop, None, session, frames=False)) as updates:
             async for item in updates:
                 if isinstance(item, Finished):
                     return cli_document(item.doc, req.generation)
@@ -99,11 +100,11 @@ async def run_race(prompt: Any, strategies: Any, target: Any, assistant: Any, ma
         raise gr.Error(status)
 
 
-def race_endpoint(settings: Settings = DEFAULT_SETTINGS) -> Callable:
-    """The ``/race`` function for an app with ``settings``: its signature is the endpoint's (``gr.api`` reads the
+def race_endpoint(app: PlaygroundApp) -> Callable:
+    """The ``/race`` function of ``app``: its signature is the endpoint's (``gr.api`` reads the
     annotations themselves, the return type's unevaluated, so this module has no ``from __future__ import
     annotations``)."""
-    target_default = settings.default_target()
+    target_default = app.settings.default_target()
 
     async def race(prompt: str, strategies: list[str], target: str = target_default,
                    assistant: Optional[str] = None, max_new_tokens: int = DEFAULT_MAX_NEW, seed: int = 0,
@@ -123,6 +124,6 @@ def race_endpoint(settings: Settings = DEFAULT_SETTINGS) -> Callable:
             chat: wrap the prompt in the model's chat template.
             params: parameters by strategy, e.g. {"prophet": {"tree_nodes": 8}}; the page's defaults for the rest.
         """
-        return await run_race(prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
-                              request=request, settings=settings)
+        return await run_race(app, prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
+                              request=request)
     return race

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from web.memory import held_bytes
+
 KEY_VERSION = 1      # bump when what a key covers changes: older recordings then miss instead of misleading
 
 
@@ -275,10 +277,14 @@ class Recording:
     device: str
     views: dict = field(default_factory=dict, repr=False)   # drawn once, shared by every replay
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # ... drawn by one
+    held: int = field(default=0, repr=False, compare=False)    # bytes in memory, measured when first asked
 
     @property
     def size(self) -> int:
-        return 6 * len(self.text)       # the text plus its parsed document (about 5 objects' bytes per byte)
+        """Bytes it holds in memory: the document, its JSON text and its views, measured (``web/memory.py``)."""
+        if not self.held:
+            self.held = held_bytes(self.doc, self.text, self.views)
+        return self.held
 
     def when(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.recorded_at))
@@ -318,6 +324,18 @@ class Recordings:
     def put(self, rec: Recording, pinned: bool = False) -> None:
         self._hold(rec)
         self._write(rec, pinned)
+
+    def remeasure(self, rec: Recording) -> None:
+        """Count ``rec`` again after it grew (its views, drawn at its first replay after a read from disk)."""
+        with self._lock:
+            if self._items.get(rec.key) is not rec:
+                return
+            self._held -= rec.size
+            rec.held = 0
+            self._held += rec.size
+            while self._held > self.max_bytes and len(self._items) > 1:
+                _, dropped = self._items.popitem(last=False)
+                self._held -= dropped.size
 
     def _hold(self, rec: Recording) -> None:
         with self._lock:

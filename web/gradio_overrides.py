@@ -9,7 +9,9 @@
   :func:`queue_health`): this app's queue instance keeps waiting sessions and restarts if it stops;
 - :func:`api_endpoint`: ``gr.api`` with a queue validator, which ``gr.api`` does not take;
 - :func:`plot_once`: a figure handed to Gradio already serialized (its ``PlotData``), so a view shared by
-  every visitor is serialized once, not once per visitor.
+  every visitor is serialized once, not once per visitor;
+- :class:`LeanSessionState`: a session's state without the copies of every component's config that Gradio keeps
+  for deep links (this app offers none): a fresh session costs kilobytes, not 0.4 MB (issue 39).
 
 Each was written against ``GRADIO_VERSION`` by reading that Gradio's source; ``SUPPORTED`` is the range they are
 known to fit (``tests/test_gradio_overrides.py`` fails on any other Gradio, and checks that the Space's
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from typing import Any, Callable, Optional
 
 import gradio as gr
 import plotly.graph_objects as go
 from gradio.components.plot import PlotData
 from gradio.context import get_blocks_context
+from gradio.state_holder import SessionState, StateHolder
 from packaging.version import Version
 
 from web.queue_guard import GuardedQueue, Health, queue_health  # noqa: F401  (re-exported: the one door)
@@ -71,9 +75,60 @@ def left_out(block: Any) -> Any:
     return {"__type__": "update"}
 
 
+class LeanSessionState(SessionState):
+    """Gradio's per-session state without ``config_values``.
+
+    Gradio 6.31 (``state_holder.py``) builds, for every session it meets, the config of every component of the
+    page (``config_for_block``, ~200 here) and then keeps a copy of each output value a handler returned (the
+    race's HTML, the figures' JSON) in it. Only ``/gradio_api/deep_link`` reads them (``SessionState.components``,
+    ``routes.py``), for ``gr.DeepLinkButton``, which this app does not use. Measured here: 0.41 MB per fresh
+    session (1,600 Stops from new session ids: +650 MB). Everything else, the ``gr.State`` values and the
+    components updated per session, is kept as Gradio keeps it."""
+
+    def __init__(self, blocks: Any) -> None:      # SessionState.__init__ without its config_values
+        self.blocks_config = copy.copy(blocks.default_config)
+        self.config_values: dict = {}
+        self.state_data: dict[int, Any] = {}
+        self._state_ttl: dict = {}
+        self.is_closed = False
+        self.STATE_TTL_WHEN_CLOSED = 1 if os.getenv("GRADIO_IS_E2E_TEST", None) else 3600
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.config_values.pop(key, None)
+
+    def _update_config(self, key: int) -> None:
+        return None
+
+    def _update_value_in_config(self, key: int, value: Any) -> None:
+        return None
+
+
+class LeanStateHolder(StateHolder):
+    """Gradio's ``StateHolder`` (same bound: ``state_session_capacity``, least recently used dropped first) whose
+    sessions are :class:`LeanSessionState`."""
+
+    def __getitem__(self, session_id: str) -> SessionState:
+        if session_id not in self.session_data:
+            self.session_data[session_id] = LeanSessionState(self.blocks)
+        return super().__getitem__(session_id)
+
+
 class GuardedBlocks(gr.Blocks):
-    """``gr.Blocks`` with this app's two overrides of its internals (the cached-file sets, ``postprocess_data``);
-    :func:`install` puts them and the queue guard on before ``launch``."""
+    """``gr.Blocks`` with this app's overrides of its internals (the cached-file sets, ``postprocess_data``, lean
+    session states); :func:`install` puts them and the queue guard on before ``launch``."""
+
+    @property
+    def state_holder(self) -> Any:
+        return self.__dict__.get("_state_holder")
+
+    @state_holder.setter
+    def state_holder(self, holder: Any) -> None:
+        """Gradio's app gives the Blocks its ``StateHolder`` (``StateHolder.set_blocks``, called once per launch
+        by ``App.create_app``); the same object serves the routes, so its sessions become lean for both."""
+        if type(holder) is StateHolder:
+            holder.__class__ = LeanStateHolder
+        self.__dict__["_state_holder"] = holder
 
     def guard_temp_files(self) -> int:
         """Swap every cached-file set for a :class:`SnapshotSet` (same contents, same sharing); returns how many."""

@@ -57,6 +57,10 @@ LIMITS: dict[str, Any] = {
     "trace_files": 64,            # exported trace files kept on disk
     "trace_store_bytes": 512 * 2**20,   # memory for the replay documents of all sessions
     "cache_cleanup_s": (300, 1800),     # Gradio's delete_cache: every 5 min, files older than 30 min
+    # browser sessions whose Gradio state is kept, least recently used dropped first (Gradio's default: 10,000).
+    # With web/gradio_overrides.LeanSessionState a session costs ~14 KB fresh and ~43 KB after a replayed race
+    # (Intel Xeon, gradio 6.31; 0.42 MB and 0.45 MB without it): at most ~0.35 GB of a 16 GB Space.
+    "sessions": 8000,
     "history_sessions": 64,       # browser sessions whose suffix-decoding history is kept (least recent dropped)
     "history_tokens": 2048,       # earlier output tokens one session's history keeps (oldest outputs dropped)
     "history_nodes": 1_000_000,   # suffix-tree nodes over all histories (about 300 bytes each)

@@ -1,0 +1,224 @@
+"""What happens between a checked request and the library's runner: runs, sweeps and the recordings of the
+example prompts, as computations in an app's line (``web/app.py``). No Gradio event lives here; the handlers
+(``web/handlers.py``) only submit, watch and show.
+
+On Hugging Face ZeroGPU the ``gpu``-wrapped compute runs in a forked process, so it takes and yields plain data
+only (the request and the seconds it may hold the GPU), and every store is read and written by the callers
+here, in the server process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, Callable, Iterator, Optional
+
+from decoding.context import RunContext
+from decoding.harness.bench import sweep_value
+from decoding.harness.runner import run_comparison
+from decoding.runtime.forward_cost import forward_cost
+from visualize.page import chart_views, drafted, inspector_view, race_views, step_figures, step_html, top_step
+from visualize.race import race_length_ms
+from visualize.traces import export_trace, import_trace_file
+from web.app import PlaygroundApp
+from web.crowd import Computation, QueueFull, Recording
+from web.gradio_overrides import plot_once
+from web.guards import history_from
+from web.service import (LIMITS, RunRequest, SweepRequest, complete, default_request, device_text, history_outputs,
+                         needs_assistant, prepare_checked, redact_paths, run_document, stream_comparison)
+
+try:  # Hugging Face Spaces ZeroGPU: request a GPU for the compute, for as long as the request needs
+    import spaces
+
+    def gpu(duration: Callable[..., int]) -> Callable:
+        return spaces.GPU(duration=duration)
+except ImportError:
+    def gpu(duration: Callable[..., int]) -> Callable:
+        return lambda fn: fn
+
+POLL_S = 0.2          # the live race redraws at least this often while tokens come
+
+
+def budget_seconds(app: PlaygroundApp, units: float) -> int:
+    """How long a computation may hold a (ZeroGPU) device: the line's estimate with room to spare, so shorter
+    requests go first, never past the time limit."""
+    return int(min(LIMITS["time_limit_s"], 2 * app.line.estimator.expect(units) + 10))
+
+
+def _granted(stop: Any, req: Any, budget_s: int) -> int:
+    """ZeroGPU's duration for a gpu-wrapped call: the budget its caller computed (``budget_seconds``)."""
+    return budget_s
+
+
+@gpu(_granted)
+def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple]:
+    """Load and run a checked request; yields ``("live", snapshot, max_new)`` then ``("done", document,
+    message, outputs for the history)``. Raises ValueError / ModelLoadError for what only the model can tell."""
+    plan = list(req.plan)
+    prep = prepare_checked(req.inputs, needs_assistant(plan), load=req.settings.load,
+                           generation=req.generation if req.generation.active else None)
+    context = RunContext(generation=req.generation if req.generation.active else None,
+                         history=history_from(None if req.history is None else list(req.history),
+                                              LIMITS["history_tokens"]))
+    results = []
+    for kind, value in stream_comparison(prep, plan, stop=stop, context=context,
+                                         time_limit_s=LIMITS["time_limit_s"], poll_s=POLL_S):
+        if kind == "live":
+            yield "live", value, prep.max_new
+        else:
+            results = value
+    doc, message = run_document(results, prep, req.inputs.prompt, req.inputs.chat, req.generation)
+    yield "done", doc, message, history_outputs(doc["results"])
+
+
+@gpu(_granted)
+def compute_sweep(stop: Any, req: SweepRequest, budget_s: int = 0) -> tuple[dict, str]:
+    """One strategy over a parameter grid against one greedy reference: (sweep, message)."""
+    prep = prepare_checked(req.inputs, needs_assistant(req.plan), load=req.settings.load)
+    results = run_comparison(prep.prompt_ids, prep.pair, req.plan, max_new_tokens=prep.max_new, seed=prep.seed,
+                             should_stop=stop.is_set, time_limit_s=LIMITS["time_limit_s"])
+    runs = [r for r in results if not r.reference]
+    points = [{"values": [sweep_value(v) for v in combo], "speedup": r.speedup or 0.0,
+               "tokens_per_target_forward": round(len(r.token_ids) / max(r.target_forwards, 1), 3)}
+              for combo, r in zip(req.combos, runs) if not r.error]
+    errors = [f"{dict(zip(req.keys, c))}: {redact_paths(r.error)}" for c, r in zip(req.combos, runs) if r.error]
+    message = f"Swept {len(points)} settings of {req.strategy} on {prep.model}{prep.note}."
+    if errors:
+        message += " Failed: " + "; ".join(errors)
+    return {"strategy": req.strategy, "keys": req.keys, "points": points}, message
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A finished run as every subscriber needs it: the document, its export, the status, the history outputs."""
+    doc: dict
+    text: str
+    message: str
+    outputs: list
+    views: dict          # drawn once in the computation's thread, shared by every watcher and the recording
+    quiet: bool = True   # timed on a quiet machine (``quiet_timing``): only then is it recorded
+
+
+def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
+    """Whether greedy's steps in this run cost about what the target's one-position forward costs when the
+    machine is quiet (its calibrated fastest, ``forward_cost``); else the run was timed while something else
+    used the cores, and replaying its timings to every later visitor would misstate every speedup."""
+    greedy = next((r for r in doc["results"] if r["strategy"] == "greedy" and not r["error"]), None)
+    if not req.settings.quiet_recordings or greedy is None or not greedy.get("target_forwards"):
+        return True, ""
+    try:
+        one = forward_cost(req.settings.load(req.inputs.model), 1)(1)
+    except Exception:  # noqa: BLE001: a model whose forwards cannot be timed alone keeps the old behaviour
+        return True, ""
+    step = 1000.0 * greedy["wall_s"] / greedy["target_forwards"]
+    if step <= LIMITS["quiet_slack"] * one + LIMITS["quiet_ms"]:
+        return True, ""
+    return False, (f" Not recorded: greedy took {step:.0f} ms a step against {one:.0f} ms on a quiet machine, so "
+                   f"something else was using the cores; it is recorded when the machine is quiet.")
+
+
+def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Callable[[Computation], Outcome]:
+    """What the computation thread does for a run: compute, publish live frames, record the result in ``app``'s
+    recordings (an example prompt's apart from visitors', ``example``)."""
+    def work(comp: Computation) -> Outcome:
+        for item in compute_run(comp.stop, req, budget_seconds(app, req.units)):
+            if item[0] == "live":
+                comp.publish((item[1], item[2]))
+            else:
+                _, doc, message, outputs = item
+        outcome = Outcome(doc, export_trace(doc), message, outputs, draw_views(doc))
+        if not req.private and not comp.stop.is_set() and complete(doc):
+            outcome.quiet, note = quiet_timing(req, doc)
+            if outcome.quiet:
+                app.recordings.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
+                                             views=outcome.views), pinned=example)
+            outcome.message += note
+        return outcome
+    return work
+
+
+def submit_run(app: PlaygroundApp, req: RunRequest, background: bool = False) -> tuple[Computation, bool]:
+    """Join the identical computation under way in ``app``, or start one (QueueFull when the line is full)."""
+    def make() -> Computation:
+        # a background run is the example recorder's: its recording is kept apart from visitors' on disk
+        return Computation(req.key, run_work(app, req, example=background), units=req.units, background=background)
+    if req.private:
+        comp = make()
+        comp.subscribe()
+        app.line.submit(comp)
+        return comp, True
+    return app.board.join(req.key, make, app.line)
+
+
+def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
+    """A sweep in ``app``'s line, watched by its one caller (never shared: QueueFull when the line is full)."""
+    comp = Computation(f"sweep-{uuid.uuid4().hex}",
+                       lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), units=req.units)
+    comp.subscribe()
+    app.line.submit(comp)
+    return comp
+
+
+def imported(path: str) -> tuple[dict, dict]:
+    """An uploaded trace, read in chunks and checked (ValueError names what is refused), and its views drawn."""
+    doc = import_trace_file(path, max_bytes=LIMITS["upload_bytes"])
+    return doc, draw_views(doc)
+
+
+def submit_import(app: PlaygroundApp, path: str) -> Computation:
+    """Reading and drawing an upload uses the cores as a run does: it waits in ``app``'s line like one, so no run
+    is timed while a large import is drawn (issue 39). Watched by its one caller (QueueFull when the line is
+    full)."""
+    comp = Computation(f"import-{uuid.uuid4().hex}", lambda c: imported(path), units=0)
+    comp.subscribe()
+    app.line.submit(comp)
+    return comp
+
+
+def record_examples(app: PlaygroundApp, prompts: list[str], stop: Optional[Any] = None, idle_s: float = 1.0) -> int:
+    """Record the page's default comparison of each example prompt (with ``app``'s settings), so a visitor who
+    presses Run on one sees its race at once. One at a time and only while no visitor's run waits or runs: a
+    visitor arriving stops the one being recorded, which is recorded again later. Returns how many were
+    recorded."""
+    recorded, pending = 0, list(prompts)
+    while pending and not (stop is not None and stop.is_set()):
+        if not app.line.idle():
+            time.sleep(idle_s)
+            continue
+        req = default_request(pending[0], app.settings)
+        if app.recordings.get(req.key) is not None:
+            pending.pop(0)
+            continue
+        try:
+            comp, _ = submit_run(app, req, background=True)
+        except QueueFull:
+            time.sleep(idle_s)
+            continue
+        comp.done.wait()
+        comp.leave()
+        if comp.preempted:
+            continue
+        if app.recordings.get(req.key) is not None:
+            recorded += 1
+            pending.pop(0)
+        elif getattr(comp.result, "quiet", True):   # not worth recording (an error, the time limit)
+            pending.pop(0)
+        else:                                       # timed while the machine was busy: again, later
+            time.sleep(idle_s * LIMITS["quiet_retry_idle"])
+    return recorded
+
+
+def draw_views(doc: dict) -> dict:
+    """The views of a finished run that are the same for every visitor: drawn once, shared."""
+    top = top_step(doc)
+    choices = drafted(doc)
+    total = race_length_ms(doc["results"])
+    values = {"inspector": inspector_view(doc, choices[0], 1) if choices else None,
+              "clock_readout": race_views(doc, total, None)["clock"]}
+    values.update(chart_views(doc))
+    values.update(step_html(doc, top))
+    values.update(step_figures(doc, top, choices[0] if choices else None))
+    return {name: plot_once(v) for name, v in values.items()}
+
+
