@@ -34,6 +34,8 @@ from visualize.tokens import columns_html
 from web import gradio_overrides
 from web.api import race_endpoint
 from web.guards import BodyLimit
+from web.handlers import export_race as export_animation, open_shared   # issue 40: share links, exports
+from web.share import QUERY, share_views
 from web.handlers import (
     JOBS,  # noqa: F401  (the tests reach it as app.JOBS)
     RECORDINGS,
@@ -88,7 +90,7 @@ PAGE_CSS = (".dp-help{color:#57606a;font-size:.9em;margin:0 0 -6px}.dp-help p{ma
 RUN_VIEWS = ("key", "step", "columns", "speed", "timeline", "sources", "download", "status", "histogram",
              "inspect_strategy", "jacobi", "lookahead_window", "lookahead_chart", "breakdown", "leviathan",
              "clock", "clock_readout", "tree", "lookahead_mask", "beam", "sampling", "drafts", "crosstok",
-             "inspector")
+             "inspector", "share", "race_id")
 STEP_VIEWS = ("columns", "lookahead_window", "jacobi", "drafts", "crosstok")
 STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
 
@@ -246,6 +248,48 @@ def _race(ui: Views) -> None:
     ui["clock_readout"] = gr.HTML("", elem_id="race-readout")
 
 
+def _share(ui: Views) -> None:
+    """Under the race: its Share link, and its export as an animation (GIF or MP4)."""
+    ui["share"] = gr.HTML("", elem_id="share")
+    ui["race_id"] = gr.Textbox("", visible=False, label="race_id", elem_id="race-id")   # what the export reads
+    with gr.Row(equal_height=True):
+        ui["export_format"] = gr.Radio([("GIF", "gif"), ("MP4", "mp4")], value="gif", label="Animation format",
+                                       scale=1, elem_id="export-format")
+        ui["export_mode"] = gr.Radio([("real time", "time"), ("target forward passes", "steps")], value="time",
+                                     label="Replay by", scale=2, elem_id="export-mode")
+        ui["export_btn"] = gr.Button("Export the race as an animation", scale=1, elem_id="export-btn")
+        ui["export_file"] = gr.File(label="Animation", scale=2, elem_id="export-file")
+
+
+def _wire_share(ui: Views, demo: gr.Blocks, run_btn: gr.Button) -> None:
+    """Share links and exports (issue 40): ``?race=<id>`` opens that race when the page loads; a Run or an
+    import clears the previous race's link; the export waits in the compute line like a run (handlers.LINE)."""
+    outputs, light = ui.list(RUN_VIEWS), dict(queue=False, show_progress="hidden", api_visibility="private")
+
+    def _open(request: gr.Request):
+        return ui.pack(open_shared(dict(getattr(request, "query_params", None) or {}).get(QUERY)))
+
+    demo.load(_open, None, outputs, **light)
+    cleared = ui.list(("share", "race_id"))
+    run_btn.click(lambda: ui.pack({"share": "", "race_id": ""}), None, cleared, **light)
+    ui["upload"].upload(lambda: ui.pack(share_views(None)), None, cleared, **light)
+
+    async def export_race(race_id: str, format: str = "gif", mode: str = "time", request: gr.Request = None):
+        """A finished race (its id: the end of its Share link, ...?race=<id>) as an animated GIF or an MP4 of its
+        columns filling up, with the strategy names, the page's colours and legend, and the final figures.
+
+        Args:
+            race_id: the race's id (16 characters, from its Share link).
+            format: "gif" or "mp4".
+            mode: "time" (real time, each strategy on its own measured clock) or "steps" (target forward passes).
+        """
+        return await export_animation(race_id, format, mode, request=request)
+
+    ui["export_btn"].click(export_race, ui.list(("race_id", "export_format", "export_mode")), ui["export_file"],
+                           api_name="export_race", validator=admit, preprocess=False, concurrency_id="generate",
+                           concurrency_limit=4 * LIMITS["queue_size"])
+
+
 def _tabs(ui: Views) -> None:
     """The views, one tab per question."""
     with gr.Tabs():
@@ -356,6 +400,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
             with gr.Column():
                 inputs.update({generation_input(n): c for n, c in _generation_inputs().items()})
         _race(ui)
+        _share(ui)
         _tabs(ui)
         inputs.update(sweep_strategy=ui["sweep_strategy"], sweep_spec=ui["sweep_spec"])
         ui["key"] = gr.State(None)              # a key into STORE, never the document itself
@@ -367,6 +412,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         _wire(ui, demo, prompts, inputs, run_order, dict(category=category, example=example, prompt=prompt,
                                                          run=run_btn, stop=stop_btn, clear=clear_btn,
                                                          cancel_queued=cancel_queued), settings)
+        _wire_share(ui, demo, run_btn)
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (handlers.LINE) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])

@@ -36,6 +36,9 @@ from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, rac
 from visualize.tokens import columns_html, number
 from visualize.traces import export_trace, import_trace_file
 from web.crowd import Board, Computation, Line, QueueFull, Recording, Recordings
+from web.export import ExportFiles, caption, check_format, render
+from web.share import check_id, share_views, shared_note, unknown_note
+from visualize.animation import check_mode
 from web.gradio_overrides import plot_once
 from web.guards import Histories, TraceFiles, TraceStore, history_from
 from web.service import (DEFAULT_SETTINGS, Settings, 
@@ -209,6 +212,7 @@ class Outcome:
     outputs: list
     views: dict          # drawn once in the computation's thread, shared by every watcher and the recording
     quiet: bool = True   # timed on a quiet machine (``quiet_timing``): only then is it recorded
+    share: str = ""      # its recording's share id (web/share.py); none when it was not recorded
 
 
 def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
@@ -241,8 +245,10 @@ def _run_work(req: RunRequest, example: bool = False) -> Callable[[Computation],
         if not req.private and not comp.stop.is_set() and complete(doc):
             outcome.quiet, note = quiet_timing(req, doc)
             if outcome.quiet:
-                RECORDINGS.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
-                                         views=outcome.views), pinned=example)
+                rec = Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
+                                views=outcome.views)
+                RECORDINGS.put(rec, pinned=example)
+                outcome.share = rec.share
             outcome.message += note
         return outcome
     return work
@@ -416,14 +422,16 @@ async def run_playground(model: Any, assistant: Any, strategies: Any, prompt: An
                 if not isinstance(item, Finished):
                     yield item
                 elif item.recording is not None:
-                    yield await anyio.to_thread.run_sync(_replayed, item.recording)
+                    yield {**await anyio.to_thread.run_sync(_replayed, item.recording),
+                           **share_views(item.recording.share)}
                 else:
                     outcome = item.outcome
                     shared = (f" {item.joined} visitors asked for this same run while it was computed; it ran "
                               f"once." if item.joined > 1 else "")
-                    yield await anyio.to_thread.run_sync(
+                    yield {**await anyio.to_thread.run_sync(
                         lambda: _outputs(outcome.doc, outcome.message + shared, len(outcome.text),
-                                         TRACE_FILES.write(outcome.text), outcome.views))
+                                         TRACE_FILES.write(outcome.text), outcome.views)),
+                        **share_views(outcome.share)}
 
 
 def _replayed(rec: Recording) -> dict:
@@ -626,3 +634,68 @@ def import_file(path: Any, request: gr.Request = None) -> dict:
             raise _error(exc, "trace: ") from None
     return _outputs(doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).",
                     size, None)
+
+
+# --------------------------------------------------------------------------- share links and exports (issue 40)
+EXPORTS = ExportFiles(keep=16, max_bytes=96 * 2**20)     # exported animations on disk (oldest deleted first)
+
+
+def _shared(race_id: Any) -> Recording:
+    """The recording a race id names; ValueError naming ``race_id`` when the id is malformed (checked before any
+    lookup) or no recording held here has it."""
+    rec = RECORDINGS.by_share(check_id(race_id))
+    if rec is None:
+        raise ValueError("race_id: no race with this id is held here (the server keeps its most recent races; "
+                         "this one expired, or the link is mistyped)")
+    return rec
+
+
+def open_shared(race_id: Any) -> dict:
+    """The page opened with ``?race=<id>``: that race's views at once, replayed from its recording and labelled
+    so (when, on what machine), nothing computed. A bad or unknown id: a message, and the page as it was."""
+    if race_id is None:
+        return {}
+    try:
+        rec = _shared(race_id)
+    except ValueError as exc:
+        return {"status": unknown_note(str(exc))}
+    values = _replayed(rec)
+    values["status"] = shared_note(rec.when(), rec.device, rec.message)
+    return {**values, **share_views(rec.share)}
+
+
+async def export_race(race_id: Any, fmt: Any, mode: Any, request: Any = None) -> str:
+    """The race ``race_id`` as an animated GIF or an MP4 (its path): drawn in the compute line (``LINE``), so
+    it never runs beside a timed run; the same export asked again is the file already made."""
+    with job(request) as (_, stop):
+        try:
+            check_format(fmt)
+            check_mode(mode)
+            rec = _shared(race_id)
+        except ValueError as exc:
+            raise _error(exc) from None
+        key = (rec.share, fmt, mode)
+        made = EXPORTS.get(key)
+        if made is not None:
+            return made
+        note = caption(rec.when(), rec.device)
+        comp = Computation(f"export-{uuid.uuid4().hex}", lambda c: render(rec.doc, fmt, mode, note, EXPORTS, key),
+                           units=0)
+        comp.subscribe()
+        try:
+            LINE.submit(comp)
+        except QueueFull as exc:
+            raise gr.Error(str(exc)) from None
+        try:
+            while not comp.done.is_set() and not stop.is_set():
+                await asyncio.sleep(WATCH_S)
+        finally:
+            comp.leave()
+        await _until_done(comp)
+        if comp.state == "cancelled" or comp.result is None and comp.error is None:
+            raise gr.Error("Stopped the export before it finished.")
+        if comp.error is not None:
+            if isinstance(comp.error, ValueError):
+                raise _error(comp.error) from None
+            raise comp.error
+        return comp.result
