@@ -261,17 +261,17 @@ def _share(ui: Views) -> None:
         ui["export_file"] = gr.File(label="Animation", scale=2, elem_id="export-file")
 
 
-def _wire_share(ui: Views, demo: gr.Blocks, run_btn: gr.Button) -> None:
-    """Share links and exports (issue 40): ``?race=<id>`` opens that race when the page loads; a Run or an
-    import clears the previous race's link; the export waits in the compute line like a run (handlers.LINE)."""
+def _wire_share(ui: Views, demo: gr.Blocks) -> None:
+    """Share links and exports (issue 40): ``?race=<id>`` opens that race when the page loads; an import clears
+    the previous race's link (a Run clears it: wired in build_demo, before the Run itself); the export waits in the compute line like a run (handlers.LINE)."""
     outputs, light = ui.list(RUN_VIEWS), dict(queue=False, show_progress="hidden", api_visibility="private")
 
     def _open(request: gr.Request):
-        return ui.pack(open_shared(dict(getattr(request, "query_params", None) or {}).get(QUERY)))
+        values = open_shared(dict(getattr(request, "query_params", None) or {}).get(QUERY))
+        return ui.pack(values or {"share": gr.skip()})       # no ?race=: the page as it is
 
     demo.load(_open, None, outputs, **light)
     cleared = ui.list(("share", "race_id"))
-    run_btn.click(lambda: ui.pack({"share": "", "race_id": ""}), None, cleared, **light)
     ui["upload"].upload(lambda: ui.pack(share_views(None)), None, cleared, **light)
 
     async def export_race(race_id: str, format: str = "gif", mode: str = "time", request: gr.Request = None):
@@ -409,10 +409,12 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         ui["ticker"] = gr.Timer(0.4, active=False)
         ui["race_ticker"] = gr.Timer(RACE_TICK_S, active=False)
         cancel_queued = gr.Number(visible=False)
+        run_btn.click(lambda: ui.pack({"share": "", "race_id": ""}), None, ui.list(("share", "race_id")),
+                      queue=False, show_progress="hidden", api_visibility="private")   # issue 40: a Run clears the link
         _wire(ui, demo, prompts, inputs, run_order, dict(category=category, example=example, prompt=prompt,
                                                          run=run_btn, stop=stop_btn, clear=clear_btn,
                                                          cancel_queued=cancel_queued), settings)
-        _wire_share(ui, demo, run_btn)
+        _wire_share(ui, demo)
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (handlers.LINE) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
