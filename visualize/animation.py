@@ -119,7 +119,7 @@ def plan(doc: dict, mode: str, max_frames: int = MAX_FRAMES) -> list[tuple[float
         top = max((max_step(r) for r in results), default=0)
         n = max(1, min(max_frames - 1, top))
         clocks = [float(round(top * i / n)) for i in range(n + 1)]
-        per = max(40, 10 * round(min(STEP_MS * max(top, 1) / n, MAX_STEPS_MS / n) / 10))
+        per = max(40, 10 * int(min(STEP_MS * max(top, 1) / n, MAX_STEPS_MS / n) / 10))   # whole 10 ms, within
         ends = [per * i for i in range(n + 1)]
     durations = [max(10, b - a) for a, b in zip(ends, ends[1:])] + [HOLD_MS]
     return list(zip(clocks, durations))

@@ -44,6 +44,7 @@ class ExportFiles:
     def __init__(self, keep: int = 16, max_bytes: int = 96 * 2**20, directory: Optional[str] = None) -> None:
         self.keep, self.max_bytes = keep, max_bytes
         self.directory = directory or tempfile.mkdtemp(prefix="decoding-playground-exports-")
+        os.makedirs(self.directory, exist_ok=True)
         self._files: "OrderedDict[Any, tuple[str, int]]" = OrderedDict()      # key -> (path, bytes)
         self._lock = threading.Lock()
         if directory is None:
