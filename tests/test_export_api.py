@@ -94,3 +94,18 @@ def test_a_bad_value_is_refused_by_name(client, race, kwargs, message):
         client.predict(**call, api_name="/export_race")
     assert message in str(err.value)
     assert handlers.LINE.counts()["started"] == started              # refused before any work
+
+
+def test_a_run_drafting_from_the_visitors_own_history_gets_no_share_link(app_url):
+    """A private run (suffix decoding from this session's earlier outputs) is never recorded, so it has no link:
+    its drafts would show the visitor's earlier outputs to whoever the link reached."""
+    from gradio_client import Client
+    me = Client(app_url, verbose=False)
+    page = [app.ui_default(s, f) for s, f in app.param_fields()]
+    values = (BUNDLED, "none", ["suffix"], "Share test: list the months, separated by commas.", True, 12, 0, *page,
+              *[None] * len(app.GENERATION_FIELDS))
+    share, race_id = (app.RUN_VIEWS.index(name) - 1 for name in ("share", "race_id"))
+    first = me.predict(*values, api_name="/run")
+    assert len(first[race_id]) == 16 and "share-link" in first[share]
+    second = me.predict(*values, api_name="/run")                      # drafts from the first one's output
+    assert second[race_id] == "" and "No share link" in second[share] and "share-link" not in second[share]
