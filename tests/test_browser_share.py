@@ -2,7 +2,7 @@
 
 A race run on the page shows a Share link; opened in a fresh browser (a new session), the link shows the same
 tokens in every column at once, labelled as a recording (when, where), with nothing computed: the compute
-line's count of started computations stays where it was. An unknown or malformed id gets a message and the
+line's count of started computations stays where it was; its export button then makes the race's GIF. An unknown or malformed id gets a message and the
 normal page, which still runs.
 
 What would break it: a link that recomputes the race (the count moves), a link read from the session instead
@@ -52,6 +52,9 @@ def test_a_share_link_opens_the_race_in_a_new_session_computing_nothing(app_url)
         assert shared.locator("#share-link").get_attribute("href") == href
         assert shared.get_by_role("button", name="▶ Play in real time").is_visible()   # its replay controls
         assert handlers.LINE.counts()["started"] == started      # no run, no forward pass
+        shared.locator("#export-btn").click()                    # the page's download: this race as a GIF
+        shared.wait_for_selector("#export-file a[href*='.gif']", timeout=120_000)
+        assert handlers.LINE.counts()["started"] == started + 1  # drawn in the compute line
 
 
 @pytest.mark.parametrize("race_id,message", [
