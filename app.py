@@ -263,7 +263,8 @@ def _share(ui: Views) -> None:
 
 def _wire_share(ui: Views, demo: gr.Blocks) -> None:
     """Share links and exports (issue 40): ``?race=<id>`` opens that race when the page loads; an import clears
-    the previous race's link (a Run clears it: wired in build_demo, before the Run itself); the export waits in the compute line like a run (handlers.LINE)."""
+    the previous race's link (a Run clears it: wired in build_demo before the Run, since an unqueued event wired
+    after it waits for it); the export waits in the compute line like a run (handlers.LINE)."""
     outputs, light = ui.list(RUN_VIEWS), dict(queue=False, show_progress="hidden", api_visibility="private")
 
     def _open(request: gr.Request):

@@ -2,8 +2,8 @@
 
 A race run on the page shows a Share link; opened in a fresh browser (a new session), the link shows the same
 tokens in every column at once, labelled as a recording (when, where), with nothing computed: the compute
-line's count of started computations stays where it was; its export button then makes the race's GIF. An unknown or malformed id gets a message and the
-normal page, which still runs.
+line's count of started computations stays where it was; its export button then makes the race's GIF. An
+unknown or malformed id gets a message and the normal page, which still runs.
 
 What would break it: a link that recomputes the race (the count moves), a link read from the session instead
 of the recording (the new session sees nothing), a status that does not say it is a recording, an id shown
