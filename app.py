@@ -1,5 +1,5 @@
 """Decoding Playground: the Gradio app. The page and its wiring, by name, only: one app object owns every store
-(web/app.py), what each event does is in web/handlers.py (thin functions of that object), runs, sweeps and the
+(web/playground.py), what each event does is in web/handlers.py (thin functions of that object), runs, sweeps and the
 example recordings in web/compute.py, the /race endpoint for code in web/api.py, requests are validated, run and bounded in
 web/service.py and web/guards.py, every override of Gradio's internals is in web/gradio_overrides.py,
 decoding lives in decoding/, views in visualize/ (visualize/page.py says which view shows what).
@@ -35,8 +35,10 @@ from visualize.tokens import columns_html
 from web import gradio_overrides
 from web.api import race_endpoint
 from web.guards import BodyLimit
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.compute import record_examples
+from web.handlers import export_race as export_animation, open_shared   # issue 40: share links, exports
+from web.share import QUERY, share_views
 from web.handlers import (
     admit,
     advance,
@@ -87,7 +89,7 @@ PAGE_CSS = (".dp-help{color:#57606a;font-size:.9em;margin:0 0 -6px}.dp-help p{ma
 RUN_VIEWS = ("key", "step", "columns", "speed", "timeline", "sources", "download", "status", "histogram",
              "inspect_strategy", "jacobi", "lookahead_window", "lookahead_chart", "breakdown", "leviathan",
              "clock", "clock_readout", "tree", "lookahead_mask", "beam", "sampling", "drafts", "crosstok",
-             "inspector")
+             "inspector", "share", "race_id")
 STEP_VIEWS = ("columns", "lookahead_window", "jacobi", "drafts", "crosstok")
 STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
 
@@ -246,6 +248,56 @@ def _race(ui: Views) -> None:
     ui["clock_readout"] = gr.HTML("", elem_id="race-readout")
 
 
+def _share(ui: Views) -> None:
+    """Under the race: its Share link, and its export as an animation (GIF or MP4)."""
+    ui["share"] = gr.HTML("", elem_id="share")
+    ui["race_id"] = gr.Textbox("", visible=False, label="race_id", elem_id="race-id")   # what the export reads
+    with gr.Row(equal_height=True):
+        ui["export_format"] = gr.Radio([("GIF", "gif"), ("MP4", "mp4")], value="gif", label="Animation format",
+                                       scale=1, elem_id="export-format")
+        ui["export_mode"] = gr.Radio([("real time", "time"), ("target forward passes", "steps")], value="time",
+                                     label="Replay by", scale=2, elem_id="export-mode")
+        ui["export_btn"] = gr.Button("Export the race as an animation", scale=1, elem_id="export-btn")
+        ui["export_file"] = gr.File(label="Animation", scale=2, elem_id="export-file")
+
+
+def _admitter(state: PlaygroundApp):
+    """The queue validator of ``state``'s runs, sweeps, imports and exports: a Stop ticket, a few per session."""
+    def _admit(request: gr.Request, *values):           # Gradio passes the request by its annotation
+        return admit(state, request, *values)
+    return _admit
+
+
+def _wire_share(ui: Views, demo: gr.Blocks, state: PlaygroundApp) -> None:
+    """Share links and exports (issue 40): ``?race=<id>`` opens that race when the page loads; an import clears
+    the previous race's link (a Run clears it: wired in build_demo before the Run, since an unqueued event wired
+    after it waits for it); the export waits in the app's compute line like a run."""
+    outputs, light = ui.list(RUN_VIEWS), dict(queue=False, show_progress="hidden", api_visibility="private")
+
+    def _open(request: gr.Request):
+        values = open_shared(state, dict(getattr(request, "query_params", None) or {}).get(QUERY))
+        return ui.pack(values or {"share": gr.skip()})       # no ?race=: the page as it is
+
+    demo.load(_open, None, outputs, **light)
+    cleared = ui.list(("share", "race_id"))
+    ui["upload"].upload(lambda: ui.pack(share_views(None)), None, cleared, **light)
+
+    async def export_race(race_id: str, format: str = "gif", mode: str = "time", request: gr.Request = None):
+        """A finished race (its id: the end of its Share link, ...?race=<id>) as an animated GIF or an MP4 of its
+        columns filling up, with the strategy names, the page's colours and legend, and the final figures.
+
+        Args:
+            race_id: the race's id (16 characters, from its Share link).
+            format: "gif" or "mp4".
+            mode: "time" (real time, each strategy on its own measured clock) or "steps" (target forward passes).
+        """
+        return await export_animation(state, race_id, format, mode, request=request)
+
+    ui["export_btn"].click(export_race, ui.list(("race_id", "export_format", "export_mode")), ui["export_file"],
+                           api_name="export_race", validator=_admitter(state), preprocess=False, concurrency_id="generate",
+                           concurrency_limit=4 * LIMITS["queue_size"])
+
+
 def _tabs(ui: Views) -> None:
     """The views, one tab per question."""
     with gr.Tabs():
@@ -360,6 +412,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
             with gr.Column():
                 inputs.update({generation_input(n): c for n, c in _generation_inputs().items()})
         _race(ui)
+        _share(ui)
         _tabs(ui)
         inputs.update(sweep_strategy=ui["sweep_strategy"], sweep_spec=ui["sweep_spec"])
         ui["key"] = gr.State(None)              # a key into the app's trace store, never the document itself
@@ -368,9 +421,12 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         ui["ticker"] = gr.Timer(0.4, active=False)
         ui["race_ticker"] = gr.Timer(RACE_TICK_S, active=False)
         cancel_queued = gr.Number(visible=False)
+        run_btn.click(lambda: ui.pack({"share": "", "race_id": ""}), None, ui.list(("share", "race_id")),
+                      queue=False, show_progress="hidden", api_visibility="private")   # issue 40: a Run clears the link
         _wire(ui, demo, prompts, inputs, run_order, dict(category=category, example=example, prompt=prompt,
                                                          run=run_btn, stop=stop_btn, clear=clear_btn,
                                                          cancel_queued=cancel_queued), state)
+        _wire_share(ui, demo, state)
     demo.playground = state
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (the app's line) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
@@ -384,6 +440,7 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
     functions of ``state`` (the app object) and take their inputs by name (``inputs``), never by position."""
     outputs = ui.list(RUN_VIEWS)
     params = param_fields()
+    _admit = _admitter(state)
 
     # Gradio injects request and progress only into positional parameters before *values
     async def _run(request: gr.Request, progress=gr.Progress(), *values):
@@ -406,9 +463,6 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
 
     def _import(path, request: gr.Request = None):
         return ui.pack(import_file(state, path, request=request))
-
-    def _admit(request: gr.Request, *values):           # Gradio passes the request by its annotation
-        return admit(state, request, *values)
 
     def _stop(request: gr.Request = None):
         return stop_run(state, request)

@@ -56,7 +56,7 @@ def app_url(served):
 
 @pytest.fixture(scope="session")
 def app_state(served):
-    """The served app's stores (``web/app.PlaygroundApp``): its line, board, recordings, jobs, histories."""
+    """The served app's stores (``web/playground.PlaygroundApp``): its line, board, recordings, jobs, histories."""
     return served[0].playground
 
 

@@ -97,7 +97,8 @@ def test_the_api_page_shows_race_with_named_parameters_and_nothing_positional(cl
     endpoints = {**info["named_endpoints"], **info["unnamed_endpoints"]}
     names = {name: [p["parameter_name"] for p in e["parameters"]] for name, e in endpoints.items()}
     assert not [(e, p) for e, ps in names.items() for p in ps if re.fullmatch(r"param_\d+", p)], names
-    assert names == {"/race": RACE_PARAMETERS}                   # the page's own events are off the API page
+    assert names == {"/race": RACE_PARAMETERS,                  # the page's own events are off the API page
+                     "/export_race": ["race_id", "format", "mode"]}
     race = {p["parameter_name"]: p for p in endpoints["/race"]["parameters"]}
     assert [n for n, p in race.items() if not p["parameter_has_default"]] == ["prompt", "strategies"]
     assert race["target"]["parameter_default"] == app.default_target()

@@ -1,4 +1,4 @@
-"""One app object owns every store (``web/app.PlaygroundApp``): two apps in one process share nothing.
+"""One app object owns every store (``web/playground.PlaygroundApp``): two apps in one process share nothing.
 
 What would break it: a store kept at module level again (every app would share it: a run in one would show up in
 the other's recordings or histories, its Stop would end the other's jobs), or a handler reaching past the app it
@@ -18,13 +18,14 @@ import pytest
 import app
 import web
 from web import compute, handlers
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.crowd import Board, Line, Recordings
+from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
 from web.service import Jobs
 
 BUNDLED = "smollm2-135m-instruct"
-STORES = (Jobs, Line, Board, Recordings, TraceStore, TraceFiles, Histories, PlaygroundApp)
+STORES = (Jobs, Line, Board, Recordings, TraceStore, TraceFiles, Histories, ExportFiles, PlaygroundApp)
 
 
 def _fake_run(stop, req, budget_s=0):
@@ -84,7 +85,7 @@ def test_a_stop_in_one_app_does_not_reach_the_others_jobs():
 def test_two_pages_get_two_apps():
     first, second = app.build_demo(), app.build_demo()
     a, b = first.playground, second.playground
-    for name in ("jobs", "line", "board", "recordings", "store", "trace_files", "histories"):
+    for name in ("jobs", "line", "board", "recordings", "store", "trace_files", "histories", "exports"):
         assert getattr(a, name) is not getattr(b, name), name
     shared = PlaygroundApp()
     assert app.build_demo(state=shared).playground is shared
@@ -94,4 +95,4 @@ def test_two_pages_get_two_apps():
 def test_no_web_module_keeps_a_store_at_module_level(name):
     module = importlib.import_module(f"web.{name}")
     held = [attr for attr, value in vars(module).items() if isinstance(value, STORES)]
-    assert not held, f"web.{name} keeps {held} at module level: stores belong to an app (web/app.py)"
+    assert not held, f"web.{name} keeps {held} at module level: stores belong to an app (web/playground.py)"

@@ -15,7 +15,7 @@ import pytest
 from gradio_client import Client
 
 from web import compute, handlers
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.crowd import Board, Computation, Estimator, Line, QueueFull, Recording, Recordings, request_key
 from web.service import default_request, run_request
 

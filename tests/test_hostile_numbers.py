@@ -11,7 +11,7 @@ import pytest
 
 import app
 from web import handlers
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.service import run_request
 
 BUNDLED = "smollm2-135m-instruct"

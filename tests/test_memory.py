@@ -23,7 +23,7 @@ import pytest
 from visualize.checks import MAX_ENV_NODES
 from visualize.traces import import_trace
 from web import compute, handlers
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.crowd import Computation, Recording, Recordings
 from web.gradio_overrides import LeanStateHolder
 from web.guards import TraceStore

@@ -15,7 +15,7 @@ import pytest
 
 from visualize import traces
 from web import handlers
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 
 HUGE = [2**1024, -(2**1100)]
 

@@ -14,7 +14,7 @@ import threading
 
 import app
 from web import compute
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.crowd import Recordings
 from web.service import DEFAULT_SETTINGS, default_request
 

@@ -19,7 +19,7 @@ import gradio as gr
 from decoding.runtime.models import load_presets
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.handlers import Finished, follow_run, job, user_error
 from web.service import (DEFAULT_MAX_NEW, DEFAULT_SETTINGS, GENERATION_FIELDS, RunRequest, Settings, build_plan,
                          check_model_name, cli_document, run_request, ui_default)

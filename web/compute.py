@@ -1,5 +1,5 @@
 """What happens between a checked request and the library's runner: runs, sweeps and the recordings of the
-example prompts, as computations in an app's line (``web/app.py``). No Gradio event lives here; the handlers
+example prompts, as computations in an app's line (``web/playground.py``). No Gradio event lives here; the handlers
 (``web/handlers.py``) only submit, watch and show.
 
 On Hugging Face ZeroGPU the ``gpu``-wrapped compute runs in a forked process, so it takes and yields plain data
@@ -21,8 +21,9 @@ from decoding.runtime.forward_cost import forward_cost
 from visualize.page import chart_views, drafted, inspector_view, race_views, step_figures, step_html, top_step
 from visualize.race import race_length_ms
 from visualize.traces import export_trace, import_trace_file
-from web.app import PlaygroundApp
+from web.playground import PlaygroundApp
 from web.crowd import Computation, QueueFull, Recording
+from web.export import render
 from web.gradio_overrides import plot_once
 from web.guards import history_from
 from web.service import (LIMITS, RunRequest, SweepRequest, complete, default_request, device_text, history_outputs,
@@ -98,6 +99,7 @@ class Outcome:
     outputs: list
     views: dict          # drawn once in the computation's thread, shared by every watcher and the recording
     quiet: bool = True   # timed on a quiet machine (``quiet_timing``): only then is it recorded
+    share: str = ""      # its recording's share id (web/share.py); none when it was not recorded
 
 
 def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
@@ -131,8 +133,10 @@ def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Call
         if not req.private and not comp.stop.is_set() and complete(doc):
             outcome.quiet, note = quiet_timing(req, doc)
             if outcome.quiet:
-                app.recordings.put(Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
-                                             views=outcome.views), pinned=example)
+                rec = Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
+                                views=outcome.views)
+                app.recordings.put(rec, pinned=example)
+                outcome.share = rec.share
             outcome.message += note
         return outcome
     return work
@@ -171,6 +175,17 @@ def submit_import(app: PlaygroundApp, path: str) -> Computation:
     is timed while a large import is drawn (issue 39). Watched by its one caller (QueueFull when the line is
     full)."""
     comp = Computation(f"import-{uuid.uuid4().hex}", lambda c: imported(path), units=0)
+    comp.subscribe()
+    app.line.submit(comp)
+    return comp
+
+
+def submit_export(app: PlaygroundApp, doc: dict, fmt: str, mode: str, note: str, key: Any) -> Computation:
+    """A race drawn and encoded as an animation (``web/export.render``, into ``app.exports`` under ``key``) in
+    ``app``'s line: it uses the cores as a run does. Watched by its one caller (QueueFull when the line is full);
+    its result is the file's path."""
+    comp = Computation(f"export-{uuid.uuid4().hex}", lambda c: render(doc, fmt, mode, note, app.exports, key),
+                       units=0)
     comp.subscribe()
     app.line.submit(comp)
     return comp

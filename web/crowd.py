@@ -8,7 +8,8 @@ runs are recorded and replayed. No Gradio and no torch here.
   its live snapshot and leave. When the last one leaves (Stop, a closed tab) it stops.
 - ``Board``: the computations in flight by request key, so an identical request joins the one under way.
 - ``Recordings``: finished deterministic runs by request key (bounded in memory, optionally kept on disk), so an
-  identical request afterwards is replayed at once with the timings measured when it ran.
+  identical request afterwards is replayed at once with the timings measured when it ran; each has a random
+  share id (``web/share.py``), saved in its file, that opens it from a link.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from web.memory import held_bytes
+from web.share import is_id, new_id
 
 KEY_VERSION = 1      # bump when what a key covers changes: older recordings then miss instead of misleading
 
@@ -143,6 +145,7 @@ class Line:
         self._waiting: list[Computation] = []
         self._running: list[Computation] = []
         self._cond = threading.Condition()
+        self.started = 0                    # computations given a slot so far (runs, sweeps, exports)
         self._spawn = spawn or _thread
 
     def submit(self, comp: Computation) -> None:
@@ -182,6 +185,7 @@ class Line:
                     self._waiting.remove(comp)
                     self._running.append(comp)
                     comp.state, comp.started = "running", time.monotonic()
+                    self.started += 1
                     return True
                 self._cond.wait(0.25)       # also wakes for a Stop, which does not notify
 
@@ -224,7 +228,8 @@ class Line:
 
     def counts(self) -> dict:
         with self._cond:
-            return {"slots": self.slots, "running": len(self._running), "waiting": len(self._waiting)}
+            return {"slots": self.slots, "running": len(self._running), "waiting": len(self._waiting),
+                    "started": self.started}
 
 
 def _thread(target: Callable[[], None]) -> None:
@@ -278,6 +283,7 @@ class Recording:
     views: dict = field(default_factory=dict, repr=False)   # drawn once, shared by every replay
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # ... drawn by one
     held: int = field(default=0, repr=False, compare=False)    # bytes in memory, measured when first asked
+    share: str = ""             # its random share id (web/share.py), drawn when it is stored; saved in its file
 
     @property
     def size(self) -> int:
@@ -296,11 +302,19 @@ class Recordings:
 
     On disk, visitors' recordings are bounded by ``max_files`` and ``max_disk_bytes``, oldest dropped first.
     The example prompts' recordings (``put(..., pinned=True)``) live apart, in ``examples/`` with bounds of
-    their own, so no number of visitors' runs pushes them off the disk."""
+    their own, so no number of visitors' runs pushes them off the disk.
+
+    Each recording stored gets a random share id (kept in its file's first line) and ``by_share`` finds it
+    again: from an index of at most ``max_shares`` ids, rebuilt from the files' first lines after a restart
+    (or for a recording another replica wrote), at most once per ``rescan_s``."""
 
     def __init__(self, max_bytes: int, directory: Optional[str] = None, max_files: int = 256,
-                 max_disk_bytes: int = 64 << 20, max_pinned_files: int = 64, max_pinned_bytes: int = 32 << 20) -> None:
+                 max_disk_bytes: int = 64 << 20, max_pinned_files: int = 64, max_pinned_bytes: int = 32 << 20,
+                 max_shares: int = 4096, rescan_s: float = 5.0) -> None:
         self.max_bytes, self.max_files, self.max_disk_bytes = max_bytes, max_files, max_disk_bytes
+        self.max_shares, self.rescan_s = max_shares, rescan_s
+        self._shares: "OrderedDict[str, tuple[str, bool]]" = OrderedDict()    # share id -> (key, pinned)
+        self._scanned: Optional[float] = None
         self.max_pinned_files, self.max_pinned_bytes = max_pinned_files, max_pinned_bytes
         self.directory = Path(directory) if directory else None
         self._items: "OrderedDict[str, Recording]" = OrderedDict()
@@ -316,12 +330,21 @@ class Recordings:
             if rec is not None:
                 self._items.move_to_end(key)
                 return rec
-        rec = self._read(key)
-        if rec is not None:
-            self._hold(rec)
+        found = self._read(key)
+        if found is None:
+            return None
+        rec, pinned = found
+        if not rec.share:                   # written before share ids: it gets one now, saved with it
+            rec.share = new_id()
+            self._write(rec, pinned)
+        self._index(rec.share, key, pinned)
+        self._hold(rec)
         return rec
 
     def put(self, rec: Recording, pinned: bool = False) -> None:
+        if not is_id(rec.share):
+            rec.share = new_id()
+        self._index(rec.share, rec.key, pinned)
         self._hold(rec)
         self._write(rec, pinned)
 
@@ -336,6 +359,43 @@ class Recordings:
             while self._held > self.max_bytes and len(self._items) > 1:
                 _, dropped = self._items.popitem(last=False)
                 self._held -= dropped.size
+
+    # ----------------------------------------------------------------------- share ids
+    def _index(self, share: str, key: str, pinned: bool) -> None:
+        with self._lock:
+            self._shares[share] = (key, pinned)
+            self._shares.move_to_end(share)
+            while len(self._shares) > self.max_shares:
+                self._shares.popitem(last=False)
+
+    def by_share(self, share: str) -> Optional[Recording]:
+        """The recording whose share id is ``share`` (checked by the caller: ``web.share.check_id``), or None
+        when no recording held here or on disk has it (expired, or never was)."""
+        for attempt in range(2):
+            with self._lock:
+                hit = self._shares.get(share)
+            if hit is not None:
+                rec = self.get(hit[0])
+                if rec is not None and rec.share == share:
+                    return rec
+            if attempt == 0 and not self._rescan():
+                return None
+        return None
+
+    def _rescan(self) -> bool:
+        """Index the share ids in the files' first lines (bounded: the folders hold at most max_files +
+        max_pinned_files recordings); False when the last scan is too recent or there is no folder."""
+        now = time.monotonic()
+        with self._lock:
+            if self.directory is None or (self._scanned is not None and now - self._scanned < self.rescan_s):
+                return False
+            self._scanned = now
+        for pinned, folder in ((True, self.directory / "examples"), (False, self.directory)):
+            for path in sorted(folder.glob("*.json"), key=_mtime)[-(self.max_shares // 2):]:
+                meta = _meta(path)
+                if meta is not None and is_id(meta.get("share")) and meta.get("key") == path.stem:
+                    self._index(meta["share"], path.stem, pinned)
+        return True
 
     def _hold(self, rec: Recording) -> None:
         with self._lock:
@@ -361,7 +421,7 @@ class Recordings:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             meta = json.dumps({"key": rec.key, "message": rec.message, "recorded_at": rec.recorded_at,
-                               "device": rec.device})
+                               "device": rec.device, "share": rec.share})
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(meta + "\n" + rec.text)
@@ -373,7 +433,8 @@ class Recordings:
         except OSError:
             pass                            # a cache: a full disk costs a recomputation, nothing else
 
-    def _read(self, key: str) -> Optional[Recording]:
+    def _read(self, key: str) -> Optional[tuple[Recording, bool]]:
+        """(recording, whether it is pinned) from disk, or None."""
         path = next((p for p in (self._path(key, True), self._path(key)) if p is not None and p.is_file()), None)
         if path is None:
             return None
@@ -384,7 +445,10 @@ class Recordings:
             doc = json.loads(text)
             if meta.get("key") != key or not isinstance(doc, dict):
                 return None
-            return Recording(key, doc, text, str(meta["message"]), float(meta["recorded_at"]), str(meta["device"]))
+            share = meta.get("share") if is_id(meta.get("share")) else ""
+            rec = Recording(key, doc, text, str(meta["message"]), float(meta["recorded_at"]), str(meta["device"]),
+                            share=share)
+            return rec, path.parent != self.directory
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -394,6 +458,23 @@ class Recordings:
     @property
     def held_bytes(self) -> int:
         return self._held
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _meta(path: Path, limit: int = 4096) -> Optional[dict]:
+    """A recording file's first line (its metadata), read no further than ``limit`` characters."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            meta = json.loads(fh.readline(limit))
+        return meta if isinstance(meta, dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def _bound(folder: Path, max_files: int, max_bytes: int) -> None:

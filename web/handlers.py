@@ -1,4 +1,4 @@
-"""The app's Gradio event functions: thin functions of one app object (``web/app.PlaygroundApp``).
+"""The app's Gradio event functions: thin functions of one app object (``web/playground.PlaygroundApp``).
 
 Each handler takes the app first, then plain values: it validates (``web/service.py``), hands the work to the
 app's line (``web/compute.py``) or its stores, and returns (or, for a run, yields) ``{view name: value}``;
@@ -21,15 +21,18 @@ import anyio
 import gradio as gr
 
 from decoding.runtime.models import ModelLoadError
+from visualize.animation import check_mode
 from visualize.charts import sweep_figure
 from visualize.page import drafted, inspector_view, race_views, step_figures, step_html, top_step
 from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, race_length_ms
 from visualize.tokens import columns_html, number
-from web.app import PlaygroundApp
-from web.compute import Outcome, draw_views, submit_import, submit_run, submit_sweep
+from web.playground import PlaygroundApp
+from web.compute import Outcome, draw_views, submit_export, submit_import, submit_run, submit_sweep
 from web.crowd import Computation, QueueFull, Recording
+from web.export import caption, check_format
 from web.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, RunRequest, history_outputs, public_message,
                          run_request, sweep_request)
+from web.share import check_id, share_views, shared_note, unknown_note
 
 MAX_CLOCK_MS = 1e12      # a replay clock beyond any run (the anchor stays a finite number)
 WATCH_S = 0.1         # how often a visitor's handler looks at its computation (an await, no thread held)
@@ -233,14 +236,16 @@ async def run_playground(app: PlaygroundApp, model: Any, assistant: Any, strateg
                 if not isinstance(item, Finished):
                     yield item
                 elif item.recording is not None:
-                    yield await anyio.to_thread.run_sync(_replayed, app, item.recording)
+                    yield {**await anyio.to_thread.run_sync(_replayed, app, item.recording),
+                           **share_views(item.recording.share)}
                 else:
                     outcome = item.outcome
                     shared = (f" {item.joined} visitors asked for this same run while it was computed; it ran "
                               f"once." if item.joined > 1 else "")
-                    yield await anyio.to_thread.run_sync(
-                        lambda: _outputs(app, outcome.doc, outcome.message + shared, app.trace_files.write(outcome.text),
-                                         outcome.views))
+                    yield {**await anyio.to_thread.run_sync(
+                        lambda: _outputs(app, outcome.doc, outcome.message + shared,
+                                         app.trace_files.write(outcome.text), outcome.views)),
+                        **share_views(outcome.share)}
 
 
 def _replayed(app: PlaygroundApp, rec: Recording) -> dict:
@@ -437,3 +442,57 @@ def import_file(app: PlaygroundApp, path: Any, request: gr.Request = None) -> di
     doc, views = comp.result
     return _outputs(app, doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).", None,
                     views)
+
+
+# --------------------------------------------------------------------------- share links and exports (issue 40)
+def _shared(app: PlaygroundApp, race_id: Any) -> Recording:
+    """The recording a race id names; ValueError naming ``race_id`` when the id is malformed (checked before any
+    lookup) or no recording held here has it."""
+    rec = app.recordings.by_share(check_id(race_id))
+    if rec is None:
+        raise ValueError("race_id: no race with this id is held here (the server keeps its most recent races; "
+                         "this one expired, or the link is mistyped)")
+    return rec
+
+
+def open_shared(app: PlaygroundApp, race_id: Any) -> dict:
+    """The page opened with ``?race=<id>``: that race's views at once, replayed from its recording and labelled
+    so (when, on what machine), nothing computed. A bad or unknown id: a message, and the page as it was."""
+    if race_id is None:
+        return {}
+    try:
+        rec = _shared(app, race_id)
+    except ValueError as exc:
+        return {"status": unknown_note(str(exc))}
+    values = _replayed(app, rec)
+    values["status"] = shared_note(rec.when(), rec.device, rec.message)
+    return {**values, **share_views(rec.share)}
+
+
+async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, request: Any = None) -> str:
+    """The race ``race_id`` as an animated GIF or an MP4 (its path): drawn in the app's compute line, so it never
+    runs beside a timed run; the same export asked again is the file already made."""
+    with job(app, request) as (_, stop):
+        try:
+            check_format(fmt)
+            check_mode(mode)
+            rec = _shared(app, race_id)
+        except ValueError as exc:
+            raise user_error(exc) from None
+        key = (rec.share, fmt, mode)
+        made = app.exports.get(key)
+        if made is not None:
+            return made
+        try:
+            comp = submit_export(app, rec.doc, fmt, mode, caption(rec.when(), rec.device), key)
+        except QueueFull as exc:
+            raise gr.Error(str(exc)) from None
+        try:
+            while not comp.done.is_set() and not stop.is_set():
+                await asyncio.sleep(WATCH_S)
+        finally:
+            comp.leave()
+        path = await _settled(comp)
+        if path is CANCELLED or path is None:
+            raise gr.Error("Stopped the export before it finished.")
+        return path

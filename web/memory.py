@@ -7,7 +7,7 @@ bound what they hold by :func:`held_bytes`, which walks the object with ``sys.ge
 A long list or a large object is measured on an evenly spaced sample of its items, scaled to all of them (a
 trace's 200,000 events are one shape repeated), and the walk as a whole visits at most ``BUDGET`` objects, so
 measuring costs a few milliseconds whatever the document holds. Keys of objects are counted once each (the
-JSON parser shares repeated keys); values are counted as separate objects, which they are after parsing.
+JSON parser shares repeated keys: equal keys are one string); values are counted as separate objects, which they are after parsing.
 ``tests/test_memory.py`` checks the figure against ``tracemalloc`` on documents of very different shapes.
 """
 
@@ -24,7 +24,7 @@ _SMALL_INTS = range(-5, 257)      # CPython's cached ints: shared, never allocat
 class _Walk:
     def __init__(self) -> None:
         self.left = BUDGET
-        self.keys: set[int] = set()      # ids of the keys counted already
+        self.keys: set = set()           # the keys counted already (equal keys are one string after parsing)
         self.key_bytes = 0
 
     def _sample(self, n: int) -> range:
@@ -69,8 +69,8 @@ class _Walk:
         return sum(self.size(values[i]) for i in picked) * n // len(picked)
 
     def _key(self, key: Any, weight: float) -> None:
-        if id(key) not in self.keys:
-            self.keys.add(id(key))
+        if key not in self.keys:
+            self.keys.add(key)
             self.key_bytes += int(sys.getsizeof(key) * weight)
 
 

@@ -55,6 +55,7 @@ LIMITS: dict[str, Any] = {
     "recordings_bytes": 256 * 2**20,    # memory for recorded runs replayed to identical requests
     "jobs_per_session": 2,        # queued or running runs, sweeps and imports of one browser session
     "trace_files": 64,            # exported trace files kept on disk
+    "export_files": 16, "export_bytes": 96 * 2**20,   # exported animations kept on disk (oldest deleted first)
     "trace_store_bytes": 512 * 2**20,   # memory for the replay documents of all sessions
     "cache_cleanup_s": (300, 1800),     # Gradio's delete_cache: every 5 min, files older than 30 min
     # browser sessions whose Gradio state is kept, least recently used dropped first (Gradio's default: 10,000).

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Optional
 
 from web.crowd import Board, Line, Recordings
+from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
 from web.service import DEFAULT_SETTINGS, LIMITS, SESSION_FALLBACK, Jobs, Settings
 
@@ -41,6 +42,8 @@ class PlaygroundApp:
         default_factory=lambda: TraceStore(LIMITS["trace_store_bytes"]))
     trace_files: TraceFiles = dataclasses.field(default_factory=lambda: TraceFiles(LIMITS["trace_files"]))
     histories: Histories = dataclasses.field(default_factory=_histories)        # earlier outputs, per session
+    exports: ExportFiles = dataclasses.field(                                    # animations made, on disk
+        default_factory=lambda: ExportFiles(keep=LIMITS["export_files"], max_bytes=LIMITS["export_bytes"]))
 
     @classmethod
     def create(cls, settings: Settings = DEFAULT_SETTINGS, recordings_dir: Optional[str] = None) -> "PlaygroundApp":

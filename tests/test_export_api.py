@@ -1,0 +1,110 @@
+"""Exports of a race (issue 40, item 2) through ``/export_race`` and ``gradio_client``, against a real server.
+
+What would break it: frames that do not follow the race (a wrong clock, tokens drawn before they were committed,
+the last tokens missing), an MP4 whose length is not the animation's (a frame-rate or duration slip), a bad
+value accepted or refused without its name, an export computed beside a run instead of in the compute line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+import app
+from visualize import animation
+
+BUNDLED = "smollm2-135m-instruct"
+PROMPT = "Export test: name three rivers of Europe."
+
+
+@pytest.fixture(scope="module")
+def race(client):
+    """A real race of the bundled model (three strategies, 16 tokens) run by the page's /run: (race id, doc)."""
+    page = [app.ui_default(s, f) for s, f in app.param_fields()]
+    out = client.predict(BUNDLED, "none", ["greedy", "prompt_lookup", "lookahead"], PROMPT, True, 16, 0, *page,
+                         *[None] * len(app.GENERATION_FIELDS), api_name="/run")
+    race_id = out[app.RUN_VIEWS.index("race_id") - 1]     # gr.State ("key") is not among the API's outputs
+    with open(out[app.RUN_VIEWS.index("download") - 1], encoding="utf-8") as fh:
+        doc = json.load(fh)
+    assert len(race_id) == 16, out[-2:]
+    return race_id, doc
+
+
+def _cells(frame: Image.Image, n: int) -> list[int]:
+    return [animation.count_cells(frame, box) for box in animation.column_boxes(n)]
+
+
+def test_the_gif_grows_with_the_race_frame_by_frame(client, race, app_state):
+    race_id, doc = race
+    started = app_state.line.counts()["started"]
+    path = client.predict(race_id=race_id, format="gif", mode="steps", api_name="/export_race")
+    assert app_state.line.counts()["started"] == started + 1          # it waited in the compute line
+    results = doc["results"]
+    schedule = animation.plan(doc, "steps")
+    expected = [[animation.committed_at(r, clock, "steps") for r in results] for clock, _ in schedule]
+    with Image.open(path) as gif:
+        assert gif.format == "GIF" and gif.n_frames == len(schedule) >= 3
+        seen = []
+        for i in range(gif.n_frames):
+            gif.seek(i)
+            seen.append(_cells(gif, len(results)))
+    assert seen[0] == [0] * len(results)                              # before the first forward: nothing
+    assert seen[1] == expected[1] and min(seen[1]) >= 1               # the first committed token of each
+    assert seen[-1] == [len(r["token_ids"]) for r in results]         # the last: every token, each column
+    assert seen == expected                                           # and every frame in between
+    again = client.predict(race_id=race_id, format="gif", mode="steps", api_name="/export_race")
+    assert app_state.line.counts()["started"] == started + 1          # made once: the same file again
+    with open(path, "rb") as a, open(again, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_the_mp4_decodes_back_with_the_animations_length(client, race):
+    import imageio_ffmpeg
+    race_id, doc = race
+    path = client.predict(race_id=race_id, format="mp4", mode="time", api_name="/export_race")
+    total_ms = sum(d for _, d in animation.plan(doc, "time"))
+    reader = imageio_ffmpeg.read_frames(path)
+    meta = next(reader)
+    frames = [bytes(f) for f in reader]
+    assert meta["size"] == animation.SIZE and meta["fps"] == 10
+    assert len(frames) == round(total_ms / 100)                       # every 100 ms of the animation, a frame
+    assert abs(meta["duration"] - total_ms / 1000) <= 0.1, (meta["duration"], total_ms)
+    width = animation.SIZE[0]
+    body = slice(animation.COLUMNS_TOP * width * 3, None)
+    changed = sum(a != b for a, b in zip(frames[0][body], frames[-1][body]))
+    assert changed > 5000                                             # the columns filled up
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(format="png"), "format must be 'gif' or 'mp4', got 'png'"),
+    (dict(format=None), "format must be 'gif' or 'mp4'"),
+    (dict(mode="fast"), "mode must be one of 'time', 'steps'"),
+    (dict(race_id="../../etc/passwd"), "race_id must be 16 characters"),
+    (dict(race_id="x" * 5000), "race_id must be 16 characters"),
+    (dict(race_id="AAAAAAAAAAAAAAAA"), "race_id: no race with this id is held here"),
+])
+def test_a_bad_value_is_refused_by_name(client, race, kwargs, message, app_state):
+    call = dict(race_id=race[0], format="gif", mode="time")
+    call.update(kwargs)
+    started = app_state.line.counts()["started"]
+    with pytest.raises(Exception) as err:
+        client.predict(**call, api_name="/export_race")
+    assert message in str(err.value)
+    assert app_state.line.counts()["started"] == started              # refused before any work
+
+
+def test_a_run_drafting_from_the_visitors_own_history_gets_no_share_link(app_url):
+    """A private run (suffix decoding from this session's earlier outputs) is never recorded, so it has no link:
+    its drafts would show the visitor's earlier outputs to whoever the link reached."""
+    from gradio_client import Client
+    me = Client(app_url, verbose=False)
+    page = [app.ui_default(s, f) for s, f in app.param_fields()]
+    values = (BUNDLED, "none", ["suffix"], "Share test: list the months, separated by commas.", True, 12, 0, *page,
+              *[None] * len(app.GENERATION_FIELDS))
+    share, race_id = (app.RUN_VIEWS.index(name) - 1 for name in ("share", "race_id"))
+    first = me.predict(*values, api_name="/run")
+    assert len(first[race_id]) == 16 and "share-link" in first[share]
+    second = me.predict(*values, api_name="/run")                      # drafts from the first one's output
+    assert second[race_id] == "" and "No share link" in second[share] and "share-link" not in second[share]
