@@ -198,6 +198,13 @@ class SpeculativeParams(SamplingParams):
     ``tree_nodes`` most probable nodes; 0 picks the device's default
     (``drafting.dynamic.TREE_DEFAULTS``: a CPU verifies few nodes per forward
     cheaply, a GPU many).
+    ``budget`` (a tree drafted by the prophet head: the ``prophet`` strategy, or
+    ``speculative`` on a pair with no assistant): ``fixed`` verifies the
+    ``tree_nodes`` most probable nodes; ``measured`` grows the tree up to
+    ``tree_nodes`` (0: ``drafting.dynamic.MEASURED_NODES``) and verifies the most
+    probable prefix that maximizes expected tokens per ms of the target's verify
+    forward, timed on this machine (``drafting/budget.py``,
+    ``runtime/forward_cost.py``). An assistant model's drafts refuse ``measured``.
     """
     temperature: float = 0.0
     draft_tokens: int = 4
@@ -206,6 +213,8 @@ class SpeculativeParams(SamplingParams):
     tree: bool = False
     tree_topk: int = 0
     tree_nodes: int = 0
+    budget: str = "fixed"
+    CHOICES = {"budget": BUDGETS}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -215,6 +224,13 @@ class SpeculativeParams(SamplingParams):
         check_bool("tree", self.tree)
         check_number("tree_topk", self.tree_topk, 0, 16, integer=True)
         check_number("tree_nodes", self.tree_nodes, 0, MAX_TREE_NODES, integer=True)
+        if not isinstance(self.budget, str) or self.budget not in BUDGETS:
+            raise ValueError(f"budget must be one of {', '.join(BUDGETS)} (fixed: the tree_nodes most probable "
+                             f"nodes; measured: as many as pay for their measured verify cost), "
+                             f"got {_shown(self.budget)}")
+        if self.budget == "measured" and not self.tree:
+            raise ValueError("budget=measured chooses how many tree nodes to verify; it needs tree=true "
+                             "(or budget=fixed for a chain)")
 
 
 @dataclass(frozen=True)
@@ -236,11 +252,7 @@ class ProphetParams(SpeculativeParams):
     branch may propose (16: a copied run of code or text can land in one step,
     past the head's ``draft_tokens`` depth; BENCHMARKS.md, "The prophet's copy
     branch").
-    ``budget``: ``fixed`` verifies the ``tree_nodes`` most probable nodes;
-    ``measured`` grows the tree up to ``tree_nodes`` (0: ``drafting.dynamic.
-    MEASURED_NODES``) and verifies the most probable prefix that maximizes
-    expected tokens per ms of the target's verify forward, timed on this machine
-    (``drafting/budget.py``, ``runtime/forward_cost.py``). Not the default: on the
+    ``budget`` (``SpeculativeParams``): ``measured`` is not the default: on the
     AMD EPYC it raised tokens per forward but not speed (BENCHMARKS.md).
     """
     draft_tokens: int = 6
@@ -250,8 +262,7 @@ class ProphetParams(SpeculativeParams):
     lookup: bool = True
     lookup_source: str = "suffix"
     lookup_tokens: int = 16
-    budget: str = "fixed"
-    CHOICES = {"budget": BUDGETS, "lookup_source": LOOKUP_SOURCES}
+    CHOICES = {**SpeculativeParams.CHOICES, "lookup_source": LOOKUP_SOURCES}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -261,13 +272,6 @@ class ProphetParams(SpeculativeParams):
                              f"over this prompt and output; prompt: n-gram prompt lookup), "
                              f"got {_shown(self.lookup_source)}")
         check_number("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT, integer=True)
-        if not isinstance(self.budget, str) or self.budget not in BUDGETS:
-            raise ValueError(f"budget must be one of {', '.join(BUDGETS)} (fixed: the tree_nodes most probable "
-                             f"nodes; measured: as many as pay for their measured verify cost), "
-                             f"got {_shown(self.budget)}")
-        if self.budget == "measured" and not self.tree:
-            raise ValueError("budget=measured chooses how many tree nodes to verify; it needs tree=true "
-                             "(or budget=fixed for a chain)")
 
 
 @dataclass(frozen=True)

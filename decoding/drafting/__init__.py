@@ -58,7 +58,7 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
             raise ValueError("the prophet head drafts for decoder-only targets")
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)
         cost = None
-        if params.tree and getattr(params, "budget", "fixed") == "measured":   # timed once per model
+        if params.tree and params.budget == "measured":   # timed once per model
             cost = forward_cost(pair.target, 1 + tree_shape(params, pair.target.device)[1], fast=params.fast)
         drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng, cost=cost)
         if kind == "prophet" and params.tree and params.lookup:   # a copy branch in the tree
@@ -67,6 +67,9 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     if kind == "speculative":
         if pair.assistant is None:
             raise ValueError("strategy 'speculative' needs an assistant model (or the prophet head)")
+        if params.budget == "measured":
+            raise ValueError("budget=measured sizes the prophet head's trees; an assistant model drafts with "
+                             "budget=fixed")
         if not shares_tokenizer(pair.target, pair.assistant):   # another tokenizer: translate its drafts
             return UniversalDrafter(pair.target, pair.assistant, params, tracer, clock, rng, max_len=max_len)
         check_vocabularies(pair.target, pair.assistant)

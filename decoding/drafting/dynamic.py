@@ -62,7 +62,7 @@ def tree_shape(params: Any, device: Any) -> tuple[int, int]:
     (under a measured budget, ``nodes`` is the most it may keep)."""
     kind = getattr(device, "type", str(device))
     topk, nodes = TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cpu"])
-    if getattr(params, "budget", "fixed") == "measured":
+    if params.budget == "measured":
         nodes = MEASURED_NODES.get(kind, MEASURED_NODES["cpu"])
     return params.tree_topk or topk, params.tree_nodes or nodes
 

@@ -52,7 +52,7 @@ class ProphetDrafter(Drafter):
         self.greedy = params.is_greedy
         self.keep_q = not self.greedy or tracer.enabled
         self.threshold = float(params.confidence_threshold or 0.0)
-        self.measured = getattr(params, "budget", "fixed") == "measured" and bool(params.tree)
+        self.measured = params.budget == "measured" and bool(params.tree)
         if self.measured and cost is None:
             raise ValueError("budget=measured needs the target's forward-cost curve (make_drafter measures it)")
         self.cost = cost
