@@ -11,7 +11,7 @@ positions plus its drafting ``D`` and ``STEP`` of the loop's own work beyond gre
 (``runtime/widths.STEP``: one model for the widths and the verdicts): what the recorded races on the
 default example leave unexplained by the curve ranges from about 0 (prompt lookup on the AMD EPYC) to
 0.17 (the prophet on the Intel Xeon, float32); on the recorded curves and races of BENCHMARKS.md ("How
-widths are chosen") 0.05 gives 10 of 12 verdicts right. A prediction near 1 stays a coin toss.
+widths are chosen") 0.05 gives 12 of 14 verdicts right. A prediction near 1 stays a coin toss.
 
 What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
 

@@ -18,7 +18,7 @@ commits 1 token per ``c(1)``. The models of ``E`` and ``T`` are simple, stated a
   sweep on the bundled model, 4 code and chat prompts (``bench-cpu-lookahead.md``, N = 4, G = 4:
   1.12 / 1.21 / 1.27 / 1.34 tokens per forward at W = 1 / 2 / 3 / 5; the formula gives 1.13 / 1.21 /
   1.26 / 1.34). ``T(W) = 1 + min(LOOKAHEAD_CANDIDATES, G * (N - 1)) + (N - 1) * W``: the key, the
-  verified candidates (1.1-2.2 positions a step on the default example) and the window's cells.
+  verified candidates (1.1-3.6 positions a step on three prompts, counted) and the window's cells.
   ``N`` stays the user's (default 4): at equal width N = 4 committed more than N = 3 in that sweep.
 * **Jacobi**, block ``n`` (``hybrid``, ``gs_jacobi``): a block of ``n`` guesses is decided in about
   ``n`` forwards whose inputs shrink from ``n`` to 1 (the verified prefix is not fed again), so a forward
