@@ -222,3 +222,18 @@ def test_an_expectation_is_validated():
         Expectation(tokens=0.5, positions=2)
     with pytest.raises(ValueError, match="positions"):
         Expectation(tokens=1.5, positions=0)
+
+
+def test_a_width_event_survives_a_trace_export_and_import():
+    from test_visualize import _result
+    from visualize.traces import export_trace, import_trace
+    from decoding.events import event_to_dict
+    event = event_to_dict(WidthChosen(step=0, name="window", value=3, source="curve", tokens_per_forward=1.26,
+                                      cost_ratio=1.09, predicted_speedup=1.1))
+    base = _result()
+    back = import_trace(export_trace({"results": [_result(events=[event] + base["events"])]}))
+    assert back["results"][0]["events"][0] == event
+    for bad, msg in (({"source": "guess"}, "source must be one of user, curve, fallback"),
+                     ({"name": "width"}, "name must be one of window, block_size")):
+        with pytest.raises(ValueError, match=msg):
+            import_trace(export_trace({"results": [_result(events=[{**event, **bad}] + base["events"])]}))
