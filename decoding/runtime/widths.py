@@ -118,7 +118,7 @@ def _best(name: str, options: Iterable[int], score: Callable[[int], tuple[float,
           one_ms: float) -> WidthChoice:
     """The option with the most tokens per ms (ties: the narrower); ``score(x)`` = (E, positions, forward ms);
     each step also costs ``STEP * one_ms``."""
-    best: Optional[tuple[int, float, float, float]] = None
+    best: Optional[tuple[int, float, float, float, float]] = None     # x, E, positions, step ms, forward ms
     for x in sorted(options):
         tokens, positions, forward_ms = score(x)
         if not (math.isfinite(forward_ms) and forward_ms > 0):
