@@ -59,12 +59,13 @@ from web.handlers import (
 )
 from web.service import (
     DEFAULT_MAX_NEW,
-    DEFAULT_STRATEGIES,
+    DEFAULT_STRATEGIES,  # noqa: F401  (the tests reach it as app.DEFAULT_STRATEGIES)
     GENERATION_FIELDS,
     LIMITS,
     DEFAULT_SETTINGS,
     Settings,
     SWEEP_DEFAULTS,
+    chosen_strategies,
     chosen_target,
     build_plan,  # noqa: F401  (the tests reach it as app.build_plan)
     check_model_name,  # noqa: F401  (the tests reach it as app.check_model_name)
@@ -158,8 +159,14 @@ def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.C
         return gr.Checkbox(value=default, label=label)
     if kind in (int, float):
         # no precision=0: Gradio would round 2.5 and crash on NaN before our validator names the field
-        return gr.Number(value=default, step=1 if kind is int else None, label=label)
+        info = AUTO_WIDTHS.get((strategy.name, field.name))
+        return gr.Number(value=default, step=1 if kind is int else None, label=label, info=info)
     return gr.Textbox(value="" if default is None else str(default), label=label)
+
+
+# widths chosen from this machine's measured forward-cost curve when left at 0 (decoding/runtime/widths.py)
+AUTO_WIDTHS = {("lookahead", "window"): "0 = auto (from this machine's measured forward cost)",
+               ("jacobi", "block_size"): "0 = auto (from this machine's measured forward cost)"}
 
 
 # --------------------------------------------------------------------------- layout
@@ -398,8 +405,12 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                     max_new = gr.Number(value=DEFAULT_MAX_NEW, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})",
                                         min_width=120)
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
-                                      value=[n for n in DEFAULT_STRATEGIES if n in reg],
+                                      value=[n for n in settings.strategies if n in reg],
                                       label="Strategies (greedy is always run as the reference)")
+        if settings.strategies_note:     # default strategies left out on this machine, and why (its measured curve)
+            gr.Markdown("Not ticked by default here (each stays one click away):\n\n" + "\n".join(
+                f"- {html.escape(line)}" for line in settings.strategies_note.splitlines()),
+                elem_id="strategies-note", elem_classes=["dp-help"])
         with gr.Row():
             run_btn = gr.Button("Run", variant="primary", scale=2)
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
@@ -612,6 +623,11 @@ def main() -> None:
     else:
         settings = chosen_target(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
         print(f"[app] {settings.target_note}", flush=True)
+    # the default comparison: the strategies that pay on this machine's measured forward cost (before the
+    # example prompts are recorded: they record the default comparison)
+    settings = chosen_strategies(settings)
+    for line in settings.strategies_note.splitlines():
+        print(f"[app] not ticked by default here: {line}", flush=True)
     host, port = server_address(args.host, args.port)
     state = PlaygroundApp.create(settings, None if args.recordings_dir == "none"
                                  else args.recordings_dir or recordings_dir())

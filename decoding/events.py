@@ -162,6 +162,24 @@ class LookaheadStep:
 
 
 @dataclass(frozen=True)
+class WidthChosen:
+    """The width a run uses (``runtime/widths.py``): lookahead's ``window`` or Jacobi's ``block_size``.
+
+    ``source``: ``user`` (the value given), ``curve`` (auto: the most expected tokens per ms of the model's
+    measured forward-cost curve) or ``fallback`` (auto without a curve). With ``curve``, the model's
+    ``tokens_per_forward`` at that width, its forward's ``cost_ratio`` c(T) / c(1) and their quotient,
+    the ``predicted_speedup`` over greedy; 0 otherwise.
+    """
+    step: int
+    name: str                       # "window" | "block_size"
+    value: int
+    source: str = "user"            # "user" | "curve" | "fallback"
+    tokens_per_forward: float = 0.0
+    cost_ratio: float = 0.0
+    predicted_speedup: float = 0.0
+
+
+@dataclass(frozen=True)
 class BeamStep:
     """Running beams after one beam-search step."""
     step: int
@@ -247,7 +265,7 @@ class SamplingFilter:
 EVENT_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (ForwardPass, TokenCommitted, DraftProposed, DraftTree, TokenVerified, CorrectionToken,
-                Distribution, StepTiming, JacobiIteration, LookaheadStep, BeamStep, DraftSource,
+                Distribution, StepTiming, JacobiIteration, LookaheadStep, WidthChosen, BeamStep, DraftSource,
                 DraftTranslated, SamplingFilter)
 }
 

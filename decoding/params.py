@@ -355,12 +355,14 @@ class JacobiParams:
     """Jacobi decoding (Santilli et al. 2023). See the module docstring for the variants.
 
     ``block_size``: guesses refined together (not used by ``jacobi``, whose block is
-    the whole length budget). ``max_iterations``: the most iterations one block gets
+    the whole length budget); 0 (the default) is *auto*: on a CPU the block with the
+    most expected tokens per ms of the model's measured forward-cost curve
+    (``runtime/widths.py``), elsewhere 8. ``max_iterations``: the most iterations one block gets
     (the paper's own bound, n iterations for n tokens, always applies; the default
     never binds); a block cut short commits its verified prefix. ``init``: the first
     guess, ``pad`` tokens (the paper's), the newest token repeated, or random tokens.
     """
-    block_size: int = 8
+    block_size: int = 0             # 0: auto (runtime/widths.py)
     max_iterations: int = MAX_NEW_TOKENS_CAP
     variant: str = "hybrid"
     init: str = "pad"
@@ -368,7 +370,7 @@ class JacobiParams:
     CHOICES = {"variant": VARIANTS, "init": INITS}
 
     def __post_init__(self) -> None:
-        check_number("block_size", self.block_size, 1, 64, integer=True)
+        check_number("block_size", self.block_size, 0, 64, integer=True)
         check_number("max_iterations", self.max_iterations, 1, MAX_NEW_TOKENS_CAP, integer=True)
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
@@ -384,13 +386,16 @@ class LookaheadParams(SamplingParams):
     ``temperature`` 0 (the default) is greedy and token-identical to greedy
     decoding; above 0 (with ``top_k``/``top_p``) it samples, exactly in distribution.
 
-    The defaults (W=2, N=4, G=4) are the point of ``make bench-lookahead``'s sweep that
-    meets both CPU goals on code prompts (step compression >= 1.3, wall clock >= greedy);
-    on a GPU, where a wide forward costs what a narrow one does, wider windows pay more
-    (BENCHMARKS.md: W=4, N=5, G=2 was the H100 sweep's best).
+    ``window`` 0 (the default) is *auto*: on a CPU the window with the most expected
+    tokens per ms of the model's measured forward-cost curve (``runtime/widths.py``),
+    elsewhere 2; any other value is used as given. N=4, G=4 are the point of ``make
+    bench-lookahead``'s sweep that met both CPU goals on code prompts with W=2 (step
+    compression >= 1.3, wall clock >= greedy); on a GPU, where a wide forward costs what a
+    narrow one does, wider windows pay more (BENCHMARKS.md: W=4, N=5, G=2 was the H100
+    sweep's best).
     """
     temperature: float = 0.0
-    window: int = 2
+    window: int = 0                 # 0: auto (runtime/widths.py)
     ngram: int = 4
     guess_set: int = 4
     pool_from_prompt: bool = True
@@ -398,7 +403,7 @@ class LookaheadParams(SamplingParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_number("window", self.window, 1, 32, integer=True)
+        check_number("window", self.window, 0, 32, integer=True)
         check_number("ngram", self.ngram, 2, 8, integer=True)
         check_number("guess_set", self.guess_set, 1, 32, integer=True)
         check_bool("pool_from_prompt", self.pool_from_prompt)

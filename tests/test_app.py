@@ -71,10 +71,10 @@ BAD = [
     (dict(model=""), "model: choose a model"),
     (dict(assistant="someone/draft"), "assistant: 'someone/draft' is not one of the presets"),
     (dict(strategies=["nope"]), "strategies: unknown strategy 'nope'"),
-    (dict(params={("lookahead", "window"): 0}, strategies=["lookahead"]), "window must be in [1, 32]"),
+    (dict(params={("lookahead", "window"): -1}, strategies=["lookahead"]), "window must be in [0, 32]"),
     (dict(params={("lookahead", "ngram"): 99}, strategies=["lookahead"]), "ngram must be in [2, 8]"),
     (dict(params={("speculative", "draft_tokens"): -3}, strategies=["speculative"]), "draft_tokens must be in"),
-    (dict(params={("jacobi", "block_size"): 1e9}, strategies=["jacobi"]), "block_size must be in [1, 64]"),
+    (dict(params={("jacobi", "block_size"): 1e9}, strategies=["jacobi"]), "block_size must be in [0, 64]"),
     (dict(params={("jacobi", "variant"): "<script>"}, strategies=["jacobi"]), "variant must be one of"),
 ]
 
@@ -199,7 +199,7 @@ def test_sweep_through_the_server(client):
                                  "draft_tokens=2,4", api_name="/sweep")
     assert status.startswith("Swept 2 settings of prompt_lookup")
     assert fig is not None
-    for spec, message in (("window=0", "window must be in [1, 32]"), ("", "sweep values: write KEY"),
+    for spec, message in (("window=-1", "window must be in [0, 32]"), ("", "sweep values: write KEY"),
                           ("window=1,2,3,4;ngram=2,3,4,5", "the limit is 12"), ("bogus=1", "bogus")):
         with pytest.raises(Exception, match=re.escape(message)):
             client.predict(BUNDLED, "none", "Hi.", True, 6, 0, "lookahead", spec, api_name="/sweep")

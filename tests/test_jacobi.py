@@ -265,7 +265,7 @@ def test_defaults_are_the_papers():
     assert VARIANTS == ("jacobi", "gs_jacobi", "hybrid", "sliding")
 
 
-@pytest.mark.parametrize("bad,msg", [({"block_size": 0}, "block_size must be in [1, 64]"),
+@pytest.mark.parametrize("bad,msg", [({"block_size": -1}, "block_size must be in [0, 64]"),
                                      ({"variant": "x"}, "variant must be one of"),
                                      ({"init": "zeros"}, "init must be one of"),
                                      ({"max_iterations": 0}, "max_iterations must be in")])

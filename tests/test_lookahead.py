@@ -165,7 +165,7 @@ def test_models_without_4d_mask_support_get_a_clear_message():
         lookahead(prompt(5, 1) + [2], ModelPair(lm), LookaheadParams(), max_new_tokens=5)
 
 
-@pytest.mark.parametrize("bad,msg", [({"window": 0}, "window must be in [1, 32]"),
+@pytest.mark.parametrize("bad,msg", [({"window": -1}, "window must be in [0, 32]"),
                                      ({"ngram": 1}, "ngram must be in [2, 8]"),
                                      ({"guess_set": 99}, "guess_set must be in [1, 32]"),
                                      ({"pool_from_prompt": "yes"}, "pool_from_prompt must be")])

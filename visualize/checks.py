@@ -36,6 +36,8 @@ VOCABULARIES: dict[tuple[str, str], tuple[str, ...]] = {
     ("DraftTree", "source"): DRAFT_SOURCES, ("CorrectionToken", "kind"): ("correction", "bonus"),
     # issue 16 (suffix decoding): where a model-free draft was copied from
     ("DraftSource", "text"): ("prompt", "output", "history"), ("DraftSource", "source"): DRAFT_SOURCES,
+    # issue 36: lookahead's window or Jacobi's block, and where it came from (decoding/runtime/widths.py)
+    ("WidthChosen", "name"): ("window", "block_size"), ("WidthChosen", "source"): ("user", "curve", "fallback"),
 }
 # integer event fields whose range is not a token id's [0, MAX_ID]
 INT_RANGES = {"step": (0, MAX_STEP), "position": (0, MAX_STEP), "start": (0, MAX_STEP),

@@ -28,6 +28,7 @@ import transformers
 
 from decoding.context import RunContext
 from decoding.harness.bench import parse_sweep, sweep_value
+from decoding.harness.pays import default_comparison
 from decoding.harness.runner import encode_prompt, environment, run_comparison
 from decoding.params import check_max_new_tokens, params_to_dict
 from decoding.processors import GenerationSettings
@@ -36,6 +37,7 @@ from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, cache_root, clear
                                      load_presets)
 from decoding.runtime.routes import choose, measured_costs
 from decoding.runtime.pair import PROPHET, has_prophet, make_pair
+from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
 from web.crowd import request_key
 from web.live import Live
@@ -74,6 +76,11 @@ LIMITS: dict[str, Any] = {
 }
 
 
+# the page's default comparison: the flagship (the prophet head's token trees) against greedy, prompt lookup, lookahead;
+# on a CPU, ``chosen_strategies`` keeps those expected to pay on the machine (``Settings.strategies``)
+DEFAULT_STRATEGIES = ("greedy", "prophet", "prompt_lookup", "lookahead")
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What the operator chose when starting the app (``python app.py --allow-any-model --memory-budget-gb``).
@@ -85,6 +92,8 @@ class Settings:
     target: Optional[str] = None          # the page's default target (None: presets/models.yaml's default_target)
     target_note: str = ""                 # why that target (shown under the picker): the start's measured choice
     quiet_recordings: bool = False        # record a run only if timed on a quiet machine (app.main turns it on)
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES   # the page's default comparison (chosen_strategies)
+    strategies_note: str = ""             # one line per default strategy left out here, and why (from the curve)
 
     def load(self, name: str) -> Any:
         """Load a model (or take it from the cache) under this app's memory budget."""
@@ -105,9 +114,20 @@ def chosen_target(settings: "Settings", *, measure: Optional[Callable[[str], dic
     return dataclasses.replace(settings, target=choice.target, target_note=choice.reason)
 
 
+def chosen_strategies(settings: "Settings", *, curve: Optional[Callable[[float], float]] = None) -> "Settings":
+    """``settings`` with the page's default comparison for this machine (``decoding/harness/pays.py``): the
+    strategies of ``DEFAULT_STRATEGIES`` expected to run at least as fast as greedy on the default target's
+    measured forward-cost curve (timed once per loaded model, ``runtime/widths.machine_curve``; ``curve``:
+    injected), and one line for each one left out, which stays selectable. Without a curve (a GPU): all."""
+    if curve is None:
+        curve = machine_curve(settings.load(settings.default_target()))
+    if curve is None:
+        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="")
+    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()])
+    return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note)
+
+
 DEFAULT_SETTINGS = Settings()
-# the page's default comparison: the flagship (the prophet head's token trees) against greedy, prompt lookup, lookahead
-DEFAULT_STRATEGIES = ("greedy", "prophet", "prompt_lookup", "lookahead")
 DEFAULT_MAX_NEW = 64
 # the strategies the Sweep tab offers (the API refuses any other), with the values it suggests
 SWEEP_DEFAULTS = {"lookahead": "window=3,5,8;ngram=3,4", "speculative": "draft_tokens=1,2,4,8",
@@ -460,7 +480,7 @@ def ui_default(strategy: str, field: str) -> Any:
 def default_request(prompt: str, settings: Settings = DEFAULT_SETTINGS) -> RunRequest:
     """The request the page sends for ``prompt`` when nothing else was changed (what examples are recorded as)."""
     model = settings.default_target()
-    plan = [name for name in DEFAULT_STRATEGIES if name in registry()]
+    plan = [name for name in settings.strategies if name in registry()]
     values = {(s, f): ui_default(s, f) for s, f in param_fields() if s in plan}
     return run_request(model, PROPHET if has_prophet(model) else "none", plan, prompt, True, DEFAULT_MAX_NEW, 0,
                        values, [None] * len(GENERATION_FIELDS), history=None, settings=settings)

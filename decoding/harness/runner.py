@@ -32,11 +32,12 @@ import torch
 from decoding.context import RunContext
 from decoding.drafting.dynamic import tree_shape
 from decoding.events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
-from decoding.params import check_max_new_tokens, params_to_dict
+from decoding.params import JacobiParams, LookaheadParams, check_max_new_tokens, params_to_dict
 from decoding.result import Result
 from decoding.runtime.kernel_choice import cpu_label, cpu_name
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
+from decoding.runtime.widths import WidthChoice, jacobi_block, lookahead_window
 from decoding.sampling import make_generator
 from decoding.strategies import get_strategy
 from decoding.strategies.strategy import Strategy
@@ -349,11 +350,25 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
 
 
 def shown_params(params: Any, pair: ModelPair) -> dict:
-    """The parameters as the run uses them: a tree's 0 (= the device's default shape) resolved to its numbers."""
+    """The parameters as the run uses them: a tree's 0 (= the device's default shape) resolved to its numbers,
+    an automatic lookahead window or Jacobi block to ``auto→N`` (``runtime/widths.py``; the curve it needs is
+    timed here, once per model, before the warm-up and the timed run)."""
     values = params_to_dict(params)
     if values.get("tree") and "tree_topk" in values and "tree_nodes" in values:
         values["tree_topk"], values["tree_nodes"] = tree_shape(params, pair.target.device)
+    if isinstance(params, LookaheadParams) and not params.window:
+        values["window"] = _auto_width(lookahead_window, params, pair)
+    if isinstance(params, JacobiParams) and not params.block_size:
+        values["block_size"] = _auto_width(jacobi_block, params, pair)
     return values
+
+
+def _auto_width(resolve: Callable[..., WidthChoice], params: Any, pair: ModelPair) -> Any:
+    """``auto→N``: the width the run will choose (the same curve, kept on the model); 0 if that fails."""
+    try:
+        return resolve(pair.target, params).shown.partition("=")[2]
+    except Exception:          # noqa: BLE001: the run itself raises it, in its own result
+        return 0
 
 
 def _timed_run(rr: RunResult, strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair,

@@ -67,7 +67,8 @@ from decoding.params import JacobiParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
-from decoding.strategies.stages import first_token
+from decoding.runtime.widths import jacobi_block
+from decoding.strategies.stages import first_token, trace_width
 from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 
@@ -103,6 +104,7 @@ class _Run:
     vocab: int
     rng: Optional[torch.Generator]
     max_new_tokens: int
+    block: int = 1                                     # block (window) size: the user's, or auto's choice
     proc: Any = None                                   # logits processors (processors.Processors), if any
     decoded: list[int] = field(default_factory=list)   # output, then (jacobi, gs_jacobi) past EOS
     iterations: int = 0
@@ -196,12 +198,12 @@ def _blocks(run: _Run) -> None:
     while len(run.decoded) < run.max_new_tokens and not (variant == "hybrid" and run.out.done):
         room = run.max_new_tokens - len(run.decoded)
         run.blocks += 1
-        _solve_block(run, room if variant == "jacobi" else min(run.params.block_size, room))
+        _solve_block(run, room if variant == "jacobi" else min(run.block, room))
 
 
 def _sliding(run: _Run) -> None:
     """Our sliding window: commit the unchanged prefix after every forward, slide, refill."""
-    size = run.params.block_size
+    size = run.block
     guess: list[int] = []
     k = 0
     while not run.out.done:
@@ -232,19 +234,23 @@ def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, 
            tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
            context: Optional[RunContext] = None) -> Result:
     lm = pair.target
+    chosen = jacobi_block(lm, params)               # the user's block, or auto: from the measured curve
+    trace_width(tracer, chosen)
     target = Session(lm, "target", tracer, fast=params.fast,
-                     max_len=len(prompt_ids) + max_new_tokens + params.block_size + 1)
+                     max_len=len(prompt_ids) + max_new_tokens + chosen.value + 1)
     eos = set(lm.eos_token_ids)
     pad = lm.model.generation_config.pad_token_id
     pad = pad if pad is not None else (min(eos) if eos else 0)
     run = _Run(target, Output(eos, max_new_tokens, tracer), params, tracer, int(pad), lm.vocab_size, rng,
-               max_new_tokens, proc=(context or EMPTY).processors(lm, prompt_ids, max_new_tokens))
+               max_new_tokens, block=chosen.value,
+               proc=(context or EMPTY).processors(lm, prompt_ids, max_new_tokens))
     first = first_token(target, prompt_ids, run.out, run.proc, lambda logits: int(logits.argmax()), "greedy")
     run.decoded.append(first)
     (_sliding if params.variant == "sliding" else _blocks)(run)
     n = len(run.out)
     return Result(list(run.out.tokens), target.forwards, stats={
         "iterations": run.iterations, "blocks": run.blocks,
+        "block_size": chosen.value, "width_choice": chosen.record(),
         "step_compression": round(n / target.forwards, 4),
         "mean_tokens_per_target_forward": round(n / target.forwards, 4),
         # per block (per window for sliding): its iterations and the tokens they decided (past EOS too)

@@ -51,8 +51,9 @@ from decoding.result import Result
 from decoding.runtime.attention import attention_mask, check_mask_support
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
+from decoding.runtime.widths import WidthChoice, lookahead_window
 from decoding.sampling import chooser
-from decoding.strategies.stages import first_token, verify
+from decoding.strategies.stages import first_token, trace_width, verify
 from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 from decoding.tree import TokenTree, tree_layout
@@ -147,7 +148,9 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
               rng: Optional[torch.Generator] = None, context: Optional[RunContext] = None) -> Result:
     lm = pair.target
     check_mask_support(lm)
-    n, width, greedy = params.ngram, params.window, params.is_greedy
+    chosen = lookahead_window(lm, params)           # the user's window, or auto: from the measured curve
+    n, width, greedy = params.ngram, chosen.value, params.is_greedy
+    trace_width(tracer, chosen)
     target = Session(lm, "target", tracer, fast=params.fast,
                      max_len=len(prompt_ids) + max_new_tokens + 1 + (width + params.guess_set) * (n - 1))
     out = Output(lm.eos_token_ids, max_new_tokens, tracer)
@@ -216,8 +219,9 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
                                       window=tuple(tuple(lv) for lv in seen), pool_size=len(pool),
                                       candidates=tuple(tuple(c) for c in cands), accepted_candidate=choice,
                                       accepted=tuple(committed), pool_hits=len(cands)))
-    return Result(out.tokens, target.forwards, stats=_stats(tally, out.tokens, target, pool),
+    return Result(out.tokens, target.forwards, stats=_stats(tally, out.tokens, target, pool, chosen),
                   stop_reason=out.stop_reason)
+
 
 
 def _initial_level(context: list[int], width: int, rng: Optional[torch.Generator]) -> list[int]:
@@ -236,10 +240,11 @@ def _advance(levels: list[list[int]], fresh: list[int], depth: int, pool: NgramP
     return levels[1:] + [fresh]
 
 
-def _stats(t: _Tally, out: list[int], target: Session, pool: NgramPool) -> dict:
+def _stats(t: _Tally, out: list[int], target: Session, pool: NgramPool, chosen: WidthChoice) -> dict:
     steps = max(t.steps, 1)
     lengths = [a for a in t.accepted_lengths if a]
     return {
+        "window": chosen.value, "width_choice": chosen.record(),
         "step_compression": round(len(out) / target.forwards, 4),
         "mean_tokens_per_target_forward": round(len(out) / target.forwards, 4),
         "lookahead_steps": t.steps,

@@ -8,6 +8,7 @@
 3. ``verify``: the rows of a verify forward through the processors (each row continues the output plus its
    draft path), then the tree verified: the longest argmax-matching path at temperature 0, recursive
    rejection sampling above (``decoding.verify``). Speculative decoding and lookahead call it.
+4. ``trace_width``: the width a lookahead or Jacobi run uses and where it came from (``runtime/widths.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from decoding.commit import Output
+from decoding.events import WidthChosen
 from decoding.params import SamplingParams
 from decoding.runtime.session import Session
+from decoding.runtime.widths import WidthChoice
 from decoding.sampling import probs as filtered_probs
 from decoding.tree import TokenTree
 from decoding.verify import Verdict, verify_tree_greedy, verify_tree_sampling
@@ -63,3 +66,12 @@ def verify(logits: torch.Tensor, tree: TokenTree, output: Sequence[int], proc: A
         return verify_tree_greedy(logits, tree), None, logits
     p_target = filtered_probs(logits, params)                                           # [1 + n, V]
     return verify_tree_sampling(p_target, tree, q, rng, replacement), p_target, logits
+
+
+def trace_width(tracer: Any, chosen: WidthChoice) -> None:
+    """Record the run's width and where it came from (``WidthChosen`` at step 0, before the prefill)."""
+    if tracer.enabled:
+        tracer.emit(WidthChosen(step=0, name=chosen.name, value=chosen.value, source=chosen.source,
+                                tokens_per_forward=round(chosen.tokens_per_forward, 4),
+                                cost_ratio=round(chosen.cost_ratio, 4),
+                                predicted_speedup=round(chosen.predicted_speedup, 4)))

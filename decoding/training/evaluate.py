@@ -49,9 +49,13 @@ def agreement(a: Sequence[int], b: Sequence[int]) -> tuple[float, int]:
     return same / max(len(a), len(b), 1), prefix
 
 
+EVAL_BLOCK = 8       # Jacobi's block in evaluations (its default before auto widths, runtime/widths.py)
+
+
 @torch.no_grad()
 def decode(model: Any, tokenizer: Any, items: Sequence[dict], max_new: int) -> dict:
-    """Jacobi (defaults) vs the model's own greedy on ``items`` (``{prompt, answer}``: base answers)."""
+    """Jacobi (defaults, block 8: a fixed block, so evaluations compare across machines and no curve is timed on
+    a model being trained) vs the model's own greedy on ``items`` (``{prompt, answer}``: base answers)."""
     was = model.training
     model.eval()
     lm = wrap_model(model, tokenizer, name="training")
@@ -59,7 +63,7 @@ def decode(model: Any, tokenizer: Any, items: Sequence[dict], max_new: int) -> d
     tpf, agree, prefix, exact = [], [], [], 0
     for item in items:
         ref = greedy(item["prompt"], pair, GreedyParams(), max_new_tokens=max_new)
-        res = jacobi(item["prompt"], pair, JacobiParams(), max_new_tokens=max_new)
+        res = jacobi(item["prompt"], pair, JacobiParams(block_size=EVAL_BLOCK), max_new_tokens=max_new)
         exact += res.token_ids == ref.token_ids
         tpf.append(len(res.token_ids) / res.target_forwards)
         share, common = agreement(ref.token_ids, list(item["answer"])[:max_new])

@@ -1,0 +1,160 @@
+"""Which strategies of the default comparison are expected to pay on this machine, and why not, from its curve.
+
+A strategy pays when it is expected to run at least as fast as greedy. Greedy commits 1 token per
+one-position forward, ``c(1)``; a strategy step commits ``E`` tokens for one verify forward over ``T``
+positions plus its drafting ``D`` and ``STEP`` of the loop's own work beyond greedy's (both in units of
+``c(1)``), so its predicted speed-up is
+
+    speedup = E / (c(T) / c(1) + D + STEP)      it pays when speedup >= 1, i.e. E >= c(T) / c(1) + D + STEP
+
+``c``: the target's measured forward-cost curve (``runtime/forward_cost.py``). ``STEP`` = 0.05
+(``runtime/widths.STEP``: one model for the widths and the verdicts): what the recorded races on the
+default example leave unexplained by the curve ranges from about 0 (prompt lookup on the AMD EPYC) to
+0.17 (the prophet on the Intel Xeon, float32); on the recorded curves and races of BENCHMARKS.md ("How
+widths are chosen") 0.05 gives 12 of 14 verdicts right. A prediction near 1 stays a coin toss.
+
+What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
+
+* ``lookahead`` and ``jacobi``: at the width their auto choice takes on this curve (or the user's), the
+  models of ``runtime/widths.py``;
+* ``prophet``: ``PROPHET`` below: 2.37 tokens per forward, recorded on the default example (64 tokens,
+  bundled model, defaults: ``bench-cpu-prophet*.json``), a verify forward of 10.6 positions (its 8-node
+  tree, the root and the copy branch: issue 36's profile) and its drafting, 3.6 head calls of 2.35 ms per
+  35 ms forward (0.25 ``c(1)``, the same profile);
+* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.10 tokens per forward on the default example
+  (``bench-cpu.json``, ``bench-cpu-xeon.json``) and 1 + 1.68 positions a forward (counted on the bundled
+  model): a step without a match verifies one position, far narrower than 1 + ``draft_tokens``;
+* ``greedy``: 1 token per ``c(1)``, the reference; other strategies: no model (reported as unknown).
+
+``verdicts(curve)`` gives one ``Verdict`` per strategy, each with one line that says why;
+``default_comparison(curve)`` keeps the ones that pay (greedy always) and the lines for the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from decoding.runtime.widths import (STEP, WidthChoice, choose_block, choose_window, jacobi_forward_ms,
+                                     jacobi_tokens, lookahead_positions, lookahead_tokens)
+from decoding.strategies import registry
+
+Cost = Callable[[float], float]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One step of a strategy: expected tokens, the verify forward's positions, drafting in units of c(1)."""
+    tokens: float
+    positions: float
+    drafting: float = 0.0
+    source: str = ""
+    forward_ratio: Optional[float] = None   # the forward's cost / c(1) where not c(positions) / c(1) (Jacobi)
+
+    def __post_init__(self) -> None:
+        if not self.tokens >= 1.0:
+            raise ValueError(f"tokens must be at least 1 (a step commits the target's own token), got {self.tokens!r}")
+        if not self.positions >= 1.0:
+            raise ValueError(f"positions must be at least 1, got {self.positions!r}")
+        if not self.drafting >= 0.0:
+            raise ValueError(f"drafting must be >= 0, got {self.drafting!r}")
+
+
+# Recorded on the default example (see the module docstring; BENCHMARKS.md, "How widths are chosen").
+PROPHET = Expectation(tokens=2.37, positions=10.6, drafting=0.25,
+                      source="the default example: the 8-node tree with its copy branch (bench-cpu-prophet*.json)")
+PROMPT_LOOKUP = Expectation(tokens=1.10, positions=2.7, drafting=0.0,
+                            source="the default example: 1.68 drafted positions a step (a count, 2026-11-26)")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether one strategy is expected to pay here, and the line that says why."""
+    strategy: str
+    speedup: Optional[float]          # predicted, over greedy; None: no model
+    tokens: float = 0.0               # E
+    positions: float = 0.0            # T
+    cost_ratio: float = 0.0           # c(T) / c(1) + D + STEP: the tokens a step needs to break even
+    forward: float = 0.0              # c(T) / c(1): the verify forward alone
+    drafting: float = 0.0             # D
+    width: Optional[WidthChoice] = None    # lookahead's window or Jacobi's block it was judged at
+
+    @property
+    def pays(self) -> bool:
+        return self.speedup is None or self.speedup >= 1.0
+
+    @property
+    def reason(self) -> str:
+        """One line: ``lookahead: a 10-position forward costs 1.7× one position here; it needs ≥ 1.7 tokens per
+        forward and makes ~1.3`` (or why it pays)."""
+        if self.speedup is None:
+            return f"{self.strategy}: no model of its step; not judged"
+        if self.strategy == "greedy":
+            return "greedy: the reference, one position per token"
+        at = f" (at {self.width.shown})" if self.width is not None else ""
+        verb = "pays" if self.pays else "does not pay"
+        return (f"{self.strategy}{at}: a {self.positions:.0f}-position forward costs {self.forward:.2f}× one "
+                f"position here; with its {'drafting and ' if self.drafting else ''}loop it needs ≥ "
+                f"{self.cost_ratio:.2f} tokens per forward and makes ~{self.tokens:.2f}: {verb} "
+                f"(predicted {self.speedup:.2f}× greedy)")
+
+
+def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional[Expectation], Optional[WidthChoice]]:
+    """The model of ``strategy``'s step on ``cost`` (``params``: its parameters, the defaults if None)."""
+    if strategy == "greedy":
+        return Expectation(1.0, 1.0, 0.0, "one token per forward"), None
+    if params is None and strategy in registry():
+        params = registry()[strategy].parse({})
+    if strategy == "lookahead":
+        w = (WidthChoice("window", params.window, "user") if params.window
+             else choose_window(cost, params.ngram, params.guess_set))
+        return Expectation(lookahead_tokens(w.value, params.ngram),
+                           lookahead_positions(w.value, params.ngram, params.guess_set), 0.0, "runtime/widths.py"), w
+    if strategy == "jacobi":
+        b = (WidthChoice("block_size", params.block_size, "user") if params.block_size
+             else choose_block(cost, params.variant))
+        positions, ms = jacobi_forward_ms(b.value, params.variant, cost)     # the mean forward of a block
+        return Expectation(jacobi_tokens(b.value, params.variant), positions, 0.0, "runtime/widths.py",
+                           ms / float(cost(1))), b
+    if strategy == "prophet":
+        return PROPHET, None
+    if strategy == "prompt_lookup":
+        return PROMPT_LOOKUP, None
+    return None, None
+
+
+def verdict(strategy: str, cost: Cost, params: Any = None) -> Verdict:
+    """Whether ``strategy`` (with ``params``, else its defaults) is expected to pay on ``cost``."""
+    model, width = expectation(strategy, cost, params)
+    if model is None:
+        return Verdict(strategy, None)
+    forward = model.forward_ratio if model.forward_ratio is not None else float(cost(model.positions)) / float(cost(1))
+    ratio = forward + model.drafting + (STEP if strategy != "greedy" else 0.0)
+    return Verdict(strategy, model.tokens / ratio, model.tokens, model.positions, ratio, forward, model.drafting,
+                   width)
+
+
+def verdicts(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None) -> list[Verdict]:
+    """One verdict per strategy, in order (``params``: strategy name -> its parameters, where not the defaults)."""
+    return [verdict(name, cost, (params or {}).get(name)) for name in strategies]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The default comparison for this machine: the strategies expected to pay, and one line per one left out."""
+    strategies: tuple[str, ...]
+    left_out: tuple[str, ...]
+    notes: tuple[str, ...]            # one line per strategy left out: why, from the curve
+
+    @property
+    def note(self) -> str:
+        return "\n".join(self.notes)
+
+
+def default_comparison(cost: Cost, strategies: Sequence[str],
+                       params: Optional[Mapping[str, Any]] = None) -> Comparison:
+    """``strategies`` less those not expected to pay on ``cost`` (greedy, the reference, always stays)."""
+    judged = verdicts(cost, strategies, params)
+    kept = tuple(v.strategy for v in judged if v.pays or v.strategy == "greedy")
+    out = tuple(v for v in judged if v.strategy not in kept)
+    return Comparison(kept, tuple(v.strategy for v in out), tuple(v.reason for v in out))
