@@ -237,3 +237,42 @@ def test_a_width_event_survives_a_trace_export_and_import():
                      ({"name": "width"}, "name must be one of window, block_size")):
         with pytest.raises(ValueError, match=msg):
             import_trace(export_trace({"results": [_result(events=[{**event, **bad}] + base["events"])]}))
+
+
+def test_a_curve_that_pays_per_path_narrows_lookahead_and_can_flip_its_verdict():
+    """Row-exact attention (bfloat16 weights) lays each root-to-leaf path out apart: a lookahead window of W
+    columns is W + 1 paths. A curve that measured a cost per path must narrow the window and lower its verdict;
+    one without it (0 per path) must not change either."""
+    from decoding.harness.pays import verdict
+    from decoding.runtime.forward_cost import ForwardCost
+    from decoding.runtime.widths import choose_window
+    points = {t: 10.0 + 0.02 * (t - 1) for t in (1, 2, 4, 8, 16, 33)}
+    flat, per_path = ForwardCost(points), ForwardCost(points, per_path_ms=1.5)
+    assert flat.tree(9, 8) == flat(9) and per_path.tree(9, 8) == per_path(9) + 6 * 1.5
+    assert per_path.tree(9, 1) == per_path(9)                   # fewer paths than the probe's: no discount
+    assert choose_window(per_path).value < choose_window(flat).value
+    assert verdict("lookahead", per_path).speedup < verdict("lookahead", flat).speedup
+    assert verdict("prompt_lookup", per_path).speedup == verdict("prompt_lookup", flat).speedup   # a chain
+    with pytest.raises(ValueError, match="per_path_ms"):
+        ForwardCost(points, per_path_ms=-1.0)
+
+
+def test_calibration_measures_the_cost_of_a_path_only_where_paths_cost(monkeypatch):
+    """The star probe (the root and 8 leaves, 8 paths) against the 2-path probe of the same width: a model whose
+    rows cost per path gets a positive per_path_ms; the timer here makes paths cost 2 ms each."""
+    from decoding.runtime import forward_cost as fc
+    lm = tiny_causal("llama")
+    calls = {"paths": None}
+    real_forward = fc.tree_forward
+
+    def counting(session, root, tree, hidden=True):
+        calls["paths"] = sum(1 for i in range(len(tree.tokens)) if i not in set(tree.parents))
+        return real_forward(session, root, tree, hidden=hidden)
+    monkeypatch.setattr(fc, "tree_forward", counting)
+
+    def timer(fn):
+        fn()
+        return 10.0 + 2.0 * max(0, calls["paths"] - 2)
+    curve = fc.calibrate(lm, 9, timer=timer, repeats=1)
+    assert curve.per_path_ms == pytest.approx(2.0)
+    assert fc.calibrate(lm, 9, timer=lambda fn: (fn(), 10.0)[1], repeats=1).per_path_ms == 0.0

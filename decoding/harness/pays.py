@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from decoding.runtime.widths import (STEP, WidthChoice, choose_block, choose_window, jacobi_forward_ms,
-                                     jacobi_tokens, lookahead_positions, lookahead_tokens)
+                                     jacobi_tokens, lookahead_paths, lookahead_positions, lookahead_tokens,
+                                     tree_ms)
 from decoding.strategies import registry
 
 Cost = Callable[[float], float]
@@ -50,6 +51,7 @@ class Expectation:
     drafting: float = 0.0
     source: str = ""
     forward_ratio: Optional[float] = None   # the forward's cost / c(1) where not c(positions) / c(1) (Jacobi)
+    paths: float = 2.0                      # root-to-leaf paths of its tree (row-exact attention pays per path)
 
     def __post_init__(self) -> None:
         if not self.tokens >= 1.0:
@@ -58,6 +60,8 @@ class Expectation:
             raise ValueError(f"positions must be at least 1, got {self.positions!r}")
         if not self.drafting >= 0.0:
             raise ValueError(f"drafting must be >= 0, got {self.drafting!r}")
+        if not self.paths >= 1.0:
+            raise ValueError(f"paths must be at least 1, got {self.paths!r}")
 
 
 # Recorded on the default example (see the module docstring; BENCHMARKS.md, "How widths are chosen").
@@ -109,7 +113,8 @@ def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional
         w = (WidthChoice("window", params.window, "user") if params.window
              else choose_window(cost, params.ngram, params.guess_set))
         return Expectation(lookahead_tokens(w.value, params.ngram),
-                           lookahead_positions(w.value, params.ngram, params.guess_set), 0.0, "runtime/widths.py"), w
+                           lookahead_positions(w.value, params.ngram, params.guess_set), 0.0, "runtime/widths.py",
+                           paths=lookahead_paths(w.value)), w
     if strategy == "jacobi":
         b = (WidthChoice("block_size", params.block_size, "user") if params.block_size
              else choose_block(cost, params.variant))
@@ -128,7 +133,8 @@ def verdict(strategy: str, cost: Cost, params: Any = None) -> Verdict:
     model, width = expectation(strategy, cost, params)
     if model is None:
         return Verdict(strategy, None)
-    forward = model.forward_ratio if model.forward_ratio is not None else float(cost(model.positions)) / float(cost(1))
+    forward = (model.forward_ratio if model.forward_ratio is not None
+               else tree_ms(cost, model.positions, model.paths) / float(cost(1)))
     ratio = forward + model.drafting + (STEP if strategy != "greedy" else 0.0)
     return Verdict(strategy, model.tokens / ratio, model.tokens, model.positions, ratio, forward, model.drafting,
                    width)

@@ -40,6 +40,8 @@ from decoding.tree import TokenTree
 # kernel buckets (kernels.BUCKETS): both sides of each edge are measured.
 GRID = (1, 2, 3, 4, 6, 9, 10, 13, 17, 18, 25, 33, 48, 64, 65)
 CONTEXT = 128            # cached positions before the timed forward: a prompt plus some answer
+PROBE_PATHS = 2          # root-to-leaf paths of the probe trees (``_probe_tree``: a root branching in two)
+STAR = 9                 # width of the star tree (the root and STAR - 1 leaves) that times the cost of a path
 REPEATS = 3
 KEY = "forward_cost"     # LoadedModel.extras[KEY]: {fast flag: ForwardCost}
 
@@ -53,6 +55,10 @@ class ForwardCost:
     source: str = "injected"          # measured | injected
     seconds: float = 0.0              # time the measurement took
     context: int = 0
+    # ms a verify forward costs per root-to-leaf path of its tree beyond the probe's PROBE_PATHS: 0 where a tree's
+    # rows cost what a chain's do; row-exact attention (bfloat16 weights, gqa_attention.rows_sdpa_forward) lays
+    # out each path's keys apart and pays per path. Measured with a star tree (``calibrate``).
+    per_path_ms: float = 0.0
     _xs: tuple = field(init=False, repr=False, compare=False)
     _ys: tuple = field(init=False, repr=False, compare=False)
 
@@ -66,6 +72,8 @@ class ForwardCost:
         bad = [(t, y) for t, y in zip(xs, ys) if not (math.isfinite(y) and y > 0)]
         if bad:
             raise ValueError(f"forward costs must be positive finite ms, got {bad[0][1]!r} at T={bad[0][0]}")
+        if not (math.isfinite(self.per_path_ms) and self.per_path_ms >= 0):
+            raise ValueError(f"per_path_ms must be a finite number >= 0, got {self.per_path_ms!r}")
         object.__setattr__(self, "_xs", xs)
         object.__setattr__(self, "_ys", ys)
 
@@ -83,9 +91,14 @@ class ForwardCost:
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (width - x0) / (x1 - x0)
 
+    def tree(self, width: float, paths: float) -> float:
+        """ms of a verify forward of ``width`` positions whose tree has ``paths`` root-to-leaf paths."""
+        return self(width) + max(0.0, paths - PROBE_PATHS) * self.per_path_ms
+
     def record(self) -> dict:
         """Flat and JSON-friendly (a run's stats hold flat mappings of scalars)."""
-        return {f"c{t}_ms": round(y, 3) for t, y in zip(self._xs, self._ys)}
+        return {**{f"c{t}_ms": round(y, 3) for t, y in zip(self._xs, self._ys)},
+                "per_path_ms": round(self.per_path_ms, 3)}
 
 
 def widths_up_to(max_width: int) -> list[int]:
@@ -145,8 +158,15 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
         for t in widths[shift:] + widths[:shift]:
             best[t] = min(best[t], timer(lambda: forward(t)))
     floor = 1e-6                                       # a clock too coarse for a tiny model still gives > 0
+    per_path = 0.0
+    if branching and STAR in best:                     # the same width in STAR - 1 paths instead of two
+        star = TokenTree(tuple(range(STAR - 1)), (-1,) * (STAR - 1))
+        forward_star = lambda: (tree_forward(session, root, star, hidden=hidden), session.crop(base))  # noqa: E731
+        forward_star()
+        star_ms = min(timer(forward_star) for _ in range(max(1, repeats)))
+        per_path = max(0.0, (star_ms - best[STAR]) / (STAR - 1 - PROBE_PATHS))
     return ForwardCost({t: max(ms, floor) for t, ms in best.items()}, source="measured",
-                       seconds=time.perf_counter() - t_start, context=context)
+                       seconds=time.perf_counter() - t_start, context=context, per_path_ms=per_path)
 
 
 def forward_cost(lm: Any, max_width: int, *, fast: bool = False,

@@ -18,7 +18,9 @@ commits 1 token per ``c(1)``. The models of ``E`` and ``T`` are simple, stated a
   sweep on the bundled model, 4 code and chat prompts (``bench-cpu-lookahead.md``, N = 4, G = 4:
   1.12 / 1.21 / 1.27 / 1.34 tokens per forward at W = 1 / 2 / 3 / 5; the formula gives 1.13 / 1.21 /
   1.26 / 1.34). ``T(W) = 1 + min(LOOKAHEAD_CANDIDATES, G * (N - 1)) + (N - 1) * W``: the key, the
-  verified candidates (1.1-3.6 positions a step on three prompts, counted) and the window's cells.
+  verified candidates (1.1-3.6 positions a step on three prompts, counted) and the window's cells. Its
+  tree has ``W + 1`` root-to-leaf paths (a column each, and the candidates): a model whose verify rows
+  are exact per path (bfloat16 weights) pays each path beyond the probe's two, ``ForwardCost.per_path_ms``.
   ``N`` stays the user's (default 4): at equal width N = 4 committed more than N = 3 in that sweep.
 * **Jacobi**, block ``n`` (``hybrid``, ``gs_jacobi``): a block of ``n`` guesses is decided in about
   ``n`` forwards whose inputs shrink from ``n`` to 1 (the verified prefix is not fed again), so a forward
@@ -100,6 +102,18 @@ def lookahead_positions(window: int, ngram: int, guess_set: int) -> float:
     return 1.0 + min(LOOKAHEAD_CANDIDATES, guess_set * (ngram - 1)) + (ngram - 1) * window
 
 
+def lookahead_paths(window: int) -> float:
+    """Root-to-leaf paths of a lookahead forward's tree: one per window column, one for the candidates."""
+    return window + 1.0
+
+
+def tree_ms(cost: Cost, width: float, paths: float) -> float:
+    """ms of a verify forward of ``width`` positions in ``paths`` root-to-leaf paths: the curve's own tree cost
+    where it measured one (``ForwardCost.tree``: row-exact attention pays per path), else ``c(width)``."""
+    tree = getattr(cost, "tree", None)
+    return float(tree(width, paths)) if callable(tree) else float(cost(width))
+
+
 def jacobi_tokens(block: int, variant: str) -> float:
     """E(n): tokens a Jacobi forward is expected to commit; exactly 1 for a block of 1 (greedy)."""
     return 1.0 + JACOBI_GAIN.get(variant, JACOBI_GAIN["hybrid"]) * math.log2(block)
@@ -143,7 +157,7 @@ def choose_window(cost: Cost, ngram: int = 4, guess_set: int = 4, windows: Itera
 
     def score(w: int) -> tuple[float, float, float]:
         t = lookahead_positions(w, ngram, guess_set)
-        return lookahead_tokens(w, ngram), t, float(cost(t))
+        return lookahead_tokens(w, ngram), t, tree_ms(cost, t, lookahead_paths(w))
     return _best("window", windows, score, one)
 
 
