@@ -27,3 +27,9 @@ class RunContext:
 
 
 EMPTY = RunContext()
+
+
+def processors(context: Optional[RunContext], lm: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> Optional[Any]:
+    """The logits processors of one generation under ``context`` (None: a run with no context has none active):
+    what every loop calls before its first token."""
+    return (context or EMPTY).processors(lm, prompt_ids, max_new_tokens)

@@ -122,6 +122,16 @@ def test_concurrent_loads_share_one_model(monkeypatch):
     for t in threads:
         t.join()
     assert calls == [BUNDLED] and len(got) == 4 and all(g is got[0] for g in got)
+    assert not models._key_locks                     # the loader's lock goes with its last caller
+
+
+def test_names_asked_for_once_leave_no_lock_behind(monkeypatch):
+    """Every name a visitor types reaches load_model; the per-name loader locks must not pile up."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for i in range(50):
+        with pytest.raises(ModelLoadError):
+            load_model(f"someone/not-a-model-{i}")
+    assert not models._key_locks
 
 
 def test_memory_budget_evicts_least_recently_used(tmp_path):

@@ -236,6 +236,18 @@ class LoadedModel:
         return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
     @property
+    def pad_token_id(self) -> int:
+        """The padding token, as ``generate`` picks it: the generation config's, the model config's, else the
+        first end-of-sequence token (0 for a model with none). Jacobi's ``pad`` init fills blocks with it."""
+        pad = self.model.generation_config.pad_token_id
+        if pad is None:
+            pad = getattr(self.model.config, "pad_token_id", None)
+        if pad is None:
+            eos = self.eos_token_ids
+            pad = eos[0] if eos else 0
+        return int(pad)
+
+    @property
     def decoder_start_token_id(self) -> Optional[int]:
         start = self.model.generation_config.decoder_start_token_id
         if start is None:
@@ -284,7 +296,7 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
 
 _cache: "OrderedDict[tuple, LoadedModel]" = OrderedDict()  # least recently used first
 _cache_lock = threading.Lock()
-_key_locks: dict[tuple, threading.Lock] = {}
+_key_locks: dict[tuple, list] = {}   # key -> [its loader's lock, callers holding or awaiting it]: gone when none
 # Half of a free Hugging Face Space's 16 GB: a model is loaded before older ones are evicted,
 # so while it loads the process holds the cached models plus the new one. The app passes its own.
 DEFAULT_MEMORY_BUDGET_GB = 8.0
@@ -478,17 +490,24 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-        lock = _key_locks.setdefault(key, threading.Lock())
-    with lock:  # one loader per key; others wait and then read the cache
-        with _cache_lock:
-            if key in _cache:
-                _cache.move_to_end(key)
-                return _cache[key]
-        loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None), mode)
-        with _cache_lock:
-            _evict_for(model_bytes(loaded), budget)
-            _cache[key] = loaded
-        return loaded
+        entry = _key_locks.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        with entry[0]:  # one loader per key; others wait and then read the cache
+            with _cache_lock:
+                if key in _cache:
+                    _cache.move_to_end(key)
+                    return _cache[key]
+            loaded = _load_uncached(spec, dev, dt, progress or (lambda msg: None), mode)
+            with _cache_lock:
+                _evict_for(model_bytes(loaded), budget)
+                _cache[key] = loaded
+            return loaded
+    finally:
+        with _cache_lock:   # the last caller of a key drops its lock: names asked for once leave nothing behind
+            entry[1] -= 1
+            if entry[1] == 0 and _key_locks.get(key) is entry:
+                del _key_locks[key]
 
 
 def clear_model_cache() -> None:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from decoding.commit import Output
-from decoding.context import EMPTY, RunContext
+from decoding.context import RunContext, processors
 from decoding.events import BeamStep, SamplingFilter
 from decoding.params import BeamParams, GreedyParams, SampleParams
 from decoding.result import Result
@@ -36,7 +36,7 @@ def _autoregressive(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: 
     """
     target = Session(pair.target, "target", tracer, fast=fast, max_len=len(prompt_ids) + max_new_tokens)
     out = Output(pair.target.eos_token_ids, max_new_tokens, tracer)
-    proc = (context or EMPTY).processors(pair.target, prompt_ids, max_new_tokens)
+    proc = processors(context, pair.target, prompt_ids, max_new_tokens)
     # 1. prefill; the first token
     token = first_token(target, prompt_ids, out, proc, choose, source, observe=observe)
     while not out.done:
@@ -113,7 +113,7 @@ def beam(prompt_ids: Sequence[int], pair: ModelPair, params: BeamParams, *,
     done_lens = torch.zeros(k, dtype=torch.long, device=device)
     improvable = True
 
-    proc = (context or EMPTY).processors(pair.target, prompt_ids, max_new_tokens)
+    proc = processors(context, pair.target, prompt_ids, max_new_tokens)
     logits = target.prefill(prompt_ids, batch=k)                         # [k, V]
     vocab = logits.shape[-1]
     for t in range(max_new_tokens):

@@ -36,6 +36,7 @@ from decoding.events import CorrectionToken, DraftProposed, ForwardPass, StepTim
 from decoding.params import HFAssistedParams, HFGreedyParams, HFPromptLookupParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
+from decoding.strategies.stages import acceptance
 from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 
@@ -220,32 +221,16 @@ class _Tap(BaseStreamer):
         per_forward = round(n_out / self.forwards, 4) if self.forwards else 0.0
         if self.mode == PLAIN:
             return {"mean_tokens_per_target_forward": per_forward}
-        drafted = sum(d for d, _ in self.steps)
-        accepted = sum(a for _, a in self.steps)
-        steps = len(self.steps)
-        alpha = accepted / drafted if drafted else 0.0
-        gamma = drafted / steps if steps else 0.0
-        t_ms = self.target_ms / self.forwards if self.forwards else 0.0
-        c = (self.outside_ms / drafted) / t_ms if drafted and t_ms else 0.0
-        expected = (gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        return {"alpha": round(alpha, 4), "drafted": drafted, "accepted": accepted, "steps": steps,
-                "gamma": round(gamma, 3), "mean_accepted_length": round(accepted / max(steps, 1), 4),
-                "mean_tokens_per_target_forward": per_forward,
-                "draft_ms_per_step": round(self.outside_ms / max(steps, 1), 3), "cost_ratio": round(c, 4),
-                "expected_tokens_per_step": round(expected, 4),
-                "predicted_speedup": round(expected / (gamma * c + 1), 4),
-                "accepted_lengths": [a for _, a in self.steps]}
+        return {**acceptance(sum(d for d, _ in self.steps), sum(a for _, a in self.steps), len(self.steps),
+                             self.outside_ms, self.target_ms, self.forwards),
+                "mean_tokens_per_target_forward": per_forward, "accepted_lengths": [a for _, a in self.steps]}
 
 
 def _generate_kwargs(pair: ModelPair, max_new_tokens: int, context: Optional[RunContext]) -> dict:
     """``generate``'s keyword arguments for a greedy run under the run's generation settings."""
     lm = pair.target
     eos = list(lm.eos_token_ids)
-    pad = lm.model.generation_config.pad_token_id
-    if pad is None:
-        pad = getattr(lm.model.config, "pad_token_id", None)
-    if pad is None and eos:
-        pad = eos[0]
+    pad = lm.pad_token_id
     kwargs: dict = {"max_new_tokens": int(max_new_tokens), "do_sample": False, "num_beams": 1,
                     "num_return_sequences": 1, "return_dict_in_generate": False,
                     "eos_token_id": eos or None, "pad_token_id": pad,

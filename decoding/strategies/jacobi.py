@@ -61,7 +61,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from decoding.commit import Output
-from decoding.context import EMPTY, RunContext
+from decoding.context import RunContext, processors
 from decoding.events import JacobiIteration
 from decoding.params import JacobiParams
 from decoding.result import Result
@@ -239,11 +239,9 @@ def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, 
     target = Session(lm, "target", tracer, fast=params.fast,
                      max_len=len(prompt_ids) + max_new_tokens + chosen.value + 1)
     eos = set(lm.eos_token_ids)
-    pad = lm.model.generation_config.pad_token_id
-    pad = pad if pad is not None else (min(eos) if eos else 0)
-    run = _Run(target, Output(eos, max_new_tokens, tracer), params, tracer, int(pad), lm.vocab_size, rng,
+    run = _Run(target, Output(eos, max_new_tokens, tracer), params, tracer, lm.pad_token_id, lm.vocab_size, rng,
                max_new_tokens, block=chosen.value,
-               proc=(context or EMPTY).processors(lm, prompt_ids, max_new_tokens))
+               proc=processors(context, lm, prompt_ids, max_new_tokens))
     first = first_token(target, prompt_ids, run.out, run.proc, lambda logits: int(logits.argmax()), "greedy")
     run.decoded.append(first)
     (_sliding if params.variant == "sliding" else _blocks)(run)
@@ -251,7 +249,6 @@ def jacobi(prompt_ids: Sequence[int], pair: ModelPair, params: JacobiParams, *, 
     return Result(list(run.out.tokens), target.forwards, stats={
         "iterations": run.iterations, "blocks": run.blocks,
         "block_size": chosen.value, "width_choice": chosen.record(),
-        "step_compression": round(n / target.forwards, 4),
         "mean_tokens_per_target_forward": round(n / target.forwards, 4),
         # per block (per window for sliding): its iterations and the tokens they decided (past EOS too)
         "iterations_per_block": [b[0] for b in run.per_block], "tokens_per_block": [b[1] for b in run.per_block],

@@ -44,7 +44,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from decoding.commit import Output
-from decoding.context import EMPTY, RunContext
+from decoding.context import RunContext, processors
 from decoding.events import LookaheadStep
 from decoding.params import LookaheadParams
 from decoding.result import Result
@@ -131,7 +131,7 @@ def step_layout(pending: int, parents: tuple[int, ...], levels: int, width: int
 # --------------------------------------------------------------------------- the loop
 
 @dataclass
-class _Tally:
+class _WindowTally:
     steps: int = 0
     hit_steps: int = 0
     accept_steps: int = 0
@@ -160,13 +160,13 @@ def lookahead(prompt_ids: Sequence[int], pair: ModelPair, params: LookaheadParam
     if params.pool_from_prompt:
         pool.add_all(seq, n)
 
-    proc = (context or EMPTY).processors(lm, prompt_ids, max_new_tokens)
+    proc = processors(context, lm, prompt_ids, max_new_tokens)
     # 1. prefill; the first token is the target's own
     first = first_token(target, seq, out, proc, chooser(params, rng), own)
     seq.append(first)
     pending = [first]                       # committed, not yet in the cache; the last is the key
     levels = [_initial_level(seq, width, rng)]
-    tally = _Tally()
+    tally = _WindowTally()
 
     while not out.done:
         # 2. candidates for the key, merged into a tree; a step commits at most `room` tokens
@@ -240,12 +240,11 @@ def _advance(levels: list[list[int]], fresh: list[int], depth: int, pool: NgramP
     return levels[1:] + [fresh]
 
 
-def _stats(t: _Tally, out: list[int], target: Session, pool: NgramPool, chosen: WidthChoice) -> dict:
+def _stats(t: _WindowTally, out: list[int], target: Session, pool: NgramPool, chosen: WidthChoice) -> dict:
     steps = max(t.steps, 1)
     lengths = [a for a in t.accepted_lengths if a]
     return {
         "window": chosen.value, "width_choice": chosen.record(),
-        "step_compression": round(len(out) / target.forwards, 4),
         "mean_tokens_per_target_forward": round(len(out) / target.forwards, 4),
         "lookahead_steps": t.steps,
         "pool_hit_rate": round(t.hit_steps / steps, 4),

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from decoding.commit import Output
-from decoding.context import EMPTY, RunContext
+from decoding.context import RunContext, processors
 from decoding.drafting import Drafter, DraftLength, Proposal, make_drafter
 from decoding.events import CorrectionToken, Distribution, DraftProposed, DraftTree, StepTiming, TokenVerified
 from decoding.params import MAX_TREE_NODES, PromptLookupParams, ProphetParams, SamplingParams, SpeculativeParams
@@ -29,7 +29,7 @@ from decoding.runtime.attention import tree_forward
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
 from decoding.sampling import chooser
-from decoding.strategies.stages import first_token, verify
+from decoding.strategies.stages import acceptance, first_token, verify
 from decoding.strategies.strategy import Strategy
 from decoding.tracer import NULL_TRACER
 from decoding.verify import Verdict
@@ -64,7 +64,7 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
     if hidden:   # a layer-fusion head reads intermediate layers' states too, from the same forwards
         target.hidden_layers = tuple(drafter.hidden_layers)
     prompt = list(prompt_ids)
-    proc = (context or EMPTY).processors(pair.target, prompt, max_new_tokens)
+    proc = processors(context, pair.target, prompt, max_new_tokens)
     drafter.begin(prompt)
 
     # 1. prefill: the first token comes from the target alone
@@ -157,25 +157,11 @@ def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: P
 
 
 def _stats(target: Session, drafter: Drafter, t: _Tally, n_out: int) -> dict:
-    """Acceptance per drafted depth (alpha), tokens per target forward, and the Leviathan prediction.
-
-    ``cost_ratio`` c is the drafting time per drafted depth (one draft token of a
-    chain, one tree level) over the mean target forward time, for every drafter
-    (model-free ones included). Leviathan et al.: expected tokens per step
-    E = (1 - a^(g+1)) / (1 - a), predicted speedup E / (g c + 1).
-    """
-    alpha = t.accepted / t.depth if t.depth else 0.0
-    gamma = t.depth / t.steps if t.steps else 0.0
-    t_ms = target.ms / target.forwards if target.forwards else 0.0
-    c = (drafter.ms / t.depth) / t_ms if t.depth and t_ms else 0.0
-    expected = (gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return {"alpha": round(alpha, 4), "drafted": t.depth, "drafted_nodes": t.nodes, "accepted": t.accepted,
-            "steps": t.steps, "gamma": round(gamma, 3), "mean_nodes_per_step": round(t.nodes / max(t.steps, 1), 3),
-            "mean_accepted_length": round(t.accepted / max(t.steps, 1), 4),
-            "mean_tokens_per_target_forward": round(n_out / target.forwards, 4),
-            "draft_ms_per_step": round(drafter.ms / max(t.steps, 1), 3),
-            "cost_ratio": round(c, 4), "expected_tokens_per_step": round(expected, 4),
-            "predicted_speedup": round(expected / (gamma * c + 1), 4), "accepted_lengths": t.lengths}
+    """Acceptance per drafted depth and the Leviathan prediction (``stages.acceptance``), tokens per target
+    forward, and the nodes a tree drafted."""
+    return {**acceptance(t.depth, t.accepted, t.steps, drafter.ms, target.ms, target.forwards),
+            "drafted_nodes": t.nodes, "mean_nodes_per_step": round(t.nodes / max(t.steps, 1), 3),
+            "mean_tokens_per_target_forward": round(n_out / target.forwards, 4), "accepted_lengths": t.lengths}
 
 
 # --------------------------------------------------------------------------- strategies

@@ -9,6 +9,8 @@
    draft path), then the tree verified: the longest argmax-matching path at temperature 0, recursive
    rejection sampling above (``decoding.verify``). Speculative decoding and lookahead call it.
 4. ``trace_width``: the width a lookahead or Jacobi run uses and where it came from (``runtime/widths.py``).
+5. ``acceptance``: a drafting loop's acceptance statistics and Leviathan's predicted speed-up, for our loop and
+   for ``generate``'s assisted one alike.
 """
 
 from __future__ import annotations
@@ -75,3 +77,22 @@ def trace_width(tracer: Any, chosen: WidthChoice) -> None:
                                 tokens_per_forward=round(chosen.tokens_per_forward, 4),
                                 cost_ratio=round(chosen.cost_ratio, 4),
                                 predicted_speedup=round(chosen.predicted_speedup, 4)))
+
+
+def acceptance(drafted: int, accepted: int, steps: int, draft_ms: float, target_ms: float,
+               target_forwards: int) -> dict:
+    """Acceptance per drafted depth (alpha), drafted depth per step (gamma) and Leviathan et al.'s prediction.
+
+    ``cost_ratio`` c is the drafting time per drafted depth (one draft token of a chain, one tree level) over the
+    mean target forward time, for every drafter (model-free ones included). Expected tokens per step
+    E = (1 - a^(g+1)) / (1 - a) (g + 1 when every draft is accepted), predicted speed-up E / (g c + 1).
+    """
+    alpha = accepted / drafted if drafted else 0.0
+    gamma = drafted / steps if steps else 0.0
+    t_ms = target_ms / target_forwards if target_forwards else 0.0
+    c = (draft_ms / drafted) / t_ms if drafted and t_ms else 0.0
+    expected = (gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return {"alpha": round(alpha, 4), "drafted": drafted, "accepted": accepted, "steps": steps,
+            "gamma": round(gamma, 3), "mean_accepted_length": round(accepted / max(steps, 1), 4),
+            "draft_ms_per_step": round(draft_ms / max(steps, 1), 3), "cost_ratio": round(c, 4),
+            "expected_tokens_per_step": round(expected, 4), "predicted_speedup": round(expected / (gamma * c + 1), 4)}

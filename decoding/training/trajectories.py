@@ -26,10 +26,8 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
 
 
 def pad_token(lm: Any) -> int:
-    """The token the ``pad`` init fills a block with (as ``strategies/jacobi.py`` picks it)."""
-    pad = lm.model.generation_config.pad_token_id
-    eos = lm.eos_token_ids
-    return int(pad if pad is not None else (min(eos) if eos else 0))
+    """The token the ``pad`` init fills a block with (``LoadedModel.pad_token_id``, as ``strategies/jacobi.py``)."""
+    return lm.pad_token_id
 
 
 @torch.inference_mode()
