@@ -155,6 +155,7 @@ def _raw_run(app_url: str, api: str, head: bytes, chunk: bytes, repeats: int, ta
     return time.perf_counter() - t0, answer
 
 
+@pytest.mark.alone                  # asserts on seconds: no other worker mid-test
 def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_url):
     client = Client(app_url, verbose=False)
     _request(client, "Warm up.", seed=0)                        # the model is loaded before measuring
@@ -196,6 +197,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
     assert "Ran 1 strategies" in _request(client, "Name a planet.", seed=1)["status"]
 
 
+@pytest.mark.alone                  # asserts on seconds: no other worker mid-test
 def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, monkeypatch):
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
