@@ -1,6 +1,6 @@
 # One command to try the app, one to test it. Both set everything up first.
 #   make demo   -> venv + dependencies + bundled model, then serves the app on http://127.0.0.1:7860
-#   make test   -> venv + dependencies + bundled model + Debian chromium, then the whole test suite
+#   make test   -> venv + dependencies + bundled model + Debian chromium, then the whole test suite (2 workers)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -37,8 +37,11 @@ browser:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; `make test TEST_WORKERS=0` runs it in this one): a
+# file's tests stay together in one worker, in order, and the files start longest first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup browser
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Retake the README's screenshots (and docs/screenshots/timings.json) from the real app in headless chromium;
 # `make test` writes its copies under build/screenshots, so a test run leaves the checkout clean.

@@ -1,8 +1,11 @@
-"""Shared fixtures: the app launched on a free loopback port, a headless Chromium page on it, one torch thread."""
+"""Shared fixtures: the app launched on a free loopback port, a headless Chromium page on it, one torch thread;
+and what running in parallel needs (``make test`` runs ``pytest -n 2``): tests marked ``alone`` run with the
+other workers held between tests, each worker on its share of the CPU threads."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import time
@@ -25,14 +28,17 @@ def launch_local(demo, attempts: int = 3) -> str:
 
     Gradio's start-up check gives the new server a single HEAD request with a 3 s timeout and raises
     "localhost is not accessible" when it times out, which a machine still busy with an earlier test's
-    server can cause (a full run once failed so, and the test passed alone): try again on a fresh port."""
+    server can cause (a full run once failed so, and the test passed alone): try again on a fresh port.
+    So too when another process (a parallel test worker) took the port between ``free_port`` and the launch."""
     for attempt in range(attempts):
         port = free_port()
         try:
             demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
             return f"http://127.0.0.1:{port}/"
-        except ValueError as e:
-            if "localhost is not accessible" not in str(e) or attempt == attempts - 1:
+        except (ValueError, OSError) as e:
+            # OSError: the port was taken between free_port() and the launch (parallel workers pick ports too)
+            retry = "localhost is not accessible" in str(e) or "Cannot find empty port" in str(e)
+            if not retry or attempt == attempts - 1:
                 raise
             demo.close()
             time.sleep(2)
@@ -97,3 +103,71 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# --------------------------------------------------------------------------- parallel workers (pytest-xdist)
+# `make test` runs two workers with `--dist loadfile`: a file's tests stay together, in their order, in one
+# worker, so module fixtures (a Chromium page, a served app) are built once. Without -n nothing below applies.
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def pytest_configure(config):
+    """Each worker gets its share of the CPU threads: two workers with torch's default (all cores each)
+    oversubscribe the cores, and OpenMP threads then spin waiting for each other."""
+    if WORKERS > 1:
+        threads = str(max(1, (os.cpu_count() or 1) // WORKERS))
+        os.environ["OMP_NUM_THREADS"] = threads           # and the subprocesses the tests start (app.py, CLI)
+        import torch
+        torch.set_num_threads(int(threads))
+
+
+_SHARE: dict = {}
+
+
+def _share_fds(config) -> tuple[int, int]:
+    """This worker's descriptors of the run's two lock files (beside the workers' temp folders, which
+    pytest removes with old runs)."""
+    if not _SHARE:
+        folder = config._tmp_path_factory.getbasetemp().parent
+        _SHARE["fds"] = tuple(os.open(folder / name, os.O_CREAT | os.O_RDWR, 0o600)
+                              for name in ("decoding-playground-gate.lock", "decoding-playground-share.lock"))
+    return _SHARE["fds"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``alone`` asserts on seconds (or on load it makes itself): under pytest-xdist it waits
+    for the other workers to finish the test they are in (module fixtures included) and keeps them from
+    starting another until it is done. A readers-writer lock on two files: every other test holds the
+    share lock shared; an ``alone`` test holds it exclusive. The gate lock lets a waiting ``alone`` test in
+    ahead of the other workers' next tests (flock alone lets shared holders starve it)."""
+    if WORKERS == 1:
+        return (yield)
+    import fcntl
+    gate, share = _share_fds(item.config)
+    mode = fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH
+    fcntl.flock(gate, mode)
+    fcntl.flock(share, mode)
+    if mode == fcntl.LOCK_SH:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+    try:
+        return (yield)
+    finally:
+        fcntl.flock(share, fcntl.LOCK_UN)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+# The files that took longest (seconds of setup + call + teardown under `make test` on the 2-vCPU Xeon, at load
+# ~10 from other work), run first: with --dist loadfile a worker takes a whole file, and a long file started
+# last leaves the other worker idle at the end. The other files keep their order after these.
+SLOW_FILES = ("test_load.py", "test_prophet.py", "test_suffix.py", "test_browser.py", "test_speculative.py",
+              "test_benchmark_scripts.py", "test_model_state.py", "test_cli.py", "test_app.py", "test_models.py",
+              "test_hosting.py", "test_security.py", "test_lookahead.py", "test_crowd.py", "test_universal.py",
+              "test_consistency.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if WORKERS > 1:                   # one process keeps the plain order
+        rank = {name: i for i, name in enumerate(SLOW_FILES)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: a file's order is kept

@@ -33,6 +33,7 @@ def _run_small(page, prompt: str, n: int, strategies: tuple) -> None:
                            timeout=300_000)
 
 
+@pytest.mark.alone          # the shared race must show within 3 s: no other worker mid-test
 def test_a_share_link_opens_the_race_in_a_new_session_computing_nothing(app_url, app_state):
     with chromium_page(app_url) as page:
         _run_small(page, "Share test: name three fruits.", 12, ("Greedy", "Prompt lookup"))

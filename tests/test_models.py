@@ -134,6 +134,28 @@ def test_names_asked_for_once_leave_no_lock_behind(monkeypatch):
     assert not models._key_locks
 
 
+def test_processes_sharing_the_cache_convert_a_bundled_model_once(tmp_path, monkeypatch):
+    """Two loaders (app replicas, parallel test workers) that find no converted copy: one converts, the other
+    waits on the lock file and reads its result (no directory replaced while another reads it)."""
+    import threading
+    converted = []
+
+    def fake_convert(gguf, out_dir):
+        converted.append(out_dir)
+        time.sleep(0.3)                          # the other loader arrives while this one converts
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "convert_gguf", fake_convert)
+    out = tmp_path / "models" / "m"
+    threads = [threading.Thread(target=models._convert_once, args=(tmp_path / "m.gguf", out, lambda msg: None))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert converted == [out] and (out / "config.json").is_file()
+
+
 def test_memory_budget_evicts_least_recently_used(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     dirs = []

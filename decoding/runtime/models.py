@@ -381,6 +381,18 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _convert_once(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]) -> None:
+    """``convert_gguf`` unless another process has meanwhile: processes that share the cache (two app
+    replicas, a test run's parallel workers) take a lock file beside it, so one converts and the others
+    wait and read its result instead of replacing the directory while it is being read."""
+    from filelock import FileLock            # a dependency of huggingface_hub, hence of transformers
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out_dir.parent / f".{out_dir.name}.lock")):
+        if not (out_dir / "config.json").is_file():
+            progress(f"converting {gguf_path.name} to a safetensors cache (once, ~40 s)")
+            convert_gguf(gguf_path, out_dir)
+
+
 def resolve_source(spec: str, presets: dict[str, ModelPreset] | None = None) -> tuple[str, Optional[ModelPreset], str]:
     """(source to load, preset or None, kind) with kind in preset-bundled/preset-hub/local/hub."""
     presets = load_presets() if presets is None else presets
@@ -421,8 +433,7 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     if kind == "bundled":
         cached = cache_root() / stem
         if not (cached / "config.json").is_file():
-            progress(f"converting {Path(source).name} to a safetensors cache (once, ~40 s)")
-            convert_gguf(Path(source), cached)
+            _convert_once(Path(source), cached, progress)
         source = str(cached)
     progress(f"loading {name}")
     try:
