@@ -122,7 +122,7 @@ def main() -> None:
         raise SystemExit(f"this compares CPU linear kernels; {lm.name} runs on {lm.device} in {lm.dtype}")
     if args.remeasure:
         remeasure_kernels(lm, args.target, args.kernel_repeats)
-    choice = lm.extras["kernel_choice"]
+    choice = lm.state.kernel_choice
     env = environment(ModelPair(lm), 0)              # describes the chosen kernels, before switching
     table = dict(choice.table)
     configs = {"default": lambda shape: kernels.ALL_DEFAULT, "packed": lambda shape: kernels.ALL_PACKED,

@@ -72,7 +72,7 @@ def remeasure_kernels(lm: Any, spec: str, repeats: int) -> None:
     from decoding.runtime.kernel_choice import cache_file, configure
     from decoding.runtime.models import cache_root, resolve_source
     kind = resolve_source(spec)[2]
-    lm.extras["kernel_choice"] = configure(lm.model, "auto", name=lm.name, remeasure=True, repeats=repeats,
+    lm.state.kernel_choice = configure(lm.model, "auto", name=lm.name, remeasure=True, repeats=repeats,
                                            budget_s=float("inf"),
                                            file=cache_file(cache_root(), lm.name, kind == "bundled"))
 

@@ -219,12 +219,12 @@ def test_the_shipped_bf16_preset_is_its_own_model_and_its_drafts_equal_its_greed
     # on the plain grouped attention its tree rows are not the bits of a plain forward: the probe refuses trees
     try:
         bf.model.set_attn_implementation(NAME)
-        bf.extras.pop("mask_support", None)
+        bf.state.mask_support = None
         with pytest.raises(ValueError, match="bfloat16"):
             check_mask_support(bf)
     finally:
         bf.model.set_attn_implementation(ROWS_NAME)
-        bf.extras.pop("mask_support", None)
+        bf.state.mask_support = None
     check_mask_support(bf)
     assert results[1].target_forwards < len(results[0].token_ids)   # the head's chains were accepted: fewer forwards
 

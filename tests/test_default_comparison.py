@@ -33,7 +33,7 @@ def test_the_default_comparison_follows_the_curve():
 def test_without_a_curve_every_default_strategy_stays(monkeypatch):
     """Off the CPU (no curve is timed) the comparison is the fixed default; the default target is what is timed."""
     asked = []
-    gpu = SimpleNamespace(device=torch.device("cuda"), is_encoder_decoder=False, extras={})
+    gpu = SimpleNamespace(device=torch.device("cuda"), is_encoder_decoder=False, state=None)
     monkeypatch.setattr(Settings, "load", lambda self, name: asked.append(name) or gpu)
     chosen = chosen_strategies(Settings(target="some-target", strategies=("greedy",), strategies_note="old"))
     assert asked == ["some-target"]

@@ -119,7 +119,7 @@ def test_preload_loads_the_default_model_and_its_head_and_never_raises():
     from web.service import preload_default
     assert preload_default() == default_target()
     assert default_target() in cached_models()
-    assert isinstance(load_model(default_target()).extras.get("prophet_head"), Prophet)   # on the loaded target
+    assert isinstance(load_model(default_target()).state.prophet_head, Prophet)   # on the loaded target
     calls = []
 
     def broken(name):

@@ -163,7 +163,7 @@ def test_the_environment_names_the_cpu_and_the_kernel_of_each_bucket():
     from decoding.harness.runner import environment
     from decoding.runtime.pair import ModelPair
     lm = tiny_causal("llama")
-    lm.extras["kernel_choice"] = configure(lm.model, "auto", timer=FakeTimer())
+    lm.state.kernel_choice = configure(lm.model, "auto", timer=FakeTimer())
     env = environment(ModelPair(lm), 0)
     assert env["cpu"] == kernel_choice.cpu_name() and env["cpu"]
     assert [b["kernel"] for b in env["target"]["kernel_buckets"]] == ["default"] * 2 + ["onednn-packed"] * 4

@@ -34,16 +34,16 @@ def test_evicting_a_model_frees_its_head_marks_and_runners_and_reloading_stays_b
         lm = load_model(BUNDLED)
         size = size or models.model_bytes(lm) / 2**20
         head = prophet_for(lm)
-        assert prophet_for(lm) is head and lm.extras["prophet_head"] is head      # loaded once per model
+        assert prophet_for(lm) is head and lm.state.prophet_head is head      # loaded once per model
         ids = encode_prompt(lm.tokenizer, "Name a colour.", chat=True)
         results = run_comparison(ids, ModelPair(lm, prophet=head),
                                  [("prophet", {}), ("lookahead", {}), ("greedy", {"fast": True})], max_new_tokens=4)
         assert all(r.error is None for r in results)
         assert {("prophet", False), ("lookahead", False), ("greedy", True)} <= \
-            {key[1:] for key in lm.extras["warmed"]}                                 # warm-up marks, on the model
-        assert lm.extras["fastpath_runners"] and lm.extras["mask_support"] == "ok"
+            {key[1:] for key in lm.state.warmed}                                 # warm-up marks, on the model
+        assert lm.state.fastpath_runners and lm.state.mask_support == "ok"
         uids.append(lm.uid)
-        built = [lm, lm.model, head, lm.extras["fastpath_runners"][0][0]]
+        built = [lm, lm.model, head, lm.state.fastpath_runners[0][0]]
         alive = [weakref.ref(x) for x in built]
         del lm, head, results, built
         models.clear_model_cache()                                                   # evicted
@@ -62,8 +62,8 @@ def test_warm_up_marks_are_per_loaded_model(tmp_path):
     runs = [("speculative", {"draft_tokens": 2})]
     run_comparison([1, 2, 3], ModelPair(target, first), runs, max_new_tokens=3, reference=False)
     run_comparison([1, 2, 3], ModelPair(target, second), runs, max_new_tokens=3, reference=False)
-    assert {key[0] for key in target.extras["warmed"]} == {first.uid, second.uid}
-    assert "warmed" not in first.extras                                              # marks hang on the target
+    assert {key[0] for key in target.state.warmed} == {first.uid, second.uid}
+    assert not first.state.warmed                                                    # marks hang on the target
 
 
 def test_the_cache_goes_under_the_name_this_transformers_takes():

@@ -257,7 +257,7 @@ def test_the_drafter_keeps_what_the_injected_costs_say():
     want = _greedy(pair, p, 24)
     kept = {}
     for name, curve in (("flat", FLAT), ("steep", STEEP)):
-        target.extras[fc.KEY] = {False: curve}                 # the model's curve, as if measured
+        target.state.forward_cost = {False: curve}                 # the model's curve, as if measured
         res = prophet(p, pair, params, max_new_tokens=24)
         assert res.token_ids == want
         kept[name] = res.stats
@@ -273,7 +273,7 @@ def test_the_drafter_keeps_more_of_a_confident_heads_tree():
     Fails when the drafter ignores the probabilities."""
     target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
     curve = ForwardCost({1: 1e5, 65: 1e5 * (1 + 0.5 * 64)})  # each node costs half a forward; drafting is noise
-    target.extras[fc.KEY] = {False: curve}
+    target.state.forward_cost = {False: curve}
     params = ProphetParams(budget="measured", lookup=False, tree_nodes=12)
     means = []
     for scale in (40.0, 0.001):
@@ -286,7 +286,7 @@ def test_the_drafter_keeps_more_of_a_confident_heads_tree():
 def test_a_fixed_budget_is_unchanged_and_reports_nothing():
     target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
     pair = ModelPair(target, prophet=random_prophet(target, 0))
-    target.extras[fc.KEY] = {False: FLAT}
+    target.state.forward_cost = {False: FLAT}
     res = prophet(prompt(9, seed=3), pair, ProphetParams(lookup=False), max_new_tokens=20)
     assert "tree_budget" not in res.stats and res.stats["mean_nodes_per_step"] <= TREE_DEFAULTS["cpu"][1]
     with pytest.raises(ValueError, match="forward-cost curve"):
@@ -296,7 +296,7 @@ def test_a_fixed_budget_is_unchanged_and_reports_nothing():
 def test_sampling_with_a_measured_budget_runs_and_reports():
     target = tiny_causal("llama", seed=0, scale=2.0, dtype=F64)
     pair = ModelPair(target, prophet=random_prophet(target, 0))
-    target.extras[fc.KEY] = {False: ForwardCost({1: 1.0, 65: 20.0})}
+    target.state.forward_cost = {False: ForwardCost({1: 1.0, 65: 20.0})}
     res = prophet(prompt(9, seed=3), pair, ProphetParams(budget="measured", temperature=1.0), max_new_tokens=20,
                   rng=torch.Generator().manual_seed(0))
     assert len(res.token_ids) == 20 and res.stats["tree_budget"]["steps"] > 0
@@ -323,7 +323,7 @@ def test_calibration_is_positive_finite_and_measured_once_per_model():
     assert wider.max_width == 18 and len(calls) == 2 and forward_cost(target, 18, measure=measure) is wider
     other = tiny_causal("gpt2", seed=0, dtype=F64)
     forward_cost(other, 9, measure=measure)
-    assert len(calls) == 3 and target.extras[fc.KEY][False] is wider        # each model its own
+    assert len(calls) == 3 and target.state.forward_cost[False] is wider        # each model its own
 
 
 def test_calibration_times_each_width_with_the_timer_it_is_given():
@@ -369,7 +369,7 @@ def test_the_budget_parameter_is_validated_and_reaches_the_cli():
 def test_a_comparison_shows_the_budget_and_its_result_imports():
     target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
     pair = ModelPair(target, prophet=random_prophet(target, 0))
-    target.extras[fc.KEY] = {False: ForwardCost({1: 1.0, 9: 1.2, 65: 6.0})}
+    target.state.forward_cost = {False: ForwardCost({1: 1.0, 9: 1.2, 65: 6.0})}
     results = run_comparison(prompt(8), pair, [("greedy", {}), ("prophet", {"budget": "measured"})],
                              max_new_tokens=12, seed=0)
     rr = results[1]
@@ -394,7 +394,7 @@ def test_on_cuda_the_curve_is_timed_between_synchronisations_and_the_output_stay
     for fast in (False, True):
         res = prophet(p, pair, ProphetParams(budget="measured", fast=fast), max_new_tokens=30)
         assert res.token_ids == want, fast
-        measured = lm.extras[fc.KEY][fast]
+        measured = lm.state.forward_cost[fast]
         assert measured.max_width == 1 + MEASURED_NODES["cuda"]
         assert all(math.isfinite(ms) and ms > 0 for ms in measured.points.values())
         print(f"cuda fast={fast}: {measured.record()} kept {res.stats['tree_budget']['mean_kept_nodes']} "

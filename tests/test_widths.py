@@ -12,7 +12,8 @@ from decoding.events import WidthChosen
 from decoding.harness.pays import PROPHET, Expectation, default_comparison, verdict, verdicts
 from decoding.harness.runner import shown_params
 from decoding.params import GreedyParams, JacobiParams, LookaheadParams
-from decoding.runtime.forward_cost import KEY, ForwardCost
+from decoding.runtime.forward_cost import ForwardCost
+from decoding.runtime.models import ModelState
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.widths import (BLOCKS, CURVE_WIDTH, FALLBACK, STEP, WINDOWS, WidthChoice, choose_block,
                                      choose_window, jacobi_block, jacobi_forward_ms, jacobi_tokens,
@@ -86,9 +87,9 @@ def test_the_stated_models():
 # --------------------------------------------------------------------------- a run's width
 
 def _lm(device: str = "cpu", encoder_decoder: bool = False, curve_: ForwardCost | None = None):
-    """A stand-in model: what lookahead_window / jacobi_block read (its curve kept in extras, as measured)."""
-    extras = {KEY: {False: curve_}} if curve_ is not None else {}
-    return SimpleNamespace(device=torch.device(device), is_encoder_decoder=encoder_decoder, extras=extras)
+    """A stand-in model: what lookahead_window / jacobi_block read (its curve kept on its state, as measured)."""
+    state = ModelState(forward_cost={False: curve_} if curve_ is not None else {})
+    return SimpleNamespace(device=torch.device(device), is_encoder_decoder=encoder_decoder, state=state)
 
 
 def test_a_user_value_is_never_overridden():
@@ -99,7 +100,7 @@ def test_a_user_value_is_never_overridden():
         got = jacobi_block(lm, JacobiParams(block_size=5))
         assert (got.value, got.source, got.shown) == (5, "user", "block_size=5")
     # an explicit value never even asks for a curve (no curve here, and none could be timed)
-    bare = SimpleNamespace(device=torch.device("cpu"), is_encoder_decoder=False, extras=None)
+    bare = SimpleNamespace(device=torch.device("cpu"), is_encoder_decoder=False, state=None)
     assert lookahead_window(bare, LookaheadParams(window=3)).value == 3
     assert jacobi_block(bare, JacobiParams(block_size=3)).value == 3
 
@@ -139,7 +140,7 @@ def test_a_width_choice_is_validated():
 
 def _with_curve(lm, cost: ForwardCost):
     """Give a loaded model a measured curve (what forward_cost keeps on it), so the test picks the width."""
-    lm.extras.setdefault(KEY, {})[False] = ForwardCost({**cost.points, CURVE_WIDTH: cost(CURVE_WIDTH)})
+    lm.state.forward_cost[False] = ForwardCost({**cost.points, CURVE_WIDTH: cost(CURVE_WIDTH)})
     return lm
 
 
@@ -157,7 +158,7 @@ def test_auto_widths_give_greedys_tokens(arch):
             assert out.token_ids == ref, variant
             assert out.stats["width_choice"]["source"] == "curve"
             assert out.stats["block_size"] == block, variant
-        assert "forward_cost" in lm.extras and set(lm.extras[KEY]) == {False}     # the injected curve, not re-timed
+        assert set(lm.state.forward_cost) == {False}                             # the injected curve, not re-timed
 
 
 def test_a_traced_run_records_its_width_and_shown_params_resolve_auto():

@@ -202,7 +202,7 @@ def bridge_for(target: Any, assistant: Any) -> Bridge:
     hundred ms for a 262k vocabulary). Kept on the target, one per assistant, and dropped when the assistant
     is freed, so evicting either model frees the bridge."""
     with _LOCK:
-        bridges = target.extras.setdefault("bridges", {})
+        bridges = target.state.bridges
         bridge = bridges.get(assistant.uid)
         if bridge is None:
             bridge = bridges[assistant.uid] = Bridge(target.tokenizer, assistant.tokenizer, target.vocab_size)

@@ -262,7 +262,7 @@ def _warm_up(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: M
     Called right before the strategy's own timed run, so the first strategy's tokens
     are not held back by the warm-up of the others.
     """
-    warmed = pair.target.extras.setdefault("warmed", set())     # marks die with the loaded target
+    warmed = pair.target.state.warmed                           # marks die with the loaded target
     key = (pair.assistant.uid if pair.assistant else None, strategy.name, bool(getattr(params, "fast", False)))
     if key in warmed:
         return

@@ -71,14 +71,14 @@ def tree_forward(session: Any, pending: Sequence[int], tree: TokenTree, *, hidde
 def check_mask_support(lm: Any) -> None:
     """Raise ``ValueError`` unless ``lm`` honours a custom 4D mask with explicit positions.
 
-    Runs once per model (the verdict is kept in ``lm.extras``): the logits of a
+    Runs once per model (the verdict is kept in ``lm.state``): the logits of a
     token fed after a sibling it must not see are compared with those of a plain
     forward that never saw the sibling.
     """
-    verdict = lm.extras.get("mask_support")
+    verdict = lm.state.mask_support
     if verdict is None:
         verdict = _probe(lm)
-        lm.extras["mask_support"] = verdict
+        lm.state.mask_support = verdict
     if verdict == BF16_ROWS:
         raise ValueError(f"tree drafts and lookahead need every row of a masked forward to equal a plain "
                          f"forward's; {lm.name} rounds each linear layer's input to bfloat16, and its attention "

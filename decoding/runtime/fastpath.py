@@ -214,8 +214,8 @@ _LOCK = threading.Lock()
 
 
 def _pool(lm: Any) -> list[list]:
-    """The model's runners, ``[runner, weak reference to its owner]``, kept on the loaded model (its extras)."""
-    return lm.extras.setdefault("fastpath_runners", [])
+    """The model's runners, ``[runner, weak reference to its owner]``, kept on the loaded model (its state)."""
+    return lm.state.fastpath_runners
 
 
 def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:

@@ -15,7 +15,7 @@ kernel switch). One warm-up pass, then ``REPEATS`` passes with the widths in
 rotating order; each width keeps its fastest time (a busy machine only adds
 time). On CUDA every timed forward sits between synchronisations. A few seconds
 on the CPU for a 135M model, once: the curve hangs on the loaded model
-(``LoadedModel.extras["forward_cost"]``, per fast-path flag) and dies with it.
+(``LoadedModel.state.forward_cost``, per fast-path flag) and dies with it.
 A curve that covers fewer widths than asked is measured again, wider.
 
 ``ForwardCost`` is the curve itself: milliseconds at the measured widths,
@@ -43,7 +43,6 @@ CONTEXT = 128            # cached positions before the timed forward: a prompt p
 PROBE_PATHS = 2          # root-to-leaf paths of the probe trees (``_probe_tree``: a root branching in two)
 STAR = 9                 # width of the star tree (the root and STAR - 1 leaves) that times the cost of a path
 REPEATS = 3
-KEY = "forward_cost"     # LoadedModel.extras[KEY]: {fast flag: ForwardCost}
 
 Timer = Callable[[Callable[[], Any]], float]
 
@@ -171,8 +170,8 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
 
 def forward_cost(lm: Any, max_width: int, *, fast: bool = False,
                  measure: Optional[Callable[..., ForwardCost]] = None) -> ForwardCost:
-    """The model's cost curve covering ``max_width``: measured once, then read from ``lm.extras``."""
-    curves = lm.extras.setdefault(KEY, {})
+    """The model's cost curve covering ``max_width``: measured once, then read from ``lm.state``."""
+    curves = lm.state.forward_cost
     curve = curves.get(bool(fast))
     if curve is None or curve.max_width < max_width:
         curve = curves[bool(fast)] = (measure or calibrate)(lm, max_width, fast=fast)

@@ -451,13 +451,13 @@ def shipped_head(target: LoadedModel) -> Path:
 def prophet_for(target: LoadedModel) -> Prophet:
     """The shipped prophet weights for ``target`` (``shipped_head``), loaded once per loaded model."""
     with _LOCK:   # kept on the target: evicting the target frees its head (which borrows its embeddings)
-        head = target.extras.get("prophet_head")
+        head = target.state.prophet_head
         if head is None:                       # only then is the file looked up (it reads the presets)
             path = shipped_head(target)
             if not path.is_file():
                 raise ValueError(f"no prophet head is shipped for target {target.name!r}; train one with "
                                  f"python -m decoding.train_prophet --target {target.name}")
-            head = target.extras["prophet_head"] = load_prophet(path, target)
+            head = target.state.prophet_head = load_prophet(path, target)
         return head
 
 

@@ -194,14 +194,26 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
 _UIDS = itertools.count(1)
 
 
+@dataclass
+class ModelState:
+    """What is built for one loaded model and dies with it: one typed field per thing, each written by one module."""
+    kernel_choice: Any = None         # runtime/kernel_choice: which CPU kernel runs each bucket of rows (load_model)
+    adapter: Optional[str] = None     # the preset's LoRA adapter, merged at load (load_model)
+    mask_support: Optional[str] = None    # runtime/attention: the 4D-mask probe's verdict
+    forward_cost: dict = field(default_factory=dict)      # runtime/forward_cost: {fast flag: ForwardCost}
+    fastpath_runners: list = field(default_factory=list)  # runtime/fastpath: [runner, weak ref to its owner]
+    prophet_head: Any = None          # runtime/head: the shipped prophet head, loaded once for this target
+    warmed: set = field(default_factory=set)              # harness/runner: the strategies warmed up on it
+    hf_assisted_lock: threading.Lock = field(default_factory=threading.Lock)   # strategies/hf_generate
+    bridges: dict = field(default_factory=dict)           # drafting/tokenbridge: token bridges to its assistants
+
+
 @dataclass(eq=False)
 class LoadedModel:
     """A model with its tokenizer and the facts the decoding loops need.
 
-    Everything built for one loaded model hangs on it, so evicting the model from the cache frees it all:
-    ``extras`` holds the kernel choice (``kernel_choice``), the 4D-mask probe's verdict (``mask_support``),
-    the prophet head loaded for it (``prophet_head``), the strategies warmed up on it (``warmed``), the
-    fast path's static runners (``fastpath_runners``) and the token bridges to its assistants (``bridges``).
+    Everything built for one loaded model hangs on it (``state``: a :class:`ModelState`), so evicting the model
+    from the cache frees it all.
     ``uid`` tells loaded models apart for as long as the process runs (an ``id()`` can be reused).
     Compared by identity (``eq=False``), so a loaded model can be a weak-reference key.
     """
@@ -215,7 +227,7 @@ class LoadedModel:
     network: bool = False
     supports_logits_to_keep: bool = False
     weights: str = "full"          # WEIGHTS: "fp16"/"bf16" = reduced weights, float32 activations (kernels.py)
-    extras: dict = field(default_factory=dict)
+    state: ModelState = field(default_factory=ModelState)
     uid: int = field(default_factory=lambda: next(_UIDS))
 
     @property
@@ -271,7 +283,7 @@ class LoadedModel:
         if self.device.type == "cpu" and self.weights == "full":
             # which kernel runs which bucket of row counts, and how that was decided (measured or cached)
             info["kernel_buckets"] = kernels.bucket_kernels(self.model)
-            choice = self.extras.get("kernel_choice")
+            choice = self.state.kernel_choice
             if choice is not None:
                 info["kernel_choice"] = choice.record()
         return info
@@ -465,7 +477,7 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     loaded = wrap_model(model, tokenizer, name=name, source=source, weights=weights,
                         chat=bool(preset.chat) if preset else bool(getattr(tokenizer, "chat_template", None)),
                         network=bool(preset.network) if preset else kind == "hub",
-                        extras={"kernel_choice": choice, "adapter": preset.adapter if preset else None})
+                        state=ModelState(kernel_choice=choice, adapter=preset.adapter if preset else None))
     return loaded
 
 
@@ -477,7 +489,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
 
     Before a newly loaded model joins the cache, the least recently used ones are evicted until all fit
     ``memory_budget_gb`` (None: no cap; a model larger than the budget still loads, alone). Evicting a
-    model frees everything built for it (``LoadedModel.extras``).
+    model frees everything built for it (``LoadedModel.state``).
 
     ``kernels`` picks a CPU model's linear kernels (decoding/runtime/kernels.py): ``"auto"`` (the
     default) runs each weight shape and bucket of row counts on whichever of PyTorch's

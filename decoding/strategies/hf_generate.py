@@ -308,7 +308,7 @@ def hf_assisted(prompt_ids: Sequence[int], pair: ModelPair, params: HFAssistedPa
     check_assistant(pair)
     config = pair.assistant.model.generation_config
     names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-    with pair.assistant.extras.setdefault("hf_assisted_lock", threading.Lock()):   # one run's settings at a time
+    with pair.assistant.state.hf_assisted_lock:   # one run's settings at a time
         saved = {name: getattr(config, name, None) for name in names}
         for name in names:
             setattr(config, name, getattr(params, name))
