@@ -12,10 +12,14 @@ unescaped, or a bad id that breaks the page.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from conftest import chromium_page
 
+SHOTS = Path(__file__).resolve().parent.parent / os.environ.get("SCREENSHOTS_DIR", "build/screenshots")
 pytestmark = pytest.mark.browser
 TOKENS = """() => [...document.querySelectorAll('#columns .dp-col')].map(c =>
     [...c.querySelectorAll('.dp-tok')].map(t => t.textContent))"""
@@ -52,6 +56,9 @@ def test_a_share_link_opens_the_race_in_a_new_session_computing_nothing(app_url,
         assert shared.locator("#share-link").get_attribute("href") == href
         assert shared.get_by_role("button", name="▶ Play in real time").is_visible()   # its replay controls
         assert app_state.line.counts()["started"] == started      # no run, no forward pass
+        SHOTS.mkdir(parents=True, exist_ok=True)                 # the README's "Share a race" picture
+        shared.locator("#status").scroll_into_view_if_needed()
+        shared.screenshot(path=str(SHOTS / "shared-race.png"), full_page=False)
         shared.locator("#export-btn").click()                    # the page's download: this race as a GIF
         shared.wait_for_selector("#export-file a[href*='.gif']", timeout=120_000)
         assert app_state.line.counts()["started"] == started + 1  # drawn in the compute line
