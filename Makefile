@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser bench bench-routes bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser bench bench-routes bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -69,6 +69,12 @@ bench-precision: setup
 # width, greedy vs generate, the default example's race, and the version the app would choose (routes.py)
 bench-routes: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_routes.py --json benchmarks/results/routes-cpu.json
+
+# Each version's default comparison here: the verdict of each default strategy from the curve the app times at
+# start (decoding/harness/pays.py) against the default example's race
+bench-default-comparison: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_default_comparison.py --repeats 3 \
+	    --json benchmarks/results/default-comparison-cpu.json
 
 bench-strategies: setup
 	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --assistant prophet --strategy prompt_lookup --strategy speculative \
