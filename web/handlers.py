@@ -30,7 +30,7 @@ from web.playground import PlaygroundApp
 from web.compute import Outcome, draw_views, submit_export, submit_import, submit_run, submit_sweep
 from web.crowd import Computation, QueueFull, Recording
 from web.export import caption, check_format
-from web.service import (GENERATION_FIELDS, LIMITS, SESSION_FALLBACK, RunRequest, history_outputs, public_message,
+from web.service import (GENERATION_FIELDS, SESSION_FALLBACK, RunRequest, history_outputs, public_message,
                          run_request, sweep_request)
 from web.share import check_id, share_views, shared_note, unknown_note
 
