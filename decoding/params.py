@@ -185,6 +185,20 @@ def check_max_new_tokens(value: Any, cap: int = MAX_NEW_TOKENS_CAP) -> int:
 
 # --------------------------------------------------------------------------- drafting strategies
 
+# (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` (BENCHMARKS.md). On the
+# AVX2 EPYC with the first head, top-k 4 with 8, 12 or 16 nodes were within noise (geomean 1.63, 1.63,
+# 1.59x greedy; 24-32 nodes 1.33-1.46x: the wider verify forward costs more than its extra tokens). With
+# the H100-trained head, 8 nodes keep almost every accepted token (3.53 against 3.55 per forward on the
+# sweep's 8 prompts) and the forward is narrower, which pays where width costs most: on an Intel Xeon (a
+# 13-position forward 1.3-1.8x a one-position one, 1.15-1.48x on the EPYCs) 8 nodes ran 1.03x faster
+# than 12 (geomean) on all 16 held-out prompts in one run. GPU: EAGLE-2's published setting (top-k 10,
+# 60 nodes): a wide verify forward costs about one narrow one there.
+TREE_DEFAULTS = {"cpu": (4, 8), "cuda": (10, 60)}
+# With the prophet's measured budget (``budget="measured"``, drafting/budget.py) ``tree_nodes`` is the most
+# nodes the rule may keep; 0 means these. The rule trims where the measured forward costs say so.
+MEASURED_NODES = {"cpu": 32, "cuda": 64}
+
+
 @dataclass(frozen=True)
 class SpeculativeParams(SamplingParams):
     """Assistant-model drafting. temperature 0 = greedy verification (lossless).
@@ -196,12 +210,12 @@ class SpeculativeParams(SamplingParams):
     ``tree``: draft an EAGLE-2 dynamic tree, expanding the ``tree_topk`` most
     probable nodes per depth (``tree_topk`` children each) and keeping the
     ``tree_nodes`` most probable nodes; 0 picks the device's default
-    (``drafting.dynamic.TREE_DEFAULTS``: a CPU verifies few nodes per forward
+    (``TREE_DEFAULTS``: a CPU verifies few nodes per forward
     cheaply, a GPU many).
     ``budget`` (a tree drafted by the prophet head: the ``prophet`` strategy, or
     ``speculative`` on a pair with no assistant): ``fixed`` verifies the
     ``tree_nodes`` most probable nodes; ``measured`` grows the tree up to
-    ``tree_nodes`` (0: ``drafting.dynamic.MEASURED_NODES``) and verifies the most
+    ``tree_nodes`` (0: ``MEASURED_NODES``) and verifies the most
     probable prefix that maximizes expected tokens per ms of the target's verify
     forward, timed on this machine (``drafting/budget.py``,
     ``runtime/forward_cost.py``). An assistant model's drafts refuse ``measured``.
@@ -231,6 +245,15 @@ class SpeculativeParams(SamplingParams):
         if self.budget == "measured" and not self.tree:
             raise ValueError("budget=measured chooses how many tree nodes to verify; it needs tree=true "
                              "(or budget=fixed for a chain)")
+
+    def tree_shape(self, device: Any) -> tuple[int, int]:
+        """``(topk, nodes)`` of its trees on ``device``: the parameters, or the device's defaults where they are
+        0 (``TREE_DEFAULTS``; under a measured budget, ``nodes`` is the most it may keep: ``MEASURED_NODES``)."""
+        kind = getattr(device, "type", str(device))
+        topk, nodes = TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cpu"])
+        if self.budget == "measured":
+            nodes = MEASURED_NODES.get(kind, MEASURED_NODES["cpu"])
+        return self.tree_topk or topk, self.tree_nodes or nodes
 
 
 @dataclass(frozen=True)

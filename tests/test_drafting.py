@@ -139,11 +139,11 @@ def test_a_session_keeps_hidden_rows_for_a_tree_forward():
 
 
 def test_tree_shape_defaults_depend_on_the_device_and_explicit_values_win():
-    from decoding.drafting.dynamic import TREE_DEFAULTS, tree_shape
+    from decoding.params import TREE_DEFAULTS
     auto = SpeculativeParams(tree=True)
-    assert tree_shape(auto, torch.device("cpu")) == TREE_DEFAULTS["cpu"]
-    assert tree_shape(auto, "cuda") == TREE_DEFAULTS["cuda"] != TREE_DEFAULTS["cpu"]
-    assert tree_shape(SpeculativeParams(tree=True, tree_topk=2, tree_nodes=5), "cuda") == (2, 5)
+    assert auto.tree_shape(torch.device("cpu")) == TREE_DEFAULTS["cpu"]
+    assert auto.tree_shape("cuda") == TREE_DEFAULTS["cuda"] != TREE_DEFAULTS["cpu"]
+    assert SpeculativeParams(tree=True, tree_topk=2, tree_nodes=5).tree_shape("cuda") == (2, 5)
     with pytest.raises(ValueError, match="tree_nodes must be in"):
         SpeculativeParams(tree_nodes=65)
 

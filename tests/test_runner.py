@@ -219,7 +219,7 @@ def test_live_exposes_tokens_before_the_run_ends(pair, monkeypatch):
 
 def test_the_shown_tree_shape_is_the_one_the_run_used():
     """A tree's 0 means "the device's default shape": the column shows the numbers, not the 0."""
-    from decoding.drafting.dynamic import TREE_DEFAULTS
+    from decoding.params import TREE_DEFAULTS
     pair = ModelPair(tiny_causal("llama", seed=0, scale=8.0), tiny_causal("llama", seed=1, scale=8.0))
     runs = [("speculative", {"tree": True}), ("speculative", {"tree": True, "tree_topk": 3, "tree_nodes": 5}),
             ("speculative", {"tree": False})]

@@ -17,7 +17,8 @@ from test_prophet import _greedy, exactness_cases, random_prophet
 
 from decoding.cli import _parse_sets
 from decoding.drafting.budget import choose_budget, rank_nodes
-from decoding.drafting.dynamic import MEASURED_NODES, TREE_DEFAULTS, grow, tree_shape
+from decoding.drafting.dynamic import grow
+from decoding.params import MEASURED_NODES, TREE_DEFAULTS
 from decoding.drafting.prophet import ProphetDrafter
 from decoding.harness.runner import run_comparison
 from decoding.params import ProphetParams, parse_params
@@ -361,8 +362,8 @@ def test_the_budget_parameter_is_validated_and_reaches_the_cli():
     with pytest.raises(ValueError, match="needs tree=true"):
         parse_params(ProphetParams, {"budget": "measured", "tree": "false"})
     assert _parse_sets(["prophet.budget=measured"], ["greedy", "prophet"])["prophet"] == {"budget": "measured"}
-    assert tree_shape(ProphetParams(budget="measured"), "cpu") == (TREE_DEFAULTS["cpu"][0], MEASURED_NODES["cpu"])
-    assert tree_shape(ProphetParams(budget="measured", tree_nodes=20), "cuda") == (TREE_DEFAULTS["cuda"][0], 20)
+    assert ProphetParams(budget="measured").tree_shape("cpu") == (TREE_DEFAULTS["cpu"][0], MEASURED_NODES["cpu"])
+    assert ProphetParams(budget="measured", tree_nodes=20).tree_shape("cuda") == (TREE_DEFAULTS["cuda"][0], 20)
     assert ProphetParams.CHOICES["budget"] == ("fixed", "measured")    # the app's dropdown
 
 

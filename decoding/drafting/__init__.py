@@ -14,7 +14,6 @@ import torch
 
 from decoding.drafting.assistant import AssistantDrafter, check_vocabularies
 from decoding.drafting.base import Drafter, DraftLength, Proposal
-from decoding.drafting.dynamic import tree_shape
 from decoding.drafting.lookup import PromptLookupDrafter
 from decoding.drafting.merged import with_lookup
 from decoding.drafting.prophet import ProphetDrafter
@@ -59,7 +58,7 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)
         cost = None
         if params.tree and params.budget == "measured":   # timed once per model
-            cost = forward_cost(pair.target, 1 + tree_shape(params, pair.target.device)[1], fast=params.fast)
+            cost = forward_cost(pair.target, 1 + params.tree_shape(pair.target.device)[1], fast=params.fast)
         drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng, cost=cost)
         if kind == "prophet" and params.tree and params.lookup:   # a copy branch in the tree
             return with_lookup(drafter, params)

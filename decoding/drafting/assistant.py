@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from decoding.drafting.base import Drafter, Proposal
-from decoding.drafting.dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.drafting.dynamic import Growth, grow, visible_ancestors
 from decoding.params import SpeculativeParams
 from decoding.runtime.attention import attention_mask, check_mask_support
 from decoding.runtime.session import Session
@@ -140,7 +140,7 @@ class AssistantDrafter(Drafter):
             return self._rows(out)
 
         par = self.params
-        topk, nodes = tree_shape(par, self.lm.device)
+        topk, nodes = par.tree_shape(self.lm.device)
         proposal = grow(self._rows(logits), expand, depth=depth, topk=topk, budget=nodes,
                         threshold=par.confidence_threshold, sample=not par.is_greedy, rng=self.rng,
                         vocab=self.lm.vocab_size)

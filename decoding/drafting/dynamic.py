@@ -43,30 +43,6 @@ from decoding.drafting.base import Proposal
 from decoding.drafting.budget import rank_nodes
 from decoding.tree import TokenTree
 
-# (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` (BENCHMARKS.md). On the
-# AVX2 EPYC with the first head, top-k 4 with 8, 12 or 16 nodes were within noise (geomean 1.63, 1.63,
-# 1.59x greedy; 24-32 nodes 1.33-1.46x: the wider verify forward costs more than its extra tokens). With
-# the H100-trained head, 8 nodes keep almost every accepted token (3.53 against 3.55 per forward on the
-# sweep's 8 prompts) and the forward is narrower, which pays where width costs most: on an Intel Xeon (a
-# 13-position forward 1.3-1.8x a one-position one, 1.15-1.48x on the EPYCs) 8 nodes ran 1.03x faster
-# than 12 (geomean) on all 16 held-out prompts in one run. GPU: EAGLE-2's published setting (top-k 10,
-# 60 nodes): a wide verify forward costs about one narrow one there.
-TREE_DEFAULTS = {"cpu": (4, 8), "cuda": (10, 60)}
-# With the prophet's measured budget (``budget="measured"``, drafting/budget.py) ``tree_nodes`` is the most
-# nodes the rule may keep; 0 means these. The rule trims where the measured forward costs say so.
-MEASURED_NODES = {"cpu": 32, "cuda": 64}
-
-
-def tree_shape(params: Any, device: Any) -> tuple[int, int]:
-    """``(topk, nodes)`` for ``params`` on ``device``: the parameters, or the device's defaults where they are 0
-    (under a measured budget, ``nodes`` is the most it may keep)."""
-    kind = getattr(device, "type", str(device))
-    topk, nodes = TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cpu"])
-    if params.budget == "measured":
-        nodes = MEASURED_NODES.get(kind, MEASURED_NODES["cpu"])
-    return params.tree_topk or topk, params.tree_nodes or nodes
-
-
 @dataclass
 class Growth:
     """The nodes grown so far (all of them, not only the kept ones)."""

@@ -31,7 +31,7 @@ import torch
 
 from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.budget import Budget, Cost, choose_budget
-from decoding.drafting.dynamic import Growth, grow, tree_shape, visible_ancestors
+from decoding.drafting.dynamic import Growth, grow, visible_ancestors
 from decoding.events import ForwardPass
 from decoding.sampling import probs as filtered_probs
 from decoding.sampling import sample
@@ -172,7 +172,7 @@ class ProphetDrafter(Drafter):
             self.budgets.append(chosen)
             return chosen.nodes
 
-        topk, nodes = tree_shape(self.params, p.device)
+        topk, nodes = self.params.tree_shape(p.device)
         return grow(self._rows(logits0)[0], expand, depth=depth, topk=topk, budget=nodes, threshold=self.threshold,
                     sample=not self.greedy, rng=self.rng, ids=p.vocab if self.greedy else None,
                     vocab=p.full_to_draft.shape[0], choose=choose if self.measured else None)

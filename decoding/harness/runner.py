@@ -30,7 +30,6 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import torch
 
 from decoding.context import RunContext
-from decoding.drafting.dynamic import tree_shape
 from decoding.events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
 from decoding.params import JacobiParams, LookaheadParams, check_max_new_tokens, params_to_dict
 from decoding.result import Result
@@ -355,7 +354,7 @@ def shown_params(params: Any, pair: ModelPair) -> dict:
     timed here, once per model, before the warm-up and the timed run)."""
     values = params_to_dict(params)
     if values.get("tree") and "tree_topk" in values and "tree_nodes" in values:
-        values["tree_topk"], values["tree_nodes"] = tree_shape(params, pair.target.device)
+        values["tree_topk"], values["tree_nodes"] = params.tree_shape(pair.target.device)
     if isinstance(params, LookaheadParams) and not params.window:
         values["window"] = _auto_width(lookahead_window, params, pair)
     if isinstance(params, JacobiParams) and not params.block_size:
