@@ -83,7 +83,8 @@ MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
 RACE_TICK_S = 0.1     # the wall-clock replay's frame interval
 PAGE_CSS = (".dp-help{color:#57606a;font-size:.9em;margin:0 0 -6px}.dp-help p{margin:2px 0}"
             ".dp-clock{padding:6px 0;font-size:.95em}#columns{min-height:120px}"
-            ".dp-drafts table,.dp-drafts td{font-size:12px}.dp-la,.dp-xt,.dp-drafts{overflow-x:auto}")
+            ".dp-drafts table,.dp-drafts td{font-size:12px}.dp-la,.dp-xt,.dp-drafts{overflow-x:auto}"
+            "#strategies-note{margin-bottom:10px}")
 
 # The run's outputs in API order (gr.State is not part of the API): step, columns, speed, timeline,
 # sources, trace file and status keep the indices they always had; new views go at the end.
