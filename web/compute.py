@@ -155,13 +155,18 @@ def submit_run(app: PlaygroundApp, req: RunRequest, background: bool = False) ->
     return app.board.join(req.key, make, app.line)
 
 
-def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
-    """A sweep in ``app``'s line, watched by its one caller (never shared: QueueFull when the line is full)."""
-    comp = Computation(f"sweep-{uuid.uuid4().hex}",
-                       lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), units=req.units)
+def _watched(app: PlaygroundApp, kind: str, work: Callable[[Computation], Any], units: float = 0) -> Computation:
+    """``work`` as a computation in ``app``'s line, watched by its one caller and never shared (QueueFull when the
+    line is full). Sweeps, imports and exports use the cores as a run does, so they wait in the same line."""
+    comp = Computation(f"{kind}-{uuid.uuid4().hex}", work, units=units)
     comp.subscribe()
     app.line.submit(comp)
     return comp
+
+
+def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
+    """A sweep: one greedy reference, then each setting."""
+    return _watched(app, "sweep", lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), req.units)
 
 
 def imported(path: str) -> tuple[dict, dict]:
@@ -171,24 +176,14 @@ def imported(path: str) -> tuple[dict, dict]:
 
 
 def submit_import(app: PlaygroundApp, path: str) -> Computation:
-    """Reading and drawing an upload uses the cores as a run does: it waits in ``app``'s line like one, so no run
-    is timed while a large import is drawn (issue 39). Watched by its one caller (QueueFull when the line is
-    full)."""
-    comp = Computation(f"import-{uuid.uuid4().hex}", lambda c: imported(path), units=0)
-    comp.subscribe()
-    app.line.submit(comp)
-    return comp
+    """Reading and drawing an upload: no run is timed while a large import is drawn (issue 39)."""
+    return _watched(app, "import", lambda c: imported(path))
 
 
 def submit_export(app: PlaygroundApp, doc: dict, fmt: str, mode: str, note: str, key: Any) -> Computation:
-    """A race drawn and encoded as an animation (``web/export.render``, into ``app.exports`` under ``key``) in
-    ``app``'s line: it uses the cores as a run does. Watched by its one caller (QueueFull when the line is full);
-    its result is the file's path."""
-    comp = Computation(f"export-{uuid.uuid4().hex}", lambda c: render(doc, fmt, mode, note, app.exports, key),
-                       units=0)
-    comp.subscribe()
-    app.line.submit(comp)
-    return comp
+    """A race drawn and encoded as an animation (``web/export.render``, into ``app.exports`` under ``key``); its
+    result is the file's path."""
+    return _watched(app, "export", lambda c: render(doc, fmt, mode, note, app.exports, key))
 
 
 def record_examples(app: PlaygroundApp, prompts: list[str], stop: Optional[Any] = None, idle_s: float = 1.0) -> int:

@@ -488,8 +488,8 @@ async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, req
         except QueueFull as exc:
             raise gr.Error(str(exc)) from None
         try:
-            while not comp.done.is_set() and not stop.is_set():
-                await asyncio.sleep(WATCH_S)
+            async for _ in _watch(app, comp, stop, None, frames=False):   # its place in line: no page to show it
+                pass
         finally:
             comp.leave()
         path = await _settled(comp)

@@ -145,9 +145,12 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
     timer = timer or _timer(lm.device)
     root = [(31 * context + 7) % vocab]
 
-    def forward(t: int) -> None:
-        tree_forward(session, root, trees[t], hidden=hidden)
+    def verify(tree: TokenTree) -> None:
+        tree_forward(session, root, tree, hidden=hidden)
         session.crop(base)
+
+    def forward(t: int) -> None:
+        verify(trees[t])
 
     for t in widths:                                   # warm-up (and, with fast, the graph captures)
         forward(t)
@@ -160,9 +163,8 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
     per_path = 0.0
     if branching and STAR in best:                     # the same width in STAR - 1 paths instead of two
         star = TokenTree(tuple(range(STAR - 1)), (-1,) * (STAR - 1))
-        forward_star = lambda: (tree_forward(session, root, star, hidden=hidden), session.crop(base))  # noqa: E731
-        forward_star()
-        star_ms = min(timer(forward_star) for _ in range(max(1, repeats)))
+        verify(star)
+        star_ms = min(timer(lambda: verify(star)) for _ in range(max(1, repeats)))
         per_path = max(0.0, (star_ms - best[STAR]) / (STAR - 1 - PROBE_PATHS))
     return ForwardCost({t: max(ms, floor) for t, ms in best.items()}, source="measured",
                        seconds=time.perf_counter() - t_start, context=context, per_path_ms=per_path)
