@@ -65,6 +65,7 @@ from web.service import (
     DEFAULT_SETTINGS,
     Settings,
     SWEEP_DEFAULTS,
+    chosen_compiled,
     chosen_strategies,
     chosen_target,
     build_plan,  # noqa: F401  (the tests reach it as app.build_plan)
@@ -147,15 +148,17 @@ def example_prompts() -> dict[str, list[str]]:
         return yaml.safe_load(fh)
 
 
-def _param_component(strategy: Any, field: dataclasses.Field) -> gr.components.Component:
+def _param_component(strategy: Any, field: dataclasses.Field, settings: Settings) -> gr.components.Component:
     kind = field_kind(strategy.params_cls, field.name)
     choices = getattr(strategy.params_cls, "CHOICES", {}).get(field.name)
-    label, default = field.name, ui_default(strategy.name, field.name)
+    label, default = field.name, ui_default(strategy.name, field.name, settings)
     if choices:
         return gr.Dropdown(choices=list(choices), value=default, label=label, allow_custom_value=True)
     if kind is bool and field.name == "fast":
-        # on a GPU the fast path is what makes a small model fast: on by default there (ui_default)
-        return gr.Checkbox(value=default, label=label, info="static KV cache; CUDA-graph replay on a GPU")
+        # on a GPU the fast path is what makes a small model fast: on by default there (ui_default), and on a
+        # CPU where the default target's forward was compiled at start
+        return gr.Checkbox(value=default, label=label,
+                           info="static KV cache; CUDA-graph replay on a GPU, compiled forwards on a CPU")
     if kind is bool:
         return gr.Checkbox(value=default, label=label)
     if kind in (int, float):
@@ -205,7 +208,7 @@ def _plot_pair(ui: "Views", *plots: tuple[str, dict]) -> None:
                 ui[name] = gr.Plot(**kwargs)
 
 
-def _param_inputs(reg: dict) -> dict[tuple[str, str], Any]:
+def _param_inputs(reg: dict, settings: Settings) -> dict[tuple[str, str], Any]:
     inputs: dict[tuple[str, str], Any] = {}
     with gr.Accordion("Strategy parameters", open=False):
         with gr.Row():
@@ -216,7 +219,7 @@ def _param_inputs(reg: dict) -> dict[tuple[str, str], Any]:
                 with gr.Column(min_width=180):
                     gr.Markdown(f"**{s.label or s.name}**")
                     for f in fields:
-                        inputs[(s.name, f.name)] = _param_component(s, f)
+                        inputs[(s.name, f.name)] = _param_component(s, f, settings)
     return inputs
 
 
@@ -400,6 +403,8 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                         label="Assistant (Speculative, transformers assisted)", allow_custom_value=True)
                 if settings.target_note:      # why this target is the default here (measured at start)
                     gr.Markdown(html.escape(settings.target_note), elem_id="target-note", elem_classes=["dp-help"])
+                if settings.compiled_note:    # whether its forward runs compiled here, or why not
+                    gr.Markdown(html.escape(settings.compiled_note), elem_id="compiled-note", elem_classes=["dp-help"])
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
                     seed = gr.Number(value=0, step=1, label="Seed", min_width=80)
@@ -420,7 +425,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                         max_new_tokens=max_new, seed=seed)
         with gr.Row():
             with gr.Column():
-                inputs.update({param_input(s, f): c for (s, f), c in _param_inputs(reg).items()})
+                inputs.update({param_input(s, f): c for (s, f), c in _param_inputs(reg, settings).items()})
             with gr.Column():
                 inputs.update({generation_input(n): c for n, c in _generation_inputs().items()})
         _race(ui)
@@ -601,6 +606,9 @@ def main() -> None:
                     help="do not load the default model in the background at start")
     ap.add_argument("--no-record-examples", action="store_true",
                     help="do not record the example prompts' default comparison in the background at start")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="keep the CPU forward eager (default: compile the default target's forward at start, "
+                         "cached on disk; also DECODING_COMPILE=0)")
     ap.add_argument("--target", default=None,
                     help="the page's default target model (default: the version of presets/models.yaml's default "
                          "that measures fastest on this CPU, timed at the first start and cached)")
@@ -624,6 +632,10 @@ def main() -> None:
     else:
         settings = chosen_target(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
         print(f"[app] {settings.target_note}", flush=True)
+    if not args.no_compile:
+        # the compiled CPU forward, ahead of visitors (before the curve below, which then times compiled forwards)
+        settings = chosen_compiled(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
+        print(f"[app] {settings.compiled_note}", flush=True)
     # the default comparison: the strategies that pay on this machine's measured forward cost (before the
     # example prompts are recorded: they record the default comparison)
     settings = chosen_strategies(settings)

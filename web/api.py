@@ -27,7 +27,7 @@ from web.service import (DEFAULT_MAX_NEW, DEFAULT_SETTINGS, GENERATION_FIELDS, R
 PARAMS_EXAMPLE = '{"prophet": {"tree_nodes": 8}}'
 
 
-def param_values(strategies: Any, params: Any) -> dict[tuple[str, str], Any]:
+def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETTINGS) -> dict[tuple[str, str], Any]:
     """``params`` (strategy -> {parameter: value}) as the page sends its parameter fields: (strategy, parameter)
     -> value for every parameter of every chosen strategy, the page's default where ``params`` gives none.
 
@@ -53,7 +53,7 @@ def param_values(strategies: Any, params: Any) -> dict[tuple[str, str], Any]:
                              f"{', '.join(fields) or 'none'}")
     values: dict[tuple[str, str], Any] = {}
     for name in chosen:
-        raw = {f.name: ui_default(name, f.name) for f in dataclasses.fields(reg[name].params_cls)}
+        raw = {f.name: ui_default(name, f.name, settings) for f in dataclasses.fields(reg[name].params_cls)}
         raw.update(params.get(name) or {})
         try:        # parsed here too, for a message that says where the value was given
             reg[name].parse({k: v for k, v in raw.items() if v is not None and v != ""})
@@ -73,7 +73,7 @@ def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_
     if assistant is None:
         assistant = PROPHET if has_prophet(target) else "none"
     build_plan(strategies, {})          # the strategies' own messages come before their parameters'
-    values = param_values(strategies, params)
+    values = param_values(strategies, params, settings)
     return run_request(target, assistant, strategies, prompt, chat, max_new_tokens, seed, values,
                        [None] * len(GENERATION_FIELDS), history, settings)
 

@@ -35,7 +35,8 @@ from decoding.processors import GenerationSettings
 from decoding.runtime.kernel_choice import cpu_name
 from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, cache_root, clear_model_cache, default_target, load_model,
                                      load_presets)
-from decoding.runtime.routes import choose, measured_costs
+from decoding.runtime import compiled
+from decoding.runtime.routes import WIDTH, choose, decide, measured_costs
 from decoding.runtime.pair import PROPHET, has_prophet, make_pair
 from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
@@ -94,6 +95,8 @@ class Settings:
     quiet_recordings: bool = False        # record a run only if timed on a quiet machine (app.main turns it on)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES   # the page's default comparison (chosen_strategies)
     strategies_note: str = ""             # one line per default strategy left out here, and why (from the curve)
+    compiled: bool = False                # the default target's forwards run compiled (chosen_compiled); the page
+    compiled_note: str = ""               # ticks ``fast`` for it, so greedy and every strategy race in that mode
 
     def load(self, name: str) -> Any:
         """Load a model (or take it from the cache) under this app's memory budget."""
@@ -107,11 +110,44 @@ def chosen_target(settings: "Settings", *, measure: Optional[Callable[[str], dic
                   file: Optional[Path] = None, progress: Optional[Callable[[str], None]] = None) -> "Settings":
     """``settings`` with the default target's version this machine runs best (``decoding/runtime/routes.py``:
     measured once per machine and cached next to the converted models), and the line that says why."""
-    choice = choose(default_target(), load_presets(), measure=measure or measured_costs(settings.load),
+    presets = load_presets()
+    choice = choose(default_target(), presets, measure=measure or measured_costs(settings.load),
                     file=file if file is not None else cache_root().parent / "routes.json", progress=progress)
     if choice.source == "measured":      # the candidates were loaded to time them: keep only the chosen one
         clear_model_cache()
-    return dataclasses.replace(settings, target=choice.target, target_note=choice.reason)
+    target, note = choice.target, choice.reason
+    compilable = {name: c for name, c in choice.costs.items()
+                  if name in presets and presets[name].weights != "fp16"}
+    if compiled.compiler_missing() is None and target not in compilable and compilable:
+        # float16 weights (FBGEMM) cannot be compiled; the compiled path outruns every eager version, so the
+        # cheapest version that compiles is served instead (the same measured race step decides among them)
+        target = decide({name: {1: c["c1_ms"], WIDTH: c["cW_ms"]} for name, c in compilable.items()}, choice.base)
+        note += f"; {choice.target} cannot be compiled, so {target} runs (compiled)"
+    return dataclasses.replace(settings, target=target, target_note=note)
+
+
+def chosen_compiled(settings: "Settings", *, progress: Optional[Callable[[str], None]] = None) -> "Settings":
+    """``settings`` with the default target's compiled CPU forward switched on and compiled ahead of visitors
+    (``decoding/runtime/compiled.py``; inductor's disk cache makes a later start cheap), or the reason it stays
+    eager. Either way the line says so on the page and in the log."""
+    lm = settings.load(settings.default_target())
+    reason = compiled.enable(lm)
+    if reason is not None:
+        return dataclasses.replace(settings, compiled=False, compiled_note=f"compiled CPU forward: off, {reason}")
+    if progress:
+        progress(f"compiling {lm.name}'s forward for {len(compiled.WIDTHS)} widths (a few minutes on the first "
+                 f"start, seconds later: {compiled.cache_dir()})")
+    t0 = time.perf_counter()
+    try:
+        compiled.warm(lm, progress=(lambda i, n: progress(f"compiled width {i}/{n}")) if progress else None)
+    except Exception as exc:             # a compiler that fails here serves the app eagerly
+        compiled.disable(lm)
+        return dataclasses.replace(settings, compiled=False,
+                                   compiled_note=f"compiled CPU forward: off, compiling failed ({type(exc).__name__})")
+    took = time.perf_counter() - t0
+    return dataclasses.replace(settings, compiled=True, compiled_note=(
+        f"compiled CPU forward: on for {lm.name} (inductor; {compiled.engine(lm).stats()['graphs']} graphs ready "
+        f"in {took:.0f} s at start)"))
 
 
 def chosen_strategies(settings: "Settings", *, curve: Optional[Callable[[float], float]] = None) -> "Settings":
@@ -120,7 +156,7 @@ def chosen_strategies(settings: "Settings", *, curve: Optional[Callable[[float],
     measured forward-cost curve (timed once per loaded model, ``runtime/widths.machine_curve``; ``curve``:
     injected), and one line for each one left out, which stays selectable. Without a curve (a GPU): all."""
     if curve is None:
-        curve = machine_curve(settings.load(settings.default_target()))
+        curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
         return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="")
     chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()])
@@ -468,12 +504,13 @@ def device_text(doc: dict) -> str:
     return f"{cpu} (CPU, {threads} threads)" if threads else str(cpu)
 
 
-def ui_default(strategy: str, field: str) -> Any:
-    """What the page's parameter field shows at first: the field's default (``fast`` on where CUDA is)."""
+def ui_default(strategy: str, field: str, settings: Optional["Settings"] = None) -> Any:
+    """What the page's parameter field shows at first: the field's default (``fast`` on where CUDA is, and on a
+    CPU where the default target's forward was compiled at start: ``settings.compiled``)."""
     cls = registry()[strategy].params_cls
     default = next(f.default for f in dataclasses.fields(cls) if f.name == field)
     if field == "fast" and field_kind(cls, field) is bool:
-        return bool(default or cuda_available())
+        return bool(default or cuda_available() or (settings is not None and settings.compiled))
     return default
 
 
@@ -481,7 +518,7 @@ def default_request(prompt: str, settings: Settings = DEFAULT_SETTINGS) -> RunRe
     """The request the page sends for ``prompt`` when nothing else was changed (what examples are recorded as)."""
     model = settings.default_target()
     plan = [name for name in settings.strategies if name in registry()]
-    values = {(s, f): ui_default(s, f) for s, f in param_fields() if s in plan}
+    values = {(s, f): ui_default(s, f, settings) for s, f in param_fields() if s in plan}
     return run_request(model, PROPHET if has_prophet(model) else "none", plan, prompt, True, DEFAULT_MAX_NEW, 0,
                        values, [None] * len(GENERATION_FIELDS), history=None, settings=settings)
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from decoding.runtime import compiled
 from decoding.runtime.kvcache import cache_kwarg
 
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
@@ -62,6 +63,7 @@ class StaticRunner:
     def __init__(self, lm: Any, capacity: int) -> None:
         from transformers import StaticCache
         self.lm, self.model, self.capacity = lm, lm.model, capacity
+        self.engine = compiled.engine(lm) if lm.device.type == "cpu" else None   # the compiled CPU path
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         self.length = 0
         self.graphs_on = lm.device.type == "cuda"
@@ -71,6 +73,7 @@ class StaticRunner:
         self._buffers: dict[tuple, dict[str, torch.Tensor]] = {}
         self.captures = 0     # graphs captured (tests and the benchmark report it)
         self.replays = 0
+        self.compiled_forwards = 0   # forwards that ran compiled (runtime/compiled.py)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -80,13 +83,16 @@ class StaticRunner:
         """Drop every position from ``length`` on (the slots stay; the mask hides them)."""
         length = min(length, self.length)
         if length != self.length or length == 0:
-            with torch.inference_mode():
-                for layer in self.cache.layers:
-                    if isinstance(layer.cumulative_length, torch.Tensor):
-                        layer.cumulative_length.fill_(length)
-                    else:
-                        layer.cumulative_length = length
+            self._set_counters(length)
         self.length = length
+
+    def _set_counters(self, length: int) -> None:
+        with torch.inference_mode():
+            for layer in self.cache.layers:
+                if isinstance(layer.cumulative_length, torch.Tensor):
+                    layer.cumulative_length.fill_(length)
+                else:
+                    layer.cumulative_length = length
 
     def keep(self, base: int, rows: list[int]) -> None:
         """Move cached positions ``base + r`` (``r`` in ``rows``, ascending) to ``base, base + 1, ...``; drop the rest."""
@@ -114,6 +120,9 @@ class StaticRunner:
         if self.length + t > self.capacity:
             raise RuntimeError(f"static cache of {self.capacity} positions is full")
         custom = mask is not None
+        if self.engine is not None and capture and self._initialized() and (
+                t <= compiled.ROWS or mask is None or not _sees_later_rows(mask, self.length)):
+            return self._compiled(ids, position_ids, mask, last_only, hidden)
         key = ("custom" if custom else "causal", t, last_only, hidden)
         buf = self._buffers.get(key)
         if buf is None:
@@ -130,6 +139,55 @@ class StaticRunner:
         self.length += t
         logits, states = out
         return logits.clone(), (None if states is None else states.clone())
+
+    def _compiled(self, ids: torch.Tensor, position_ids: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+                  last_only: bool, hidden: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One forward through the model's compiled graph (``runtime/compiled.py``). Each row sees what the plain
+        causal (or the caller's) mask gives it, laid out over the cache as a one-position forward sees it."""
+        t, n, rows_max = ids.shape[-1], self.length, compiled.ROWS
+        if t > rows_max:
+            # wider than a graph call: chunks of ``ROWS`` rows, each after the keys of the last (the caller
+            # checked that no row sees a later one, so each reads what it would have read in one forward)
+            parts = []
+            for a in range(0, t, rows_max):
+                b = min(a + rows_max, t)
+                parts.append(self._compiled(
+                    ids[:, a:b], None if position_ids is None else position_ids[:, a:b],
+                    None if mask is None else mask[:, :, a:b, : n + b], last_only and b == t, hidden))
+            logits = parts[-1][0] if last_only else torch.cat([p[0] for p in parts], dim=1)
+            states = None if parts[0][1] is None else torch.cat([p[1] for p in parts], dim=1)
+            return logits, states
+        dev, dtype = ids.device, self.lm.dtype
+        new = torch.arange(n, n + t, device=dev)
+        pos = position_ids if mask is not None and position_ids is not None else new
+        # the graph's inputs in one layout (a chunk's slice has other strides, which would cost a recompile)
+        ids, pos = ids.reshape(-1).unsqueeze(0), pos.reshape(-1).unsqueeze(0)
+        # every row attends over the same span: the rows so far rounded up to 16, which gives a row the bits of
+        # a one-position forward (CPU SDPA: the same bits for any key length from the visible keys rounded up
+        # to 16 on, runtime/gqa_attention.py); capacities are multiples of 16
+        span = min(-(-(n + t) // 16) * 16, self.capacity)
+        rows = torch.full((t, 1, 1, span), float("-inf"), dtype=dtype, device=dev)
+        gather = None
+        if mask is not None:                                    # [1, 1, t, n + t]
+            seen = mask[0, 0] == 0                              # [t, n + t]
+            count = seen.sum(dim=1)                             # keys each row sees
+            rows[:, 0, 0].masked_fill_(self._slots[:span].unsqueeze(0) < count.unsqueeze(1), 0.0)
+            if not bool((seen == (self._slots[: n + t].unsqueeze(0) < count.unsqueeze(1))).all()):
+                # a tree (or window) row sees the cache and some of the new rows: it reads them laid out one
+                # after the other, in position order, as greedy cached them (the bits of a one-position forward)
+                slot = self._slots[: n + t].unsqueeze(0).expand(t, n + t)
+                order = torch.where(seen, slot, slot + self.capacity).argsort(dim=1)   # seen slots first, in order
+                gather = torch.zeros(t, span, dtype=torch.long, device=dev)
+                gather[:, : n + t] = order
+        else:
+            rows[:, 0, 0].masked_fill_(self._slots[:span].unsqueeze(0) <= new.unsqueeze(1), 0.0)
+        layers = self.cache.layers
+        logits, states = self.engine.run(ids, pos, rows, new, [layer.keys for layer in layers],
+                                         [layer.values for layer in layers], hidden, gather)
+        self.length = n + t
+        self._set_counters(self.length)
+        self.compiled_forwards += 1
+        return (logits[:, -1:] if last_only else logits), states
 
     def _new_buffers(self, t: int, custom: bool) -> dict[str, torch.Tensor]:
         dev = self.lm.device
@@ -203,9 +261,16 @@ class StaticRunner:
                 new.lazy_initialization(old.keys[:, :, :1], old.values[:, :, :1])
                 new.keys[:, :, :n].copy_(old.keys[:, :, :n])
                 new.values[:, :, :n].copy_(old.values[:, :, :n])
-        bigger.length = n + 1          # force rewind to write every counter
-        bigger.rewind(n)
+        bigger.length = n
+        bigger._set_counters(n)
         return bigger
+
+
+def _sees_later_rows(mask: torch.Tensor, base: int) -> bool:
+    """Whether a row of ``mask [1, 1, T, base + T]`` attends to a row after it (then it cannot be chunked)."""
+    t = mask.shape[-2]
+    later = torch.ones(t, t, dtype=torch.bool, device=mask.device).triu(1)
+    return bool(((mask[0, 0, :, base:] == 0) & later).any())
 
 
 # --------------------------------------------------------------------------- runner pool
@@ -230,7 +295,8 @@ def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:
         pool = _pool(lm)
         free = [e for e in pool if e[1]() is None]
         for entry in free:
-            if entry[0].capacity == capacity:
+            if entry[0].capacity == capacity and entry[0].engine is (
+                    compiled.engine(lm) if lm.device.type == "cpu" else None):
                 entry[1] = weakref.ref(owner)
                 entry[0].reset()
                 return entry[0]

@@ -36,7 +36,7 @@ model whose logits decide a committed token.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,26 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
+@torch.library.custom_op("decoding::onednn_linear", mutates_args=())
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor],
+                   out_features: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@_onednn_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+def onednn_linear(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor],
+                  out_features: int) -> torch.Tensor:
+    """``[rows, in] -> [rows, out]`` on a packed weight. Under ``torch.compile`` (runtime/compiled.py) the call
+    is an opaque custom op: inductor's own lowering of the oneDNN op only takes weights it froze itself."""
+    if torch.compiler.is_compiling():
+        return _onednn_linear(rows, packed, bias, out_features)
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+
 def _check_choice(choice: Choice) -> Choice:
     choice = tuple(choice)
     if len(choice) != len(BUCKETS) or any(kind not in KINDS for kind in choice):
@@ -114,16 +134,20 @@ class PackedLinear(nn.Module):
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if self._packed_at[rows if rows < _OPEN else _OPEN] and self.usable(x):
+        if torch.compiler.is_compiling():
+            # one compiled graph serves every row count (runtime/compiled.py): the one-row bucket's kernel
+            packed = self._packed_at[1]
+        else:
+            rows = x.numel() // self.in_features
+            packed = self._packed_at[rows if rows < _OPEN else _OPEN]
+        if packed and self.usable(x):
             return self.run_packed(x)
         return F.linear(x, self.weight, self.bias)
 
     def run_packed(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         # [..., in] -> [rows, in] -> [rows, out] -> [..., out]
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed,
-                                               self.bias, "none", [], "")
+        y = onednn_linear(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features)
         return y.reshape(*lead, self.out_features)
 
     def run(self, kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -420,7 +444,7 @@ class Bf16Linear(_ReducedLinear):
         return y.to(torch.float32)
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias16, "none", [], "")
+        return onednn_linear(rows, self.packed, self.bias16, self.out_features)
 
 
 _BF16_OK: list = []

@@ -202,6 +202,7 @@ class ModelState:
     mask_support: Optional[str] = None    # runtime/attention: the 4D-mask probe's verdict
     forward_cost: dict = field(default_factory=dict)      # runtime/forward_cost: {fast flag: ForwardCost}
     fastpath_runners: list = field(default_factory=list)  # runtime/fastpath: [runner, weak ref to its owner]
+    compiled: Any = None              # runtime/compiled: the compiled CPU forwards (an Engine) once switched on
     prophet_head: Any = None          # runtime/head: the shipped prophet head, loaded once for this target
     warmed: set = field(default_factory=set)              # harness/runner: the strategies warmed up on it
     hf_assisted_lock: threading.Lock = field(default_factory=threading.Lock)   # strategies/hf_generate
