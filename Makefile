@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser bench bench-routes bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser bench bench-routes bench-compiled bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -69,6 +69,11 @@ bench-precision: setup
 # width, greedy vs generate, the default example's race, and the version the app would choose (routes.py)
 bench-routes: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_routes.py --json benchmarks/results/routes-cpu.json
+
+# The compiled CPU forward against the eager one (issue 36): compile cost, cost by width, greedy vs generate,
+# the default example's race in both modes, the prophet on the unseen prompts.
+bench-compiled: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_compiled.py --repeats 3 --unseen 4 --json benchmarks/results/compiled-cpu.json
 
 # Each version's default comparison here: the verdict of each default strategy from the curve the app times at
 # start (decoding/harness/pays.py) against the default example's race

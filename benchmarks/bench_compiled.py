@@ -36,6 +36,7 @@ from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import PRESETS_DIR, default_target, load_model
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
+from decoding.runtime.warmup import warm
 
 WIDTHS = (1, 2, 4, 6, 9, 10, 13, 17, 25, 33)
 PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     if reason:
         raise SystemExit(f"the compiled path is off here: {reason}")
     t0 = time.perf_counter()
-    took = compiled.warm(lm, progress=lambda i, n: print(f"  compiled width {i}/{n}", flush=True))
+    took = warm(lm, progress=lambda i, n: print(f"  compiled width {i}/{n}", flush=True))
     compile_s = time.perf_counter() - t0
     print(f"compile: {compile_s:.0f} s for {compiled.engine(lm).stats()['graphs']} graphs ({took})", flush=True)
 

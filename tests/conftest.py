@@ -161,7 +161,8 @@ def pytest_runtest_protocol(item, nextitem):
 # The files that took longest (seconds of setup + call + teardown under `make test` on the 2-vCPU Xeon, at load
 # ~10 from other work), run first: with --dist loadfile a worker takes a whole file, and a long file started
 # last leaves the other worker idle at the end. The other files keep their order after these.
-SLOW_FILES = ("test_load.py", "test_prophet.py", "test_suffix.py", "test_browser.py", "test_speculative.py",
+SLOW_FILES = ("test_compiled.py", "test_load.py", "test_prophet.py", "test_suffix.py", "test_browser.py",
+              "test_speculative.py",
               "test_benchmark_scripts.py", "test_model_state.py", "test_cli.py", "test_app.py", "test_models.py",
               "test_hosting.py", "test_security.py", "test_lookahead.py", "test_crowd.py", "test_universal.py",
               "test_consistency.py")

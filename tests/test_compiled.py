@@ -215,3 +215,21 @@ def test_the_bundled_model_gives_the_same_tokens_compiled_and_eager(bundled):
     assert runs[1].target_forwards < runs[0].target_forwards and runs[2].target_forwards < runs[0].target_forwards
     # every forward after each prefill ran compiled
     assert engine.calls - before == sum(run.target_forwards - 1 for run in runs)
+
+
+def test_where_the_compiler_runs_the_start_serves_a_version_that_compiles(tmp_path, monkeypatch):
+    from decoding.runtime import routes
+    from web import service
+    names = routes.candidates("smollm2-135m-instruct", service.load_presets())
+    half = [n for n in names if service.load_presets()[n].weights == "fp16"]
+    if not half or len(names) < 2:
+        pytest.skip("no float16-weight version runs on this machine")
+    table = {name: {1: 40.0, routes.WIDTH: 70.0} for name in names}
+    table[half[0]] = {1: 30.0, routes.WIDTH: 40.0}                       # cheapest eager, but cannot compile
+    monkeypatch.setattr(service, "clear_model_cache", lambda: None)
+    chosen = service.chosen_target(service.Settings(), measure=table.__getitem__, file=tmp_path / "a.json")
+    assert chosen.target != half[0] and service.load_presets()[chosen.target].weights != "fp16"
+    assert chosen.target_note.startswith(chosen.target) and "cannot be compiled" in chosen.target_note
+    monkeypatch.setattr(compiled, "compiler_missing", lambda: "no C++ compiler on this machine")
+    eager = service.chosen_target(service.Settings(), measure=table.__getitem__, file=tmp_path / "b.json")
+    assert eager.target == half[0]

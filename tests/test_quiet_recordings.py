@@ -32,7 +32,7 @@ def _fake_run(step_ms: float):
 
 
 def _with_one_row_cost(monkeypatch, ms: float) -> None:
-    monkeypatch.setattr(compute, "forward_cost", lambda lm, width: ForwardCost({1: ms}))
+    monkeypatch.setattr(compute, "forward_cost", lambda lm, width, fast=False: ForwardCost({1: ms}))
     monkeypatch.setattr(type(QUIET), "load", lambda self, name: object())
 
 

@@ -110,7 +110,8 @@ def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
     if not req.settings.quiet_recordings or greedy is None or not greedy.get("target_forwards"):
         return True, ""
     try:
-        one = forward_cost(req.settings.load(req.inputs.model), 1)(1)
+        fast = bool((greedy.get("params") or {}).get("fast"))       # the curve of greedy's own mode (compiled)
+        one = forward_cost(req.settings.load(req.inputs.model), 1, fast=fast)(1)
     except Exception:  # noqa: BLE001: a model whose forwards cannot be timed alone keeps the old behaviour
         return True, ""
     step = 1000.0 * greedy["wall_s"] / greedy["target_forwards"]

@@ -36,6 +36,7 @@ from decoding.runtime.kernel_choice import cpu_name
 from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, cache_root, clear_model_cache, default_target, load_model,
                                      load_presets)
 from decoding.runtime import compiled
+from decoding.runtime.warmup import warm
 from decoding.runtime.routes import WIDTH, choose, decide, measured_costs
 from decoding.runtime.pair import PROPHET, has_prophet, make_pair
 from decoding.runtime.widths import machine_curve
@@ -122,7 +123,8 @@ def chosen_target(settings: "Settings", *, measure: Optional[Callable[[str], dic
         # float16 weights (FBGEMM) cannot be compiled; the compiled path outruns every eager version, so the
         # cheapest version that compiles is served instead (the same measured race step decides among them)
         target = decide({name: {1: c["c1_ms"], WIDTH: c["cW_ms"]} for name, c in compilable.items()}, choice.base)
-        note += f"; {choice.target} cannot be compiled, so {target} runs (compiled)"
+        note = (note.replace(f"{choice.target} runs by default", f"{target} runs by default", 1)
+                + f"; {choice.target} measured cheaper eager, but its float16 weights cannot be compiled")
     return dataclasses.replace(settings, target=target, target_note=note)
 
 
@@ -135,11 +137,11 @@ def chosen_compiled(settings: "Settings", *, progress: Optional[Callable[[str], 
     if reason is not None:
         return dataclasses.replace(settings, compiled=False, compiled_note=f"compiled CPU forward: off, {reason}")
     if progress:
-        progress(f"compiling {lm.name}'s forward for {len(compiled.WIDTHS)} widths (a few minutes on the first "
-                 f"start, seconds later: {compiled.cache_dir()})")
+        progress(f"compiling {lm.name}'s forward (about a minute on 2 cores at the first start, seconds later: "
+                 f"inductor's cache in {compiled.cache_dir()})")
     t0 = time.perf_counter()
     try:
-        compiled.warm(lm, progress=(lambda i, n: progress(f"compiled width {i}/{n}")) if progress else None)
+        warm(lm, progress=(lambda i, n: progress(f"compiled forward {i}/{n}")) if progress else None)
     except Exception as exc:             # a compiler that fails here serves the app eagerly
         compiled.disable(lm)
         return dataclasses.replace(settings, compiled=False,

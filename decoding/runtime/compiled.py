@@ -14,7 +14,7 @@ How, and why it stays exact:
 * Every size that varies is a symbol (rows, span, capacity), so one graph serves every width up to
   :data:`ROWS` (wider forwards run in chunks of it) and every capacity. One row or twenty, the same code runs:
   a row gets the same bits whatever the width. Inductor's own cache keeps the graph on disk across restarts
-  (:func:`cache_dir`); :func:`warm` compiles it ahead of visitors.
+  (:func:`cache_dir`); ``runtime/warmup.warm`` compiles it ahead of visitors.
 * Attention runs row by row: each query row is its own batch element, over the cache as a one-position forward
   would read it (its visible keys first, in position order, over a key length rounded up to 16). A chain row
   reads the cache in slot order; a tree or window row reads a gathered layout, the cache and then its own
@@ -43,8 +43,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from decoding.runtime.kernels import HalfLinear
+
 ROWS = 32                                       # rows per call of the graph; wider forwards run in chunks
-WARM_WIDTHS = (1, 3, 9, 17, 40)                 # what warm() runs (40: two chunks)
 MODEL_TYPES = ("llama", "mistral", "qwen2")     # same layer shape: pre-norm, rotary q/k, GQA, gated MLP
 ENV_SWITCH = "DECODING_COMPILE"                # "0" keeps every forward eager
 _COMPILE_LOCK = threading.Lock()               # one compilation at a time (dynamo is not re-entrant)
@@ -95,7 +96,6 @@ def why_not(lm: Any) -> Optional[str]:
     attn = layers[0].self_attn
     if hasattr(attn, "q_norm") or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return "an unexpected attention layout"
-    from decoding.runtime.kernels import HalfLinear
     if any(isinstance(m, HalfLinear) for m in lm.model.modules()):
         return "float16-weight linears (FBGEMM's prepacked weights are opaque to the compiler)"
     return None
@@ -249,39 +249,6 @@ def enable(lm: Any) -> Optional[str]:
     if reason is None and engine(lm) is None:
         lm.state.compiled = Engine(lm)
     return reason
-
-
-def warm(lm: Any, widths: tuple = WARM_WIDTHS, hidden: Any = True,
-         progress: Optional[Callable[[int, int], None]] = None) -> dict:
-    """Compile ``lm``'s graphs ahead of use (after :func:`enable`); seconds per width, from the disk cache if warm.
-
-    Runs one causal forward of each width after a short prefill, in a session of its own, so no visitor's
-    run pays for a compilation. ``hidden`` as the prophet asks for it (a layer-fusion head: its tuple).
-    """
-    from decoding.runtime.session import Session
-    eng = engine(lm)
-    if eng is None:
-        return {}
-    session = Session(lm, "compile", fast=True, max_len=16 + sum(widths) + 4)
-    session.hidden_layers = tuple(hidden) if isinstance(hidden, (tuple, list)) else ()
-    first = lm.tokenizer.eos_token_id if lm.tokenizer is not None else None
-    token = int(first if isinstance(first, int) else 1)
-    session.prefill([token] * 8)
-    took = {}
-    from decoding.runtime.attention import tree_forward
-    from decoding.tree import TokenTree
-    steps = [(str(w), lambda w=w: session.forward(session.tensor([[token] * w]), hidden=bool(hidden)))
-             for w in widths]
-    # and a tree (a root with two children that do not see each other): the gathered layout's graph
-    steps.append(("tree", lambda: tree_forward(session, [token], TokenTree((token,) * 3, (-1, 0, 0)),
-                                               hidden=bool(hidden))))
-    for i, (name, step) in enumerate(steps):
-        t0 = time.perf_counter()
-        step()
-        took[name] = round(time.perf_counter() - t0, 2)
-        if progress is not None:
-            progress(i + 1, len(steps))
-    return took
 
 
 def disable(lm: Any) -> None:
