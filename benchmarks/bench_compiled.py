@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from common import filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
+from common import default_race, filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
 
 from decoding.harness.bench import load_prompt_set
 from decoding.harness.runner import encode_prompt, run_comparison
@@ -59,23 +59,8 @@ def forward_costs(lm, repeats: int) -> dict:
 
 
 def race(lm, fast: bool, repeats: int, max_new: int) -> dict:
-    pair = ModelPair(lm, prophet=prophet_for(lm))
-    ids = encode_prompt(lm.tokenizer, PROMPT, chat=True)
-    runs = [("greedy", {"fast": fast})] + [(name, {"fast": fast}) for name in RACE]
-    run_comparison(ids, pair, runs, max_new_tokens=max_new, warmup=True, trace=False)
-    speed: dict = {name: [] for name in RACE}
-    step, same, tps = [], {}, []
-    for _ in range(repeats):
-        results = run_comparison(ids, pair, runs, max_new_tokens=max_new, warmup=False, trace=False)
-        greedy = results[0]
-        tps.append(len(greedy.token_ids) / greedy.wall_s)
-        for r in results[1:]:
-            speed[r.strategy].append(greedy.wall_s / r.wall_s)
-            same[r.strategy] = bool(r.matches_greedy)
-            if r.strategy == "prophet":
-                step.append((r.wall_s / r.target_forwards) / (greedy.wall_s / greedy.target_forwards))
-    return {"greedy_tok_s": statistics.median(tps), "speedup": {k: statistics.median(v) for k, v in speed.items()},
-            "runs": speed, "equal_greedy": same, "prophet_step_over_greedy_step": statistics.median(step)}
+    result = default_race(lm, [(name, {"fast": fast}) for name in RACE], repeats, max_new, PROMPT)
+    return {k: v for k, v in result.items() if k != "ids"}
 
 
 def unseen(lm, per_category: int, repeats: int, max_new: int) -> dict:

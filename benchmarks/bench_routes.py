@@ -25,10 +25,9 @@ import statistics
 
 import torch
 
-from common import filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
+from common import default_race, filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
 
-from decoding.harness.runner import encode_prompt, run_comparison
-from decoding.runtime.head import prophet_for
+from decoding.harness.runner import run_comparison
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
@@ -59,24 +58,7 @@ def forward_costs(models: dict, repeats: int) -> dict:
 
 
 def race(lm, repeats: int, max_new: int) -> dict:
-    pair = ModelPair(lm, prophet=prophet_for(lm))
-    ids = encode_prompt(lm.tokenizer, PROMPT, chat=True)
-    run_comparison(ids, pair, RACE, max_new_tokens=max_new, warmup=True, trace=False)
-    speed: dict = {name: [] for name, _ in RACE}
-    step: list = []
-    same, tps = {}, []
-    for _ in range(repeats):
-        results = run_comparison(ids, pair, RACE, max_new_tokens=max_new, warmup=False, trace=False)
-        greedy = results[0]
-        tps.append(len(greedy.token_ids) / greedy.wall_s)
-        for r in results[1:]:
-            speed[r.strategy].append(greedy.wall_s / r.wall_s)
-            same[r.strategy] = bool(r.matches_greedy)
-            if r.strategy == "prophet":
-                step.append((r.wall_s / r.target_forwards) / (greedy.wall_s / greedy.target_forwards))
-    return {"greedy_tok_s": statistics.median(tps), "ids": ids,
-            "speedup": {k: statistics.median(v) for k, v in speed.items()}, "runs": speed,
-            "equal_greedy": same, "prophet_step_over_greedy_step": statistics.median(step)}
+    return default_race(lm, RACE, repeats, max_new, PROMPT)
 
 
 def greedy_vs_generate(models: dict, plain, ids: list[int], max_new: int, repeats: int) -> dict:

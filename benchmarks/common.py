@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from decoding.harness.runner import encode_prompt, run_comparison  # noqa: E402
+from decoding.runtime.head import prophet_for  # noqa: E402
+from decoding.runtime.pair import ModelPair  # noqa: E402
+
 
 def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     """Run ``fn`` once between device synchronisations; (result, seconds)."""
@@ -83,3 +87,31 @@ def write_json(path: str | None, doc: dict) -> None:
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
         print(f"wrote {path}")
+
+
+DEFAULT_PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+
+
+def default_race(lm: Any, runs: list, repeats: int, max_new: int, prompt: str = DEFAULT_PROMPT) -> dict:
+    """The app's default example raced ``repeats`` times after a warm-up (``runs``: (strategy, params); greedy
+    is added first, in the runs' mode): each strategy's median speedup over greedy, greedy's tokens/s, whether
+    each output equals greedy's, and a prophet step over a greedy step (wall time per target forward)."""
+    pair = ModelPair(lm, prophet=prophet_for(lm))
+    ids = encode_prompt(lm.tokenizer, prompt, chat=True)
+    run_comparison(ids, pair, runs, max_new_tokens=max_new, warmup=True, trace=False)
+    speed: dict = {name: [] for name, _ in runs}
+    step: list = []
+    same, tps = {}, []
+    for _ in range(repeats):
+        results = run_comparison(ids, pair, runs, max_new_tokens=max_new, warmup=False, trace=False)
+        greedy = results[0]
+        tps.append(len(greedy.token_ids) / greedy.wall_s)
+        for r in results[1:]:
+            speed[r.strategy].append(greedy.wall_s / r.wall_s)
+            same[r.strategy] = bool(r.matches_greedy)
+            if r.strategy == "prophet":
+                step.append((r.wall_s / r.target_forwards) / (greedy.wall_s / greedy.target_forwards))
+    return {"greedy_tok_s": statistics.median(tps), "ids": ids,
+            "speedup": {k: statistics.median(v) for k, v in speed.items()}, "runs": speed,
+            "equal_greedy": same, "prophet_step_over_greedy_step": statistics.median(step) if step else None}
+

@@ -217,6 +217,8 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
             else:                       # each row its own layout: [kv, B * span, d] -> [B, kv, span, d]
                 seen_k = keys[i][0].index_select(1, flat).view(kv_heads, b, span, d).transpose(0, 1)
                 seen_v = values[i][0].index_select(1, flat).view(kv_heads, b, span, d).transpose(0, 1)
+            # (written out as matmuls and a softmax instead, 17 rows cost 1.31x one rather than 1.65x, but a tree
+            # forward got dearer and the prophet fell from 1.50x to 1.23x on the Xeon: BENCHMARKS.md)
             o = F.scaled_dot_product_attention(rows, seen_k, seen_v, attn_mask=mask, scale=attn.scaling,
                                                enable_gqa=gqa)
             x = x + attn.o_proj(o.reshape(1, b, -1))
