@@ -193,3 +193,21 @@ def test_merged_drafter_gives_each_drafter_feedback_on_its_own_proposal():
     sampling = MergedDrafter(head, [extra], greedy=False)      # the extras drafted nothing this step
     sampling.feedback(sampling.propose([1, 2], 3), [7, 3])
     assert extra.heard[-1][0].tree.tokens == () and head.heard[-1] == (main, [7, 3])
+
+
+def test_speculative_without_an_assistant_drafts_with_the_prophet_head_by_its_own_choice():
+    """The policy lives in the strategy: a pair with no assistant model but a prophet head asks make_drafter for
+    the head; make_drafter itself refuses 'speculative' without an assistant."""
+    from test_prophet import random_prophet
+
+    from decoding.drafting.prophet import ProphetDrafter
+    from decoding.strategies.speculative import speculative
+    lm = tiny_causal("llama", seed=0, scale=8.0, dtype=torch.float64)
+    pair = ModelPair(lm, prophet=random_prophet(lm, 1))
+    with pytest.raises(ValueError, match="assistant"):
+        make_drafter("speculative", pair, SpeculativeParams())
+    assert isinstance(make_drafter("head", pair, SpeculativeParams()), ProphetDrafter)
+    ids = prompt(7, 1)
+    result = speculative(ids, pair, SpeculativeParams(draft_tokens=3), max_new_tokens=20)
+    assert result.token_ids == greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=20).token_ids
+    assert result.stats.get("drafted_nodes", 0) > 0

@@ -40,8 +40,9 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
       with a copy branch (``lookup``: suffix decoding over this prompt and output, or prompt lookup; greedy
       only: ``merged.py``); with ``budget="measured"``, the target's verify-forward cost curve
       (``runtime/forward_cost.py``, timed at its first use, kept on it);
-    * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's), or the
-      prophet head when the pair has no assistant.
+    * ``head``: the prophet head alone, with no copy branch (what ``speculative`` drafts with when the pair has
+      no assistant model; that choice is the strategy's, ``strategies/speculative.py``);
+    * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's).
     """
     if kind == "prompt_lookup":
         tree = params.max_candidates > 1 and _trees_ok(pair)
@@ -52,7 +53,7 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
             raise ValueError(f"the suffix drafter's history must be a SuffixHistory, got {type(history).__name__}")
         return SuffixDrafter(params, history=history, tree=params.tree and _trees_ok(pair), tracer=tracer,
                              clock=clock)
-    if kind == "prophet" or (kind == "speculative" and pair.assistant is None and pair.prophet is not None):
+    if kind in ("prophet", "head"):
         if pair.target.is_encoder_decoder:
             raise ValueError("the prophet head drafts for decoder-only targets")
         head = pair.prophet if pair.prophet is not None else prophet_for(pair.target)

@@ -181,7 +181,10 @@ def run_drafted(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: A
 def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeParams, *, max_new_tokens: int,
                 tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
                 context: Optional[RunContext] = None) -> Result:
-    return run_drafted("speculative", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+    """Speculative decoding with an assistant model drafting. The policy for a pair with no assistant model but
+    the target's prophet head (the app's "prophet head" assistant): the head drafts, as a plain drafter."""
+    kind = "head" if pair.assistant is None and pair.prophet is not None else "speculative"
+    return run_drafted(kind, prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
                        adaptive=params.adaptive, context=context)
 
 
