@@ -97,6 +97,13 @@ def encode_gif(pairs: Iterable[tuple[Image.Image, int]], path: str) -> None:
 def encode_mp4(pairs: Iterable[tuple[Image.Image, int]], path: str, size: tuple[int, int] = SIZE) -> None:
     """H.264 at MP4_FPS: each frame repeated for its duration (cumulated, so the video lasts what the GIF does)."""
     import imageio_ffmpeg   # optional at import: the app runs without it, only the MP4 export needs it
+    # imageio-ffmpeg starts ffmpeg with ``preexec_fn=os.setpgrp``, which makes Python fork() and run Python
+    # in the child: in this many-threaded process (the compute line, Gradio, inductor's compile pool) the
+    # child can spin before exec and never start ffmpeg (seen once in the suite: a child at 100 % CPU for
+    # minutes, the export waiting on it). Its documented switch drops the preexec_fn, so the child is
+    # spawned without running Python; ffmpeg then shares the app's process group, which only matters to
+    # a Ctrl-C in a terminal.
+    os.environ["IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"] = "1"
 
     writer = imageio_ffmpeg.write_frames(path, size, fps=MP4_FPS, codec="libx264", pix_fmt_in="rgb24",
                                          pix_fmt_out="yuv420p", macro_block_size=2, quality=None,
