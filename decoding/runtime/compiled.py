@@ -186,6 +186,7 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
     body, head, d = engine._body, engine._head, engine._head_dim
     config = engine.lm.model.config
     gqa = config.num_attention_heads != config.num_key_value_heads       # a Python bool, not a traced one
+    fused = hidden is not True           # a layer-fusion head's tuple of hidden-state indices
 
     def forward(ids, pos, mask, write, gather, keys, values):
         b = ids.shape[1]
@@ -197,12 +198,11 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
         torch._check(write.shape[0] == b)
         if gather is not None:
             torch._check(gather.shape[0] == b)
-        if gather is not None:
             torch._check(gather.shape[1] == mask.shape[-1])
             flat = gather.reshape(-1)
         x = body.embed_tokens(ids)                                         # [1, B, H]
         cos, sin = body.rotary_emb(x, pos)
-        states = [x]
+        states = [x] if fused else None      # transformers' hidden_states: the embeddings, then each layer's
         for i, layer in enumerate(body.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -226,13 +226,13 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
                                                enable_gqa=gqa)
             x = x + attn.o_proj(o.reshape(1, b, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-            states.append(x)
+            if fused:
+                states.append(x)
         y = body.norm(x)
         logits = head(y).float()
-        # as transformers reports them: the last entry is the final norm's output
-        states[-1] = y
-        if hidden is True:
+        if not fused:
             return logits, y
+        states[-1] = y                       # as transformers reports them: the last is the final norm's output
         return logits, torch.cat([y] + [states[j] for j in hidden], dim=-1)
 
     # a code object of its own per engine: dynamo keeps its graphs and its "this dimension varies" notes per code

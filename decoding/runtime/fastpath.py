@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from decoding.runtime import compiled
+from decoding.runtime.gqa_attention import KEY_BLOCK
 from decoding.runtime.kvcache import cache_kwarg
 
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
@@ -162,10 +163,10 @@ class StaticRunner:
         pos = position_ids if mask is not None and position_ids is not None else new
         # the graph's inputs in one layout (a chunk's slice has other strides, which would cost a recompile)
         ids, pos = ids.reshape(-1).unsqueeze(0), pos.reshape(-1).unsqueeze(0)
-        # every row attends over the same span: the rows so far rounded up to 16, which gives a row the bits of
-        # a one-position forward (CPU SDPA: the same bits for any key length from the visible keys rounded up
-        # to 16 on, runtime/gqa_attention.py); capacities are multiples of 16
-        span = min(-(-(n + t) // 16) * 16, self.capacity)
+        # every row attends over the same span: the rows so far rounded up to KEY_BLOCK, which gives a row the
+        # bits of a one-position forward (CPU SDPA: the same bits for any key length from the visible keys
+        # rounded up to KEY_BLOCK on, runtime/gqa_attention.py); capacities are multiples of it
+        span = min(-(-(n + t) // KEY_BLOCK) * KEY_BLOCK, self.capacity)
         rows = torch.full((t, 1, 1, span), float("-inf"), dtype=dtype, device=dev)
         gather = None
         if mask is not None:                                    # [1, 1, t, n + t]
