@@ -4,6 +4,7 @@ runs' own events.
     python benchmarks/profile_prophet.py [--per-category 2] [--variant fixed8:tree_nodes=8]
     python benchmarks/profile_prophet.py --attention sdpa_gqa_cpu --attention sdpa   # an A/B, interleaved
     python benchmarks/profile_prophet.py --target smollm2-135m-instruct-bf16w       # bfloat16 weights (AMX)
+    python benchmarks/profile_prophet.py --target smollm2-135m-instruct-bf16w --compiled   # the compiled forward
 
 Runs the prophet (traced) on prompts of presets/bench_unseen.yaml after a warm-up and sums its events:
 ``StepTiming`` splits every propose-verify step into drafting, the target's verify forward and the rest
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
                         f"twice, e.g. --attention {GROUPED} --attention sdpa, for an interleaved A/B")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compiled", action="store_true",
+                   help="the compiled CPU forward (runtime/compiled.py) for greedy and the prophet (fast=true)")
     p.add_argument("--target", default="smollm2-135m-instruct",
                    help="the target preset, e.g. smollm2-135m-instruct-bf16w (bfloat16 weights on AMX)")
     args = p.parse_args(argv)
@@ -114,11 +117,20 @@ def main(argv: list[str] | None = None) -> dict:
     attentions = args.attention or [original]
     strategy = get_strategy("prophet")
     name, _, rest = args.variant.partition(":")
-    params = strategy.parse(dict(kv.split("=", 1) for kv in rest.split(",") if kv))
+    given = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+    if args.compiled:
+        from decoding.runtime import compiled
+        from decoding.runtime.warmup import warm
+        reason = compiled.enable(lm)
+        if reason:
+            raise SystemExit(f"the compiled path is off here: {reason}")
+        warm(lm)
+        given.setdefault("fast", "true")
+    params = strategy.parse(given)
     pair = ModelPair(lm)
     prompts = load_prompt_set(args.prompts, None, args.per_category)
     greedy = get_strategy("greedy")
-    g_params = greedy.parse({})
+    g_params = greedy.parse({"fast": "true"} if args.compiled else {})
     for impl in attentions:
         lm.model.set_attn_implementation(impl)
         for s, sp in ((greedy, g_params), (strategy, params)):

@@ -103,7 +103,7 @@ def test_a_counter_shows_the_compiled_forwards_are_the_ones_that_ran(lm):
     assert torch.allclose(fast_logits, eager_logits, atol=1e-4)
 
 
-def test_wide_forwards_run_in_chunks_and_trees_read_a_gathered_layout(lm):
+def test_wide_forwards_run_in_chunks_and_trees_share_the_one_graph(lm):
     engine = compiled.engine(lm)
     ids = prompt(6, 2)
     plain, fast = Session(lm), Session(lm, fast=True, max_len=len(ids) + 90)
@@ -113,12 +113,16 @@ def test_wide_forwards_run_in_chunks_and_trees_read_a_gathered_layout(lm):
     wide = [[(7 * i) % 90 + 3 for i in range(compiled.ROWS + 8)]]           # 40 rows: two graph calls
     assert torch.allclose(plain.forward(plain.tensor(wide)), fast.forward(fast.tensor(wide)), atol=1e-4)
     assert engine.calls == calls + 2
-    # a tree (root, two children that do not see each other): the gathered graph, eager's logits
+    # a tree (root, two children that do not see each other): the same graph, eager's logits
     from decoding.runtime.attention import tree_forward
     from decoding.tree import TokenTree
     tree = TokenTree((11, 12, 13), (-1, 0, 0))
+    graphs = engine.stats()["graphs"]
     assert torch.allclose(tree_forward(plain, [9], tree), tree_forward(fast, [9], tree), atol=1e-4)
-    assert engine.ready(hidden=False, gathered=True)
+    assert engine.stats()["graphs"] == graphs and engine.calls == calls + 3
+    # one compiled entry: no width, layout or caller's tensor made dynamo compile the graph again (other code,
+    # which could round a row differently from greedy's)
+    assert engine.entries() == graphs
 
 
 def test_one_set_of_graphs_serves_every_cache_capacity(lm):
@@ -233,3 +237,104 @@ def test_where_the_compiler_runs_the_start_serves_a_version_that_compiles(tmp_pa
     monkeypatch.setattr(compiled, "compiler_missing", lambda: "no C++ compiler on this machine")
     eager = service.chosen_target(service.Settings(), measure=table.__getitem__, file=tmp_path / "b.json")
     assert eager.target == half[0]
+
+
+@pytest.mark.parametrize("weights", ["bf16", "packed"])
+def test_joined_projections_are_used_and_keep_every_strategys_tokens(weights):
+    """q/k/v and gate/up run as one product each in the compiled graph (runtime/compiled._Joined): on a model
+    whose linears allow it, every layer is joined, and every lossless strategy still gives eager greedy's tokens
+    (a join that split its output in the wrong order, or dropped a bias, would not)."""
+    from decoding.runtime import kernels
+    if weights == "bf16" and not kernels.bf16_available():
+        pytest.skip("no bfloat16-weight linears on this machine")
+    if not kernels.available():
+        pytest.skip("no oneDNN linears in this PyTorch")
+    model = tiny_causal("llama", seed=3, scale=8.0, dtype=torch.float32)
+    swapped = kernels.bf16_linears(model.model) if weights == "bf16" else kernels.pack_linears(model.model)
+    assert swapped > 0
+    assert compiled.enable(model) is None
+    try:
+        engine = compiled.engine(model)
+        assert all(qkv is not None and gate_up is not None for qkv, gate_up in engine.joined())
+        assert engine.joined()[0][0].sizes == [64, 32, 32] and engine.joined()[0][1].sizes == [128, 128]
+        for ids in (prompt(7, 1), _repetitive(model)):
+            want = greedy(ids, ModelPair(model), GreedyParams(), max_new_tokens=36).token_ids
+            for name, run in _runs(ids, model, fast=True).items():
+                assert run().token_ids == want, name
+        assert engine.entries() == 1
+    finally:
+        compiled.disable(model)
+
+
+def test_a_tree_row_gets_the_bits_of_greedys_one_position_forward():
+    """The property the lossless strategies rest on in compiled mode (runtime/compiled._attend): a row of a tree
+    forward, with siblings' slots between its ancestors, gets exactly the logits compiled greedy's one-position
+    forward gives at its position. On a bfloat16-weight model, whose linears keep rows independent of the width
+    (kernels.bf16_available), so a difference can only come from attention."""
+    from decoding.runtime import kernels
+    from decoding.runtime.attention import tree_forward
+    from decoding.tree import TokenTree
+    if not (kernels.available() and kernels.bf16_available()):
+        pytest.skip("no bfloat16-weight linears on this machine")
+    model = tiny_causal("llama", seed=5, dtype=torch.float32)
+    kernels.bf16_linears(model.model)
+    assert compiled.enable(model) is None
+    try:
+        ids = prompt(21, 4)                       # 21 + 7 rows: the span crosses a 16-slot boundary
+        session = Session(model, fast=True, max_len=len(ids) + 40)
+        session.prefill(ids)
+        n = session.length
+        path = [9, 21, 33, 45]
+        one_by_one = [session.forward(session.tensor([[tok]]))[0, -1] for tok in path]
+        session.crop(n)
+        # after 9: 50 and 21; after 21: 60 and 33; after 33: 70 and 45 (each path node has a sibling before it)
+        tree = TokenTree((50, 21, 60, 33, 70, 45), (-1, -1, 1, 1, 3, 3))
+        rows = tree_forward(session, [9], tree)
+        for got, want in zip((rows[0], rows[2], rows[4], rows[6]), one_by_one):
+            assert torch.equal(got, want)
+    finally:
+        compiled.disable(model)
+
+
+def test_attention_gives_a_row_the_same_bits_wherever_its_keys_sit():
+    """runtime/compiled._attend alone, compiled as the engine compiles it (one graph, rows and span symbols), on
+    float32 data that rounds visibly: rows of a tree (each with siblings' slots between its keys) equal the same
+    rows computed one at a time over their keys laid out one after another, bit for bit. A softmax denominator
+    summed over the slots as they lie (holes in place), or any step whose order a hole changes, fails here."""
+    kv, rep, d, capacity, n = 2, 2, 16, 64, 21
+    gen = torch.Generator().manual_seed(0)
+    keys_t = torch.randn(kv, d, capacity, generator=gen)
+    values = torch.randn(1, kv, capacity, d, generator=gen)
+    attend = torch.compile(compiled._attend, dynamic=None, fullgraph=True)
+
+    def call(q, keys_t, values, seen):
+        span = -(-int(seen.shape[1]) // 16) * 16
+        full = torch.zeros(q.shape[2], span, dtype=torch.bool)
+        full[:, : seen.shape[1]] = seen
+        mask = torch.zeros(full.shape).masked_fill_(~full, float("-inf"))
+        slots = torch.arange(span).expand_as(full)
+        order = torch.where(full, slots, slots + span).argsort(dim=1)
+        for tensor, dim in ((q, 2), (mask, 0), (order, 0)):
+            torch._dynamo.decorators.mark_unbacked(tensor, dim)
+        torch._dynamo.mark_dynamic(mask, 1)
+        torch._dynamo.mark_dynamic(order, 1)
+        return attend(q, keys_t, values, mask, order, 0.25)
+
+    parents = (-1, -1, 1, 1, 3, 3, 0)                 # a tree over slots n..n+6; each row sees its ancestors
+    seen = torch.zeros(len(parents), n + len(parents), dtype=torch.bool)
+    seen[:, :n] = True
+    for row in range(len(parents)):
+        node = row
+        while node >= 0:
+            seen[row, n + node] = True
+            node = parents[node]
+    q = torch.randn(1, kv * rep, len(parents), d, generator=gen)
+    together = call(q, keys_t, values, seen)
+    for row in range(len(parents)):
+        slots = seen[row].nonzero().flatten()                  # its keys, laid out one after another
+        packed_k, packed_v = keys_t.clone(), values.clone()
+        packed_k[:, :, : len(slots)] = keys_t[:, :, slots]
+        packed_v[:, :, : len(slots)] = values[:, :, slots]
+        alone = call(q[:, :, row:row + 1].clone(), packed_k, packed_v,
+                     torch.ones(1, len(slots), dtype=torch.bool))
+        assert torch.equal(alone[0], together[row]), row

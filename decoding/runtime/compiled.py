@@ -12,17 +12,18 @@ How, and why it stays exact:
   takes a forward's rows, their positions, a mask over the cache's first ``span`` slots and the slots to write,
   and writes the rows' keys and values into the cache itself.
 * Every size that varies is a symbol (rows, span, capacity), so one graph serves every width up to
-  :data:`ROWS` (wider forwards run in chunks of it) and every capacity. One row or twenty, the same code runs:
-  a row gets the same bits whatever the width. Inductor's own cache keeps the graph on disk across restarts
-  (:func:`cache_dir`); ``runtime/warmup.warm`` compiles it ahead of visitors.
-* Attention runs row by row: each query row is its own batch element, over the cache as a one-position forward
-  would read it (its visible keys first, in position order, over a key length rounded up to 16). A chain row
-  reads the cache in slot order; a tree or window row reads a gathered layout, the cache and then its own
-  ancestors. So a verify forward's rows equal the one-position forwards of compiled greedy, bit for bit for
-  the bfloat16-weight model, which rounds between its layers and needs it. Compiled greedy is the reference
-  in this mode ("greedy in the same mode").
-* Linear layers stay the project's kernels (``kernels.onednn_linear`` is an opaque custom op to the compiler);
-  a float32 model's per-row-bucket kernel choice runs its one-row kernel in the graph.
+  :data:`ROWS` (wider forwards run in chunks of it), every capacity, and chains, trees and windows alike. One
+  row or twenty, the same code runs: a row gets the same bits whatever the width. Inductor's own cache keeps
+  the graph on disk across restarts (:func:`cache_dir`); ``runtime/warmup.warm`` compiles it ahead of visitors.
+* Attention is written out (:func:`_attend`) so that each step is either per key, per row, or a sum whose order
+  a masked slot cannot change: a verify forward's rows equal the one-position forwards of compiled greedy, bit
+  for bit for the bfloat16-weight model, which rounds between its layers and needs it, with a tree's or a
+  window's holes in place (no per-row copy of the keys and values). The keys are kept a second time,
+  transposed, beside the cache (``fastpath.StaticRunner``): the scores' vectors run over the slots. Compiled
+  greedy is the reference in this mode ("greedy in the same mode").
+* Linear layers stay the project's kernels (``kernels.onednn_linear`` is an opaque operator to the compiler);
+  q/k/v and gate/up run as one product each (:class:`_Joined`); a float32 model's per-row-bucket kernel choice
+  runs its one-row kernel in the graph.
 * Prefill (long, variable length) runs eagerly, for greedy and every strategy alike; so does every model
   :func:`why_not` refuses, with the reason shown.
 
@@ -102,41 +103,57 @@ def why_not(lm: Any) -> Optional[str]:
 
 
 class Engine:
-    """One model's compiled forwards: one graph per (hidden states asked for, gathered layout or not)."""
+    """One model's compiled forwards: one graph per kind of hidden states asked for (in practice one)."""
 
     def __init__(self, lm: Any) -> None:
         self.lm = lm
         self.calls = 0                     # forwards that ran compiled (the tests' counter)
-        self.compile_s: dict[tuple, float] = {}
-        self._graphs: dict[tuple, Callable] = {}
+        self.compile_s: dict[Any, float] = {}
+        self._graphs: dict[Any, Callable] = {}
+        self._joined: Optional[list] = None
         body = lm.model.model
         self._body, self._head = body, lm.model.lm_head
         config = lm.model.config
         self._head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
-    def _key(self, hidden: Any, gathered: bool = False) -> tuple:
-        return (_hidden_key(hidden), gathered)
+    def joined(self) -> list[tuple[Optional["_Joined"], Optional["_Joined"]]]:
+        """Per layer: the q/k/v projections and the MLP's gate/up projections as one product each (None where
+        the layers' kernels do not allow it), built once."""
+        if self._joined is None:
+            self._joined = []
+            for layer in self._body.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                self._joined.append((_Joined.of([attn.q_proj, attn.k_proj, attn.v_proj]),
+                                     _Joined.of([mlp.gate_proj, mlp.up_proj]) if hasattr(mlp, "gate_proj") else None))
+        return self._joined
 
-    def ready(self, hidden: Any = False, gathered: bool = False) -> bool:
-        return self._key(hidden, gathered) in self._graphs
+    def ready(self, hidden: Any = False) -> bool:
+        return _hidden_key(hidden) in self._graphs
 
     def run(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, write: torch.Tensor,
-            keys: list, values: list, hidden: Any = False,
-            gather: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """``ids``/``pos`` ``[1, B]``, ``mask [B, 1, 1, span]`` over the cache's first ``span`` slots (0 attend,
-        -inf not), ``write [B]`` cache slots -> (float32 logits ``[1, B, V]``, hidden states ``[1, B, H']`` or
-        None). Writes each row's keys and values first. ``gather [B, span]``: row ``r`` reads the cache's slots
-        ``gather[r]`` in that order instead of the slots themselves (a tree row: the cache, then its ancestors,
-        laid out as greedy cached them)."""
-        key = self._key(hidden, gather is not None)
+            order: torch.Tensor, keys: list, values: list, keys_t: list,
+            hidden: Any = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``ids``/``pos`` ``[1, B]``, ``mask [B, span]`` over the cache's first ``span`` slots (0 attend, -inf
+        not), ``write [B]`` cache slots, ``order [B, span]`` each row's seen slots first in position order (see
+        :func:`_attend`); ``keys``/``values`` the cache's layers ``[1, kv, capacity, d]`` and ``keys_t`` the keys
+        again, transposed ``[kv, d, capacity]`` (the scores' layout) -> (float32 logits ``[1, B, V]``, hidden
+        states ``[1, B, H']`` or None). Writes each row's keys (both layouts) and values first."""
+        key = _hidden_key(hidden)
         graph = self._graphs.get(key)
         if graph is None:
-            return self._compile(key, ids, pos, mask, write, gather, keys, values, hidden)
+            return self._compile(key, ids, pos, mask, write, order, keys, values, keys_t, hidden)
         self.calls += 1
-        logits, states = graph(ids, pos, mask, write, gather, keys, values)
+        logits, states = graph(ids, pos, mask, write, order, keys, values, keys_t)
         return logits, (states if hidden else None)
 
-    def _compile(self, key: tuple, *args: Any) -> tuple:
+    def entries(self) -> int:
+        """Compiled entries dynamo holds for this engine's graphs (1 per graph: a second would be a recompile,
+        with other code, which could round a row differently)."""
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        return sum(len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
+                   for fn in self._graphs.values())
+
+    def _compile(self, key: Any, *args: Any) -> tuple:
         """Compile ``key``'s graph with its first call (the call's result is returned)."""
         hidden = args[-1]
         with _COMPILE_LOCK:
@@ -152,16 +169,14 @@ class Engine:
             # every size that varies is a symbol, so one graph serves every capacity, position and number of rows
             # (1 included: unbacked, no special case for one row): every width runs the same code, and a row gets
             # the same bits whatever the width, which a model that rounds between its layers needs
-            ids, pos, mask, write, gather = args[:5]
-            for tensor in (*args[5], *args[6]):
+            ids, pos, mask, write, order = args[:5]
+            for tensor in (*args[5], *args[6], *args[7]):
                 torch._dynamo.mark_dynamic(tensor, 2)
-            torch._dynamo.mark_dynamic(mask, 3)
-            if gather is not None:
-                torch._dynamo.mark_dynamic(gather, 1)
-            for tensor, dim in ((ids, 1), (pos, 1), (mask, 0), (write, 0), (gather, 0)):
-                if tensor is not None:
-                    torch._dynamo.decorators.mark_unbacked(tensor, dim)
-            fn = torch.compile(_forward_fn(self, _hidden_key(hidden)), dynamic=None, fullgraph=True)
+            torch._dynamo.mark_dynamic(mask, 1)
+            torch._dynamo.mark_dynamic(order, 1)
+            for tensor, dim in ((ids, 1), (pos, 1), (mask, 0), (write, 0), (order, 0)):
+                torch._dynamo.decorators.mark_unbacked(tensor, dim)
+            fn = torch.compile(_forward_fn(self, key), dynamic=None, fullgraph=True)
             t0 = time.perf_counter()
             logits, states = fn(*args[:-1])
             out = (logits, states if hidden else None)
@@ -175,20 +190,102 @@ class Engine:
                 "compile_s": round(sum(self.compile_s.values()), 1)}
 
 
+class _Joined:
+    """Linear layers that read the same input, run as one product on their weights side by side.
+
+    A oneDNN call costs some 15 microseconds before any arithmetic on a small model; a llama layer makes seven,
+    and joining q/k/v and gate/up makes it four. Each output is the dot product its own layer computes (the
+    same weights, the same kernel, the same reduction), so the bits are those of the separate calls; the
+    compiled forward of every width uses it, greedy's included. Only layers of one kind are joined: the
+    bfloat16-weight layers (``kernels.Bf16Linear``) or float32 layers on oneDNN's packed kernel; any other mix
+    keeps its separate calls. Costs the joined weights once more in memory (in the reduced type: about 140 MB
+    for the bundled model in bfloat16)."""
+
+    def __init__(self, packed: torch.Tensor, bias: Optional[torch.Tensor], sizes: list[int], reduced: bool) -> None:
+        self.packed, self.bias, self.sizes, self.reduced = packed, bias, sizes, reduced
+        self.out_features = sum(sizes)
+
+    @classmethod
+    def of(cls, layers: list) -> Optional["_Joined"]:
+        from decoding.runtime import kernels
+        if all(type(m) is kernels.Bf16Linear for m in layers):
+            reduced, dtype = True, torch.bfloat16
+        elif all(type(m) is kernels.PackedLinear and m._packed_at[1] and m.packed.dtype == torch.float32
+                 for m in layers):
+            reduced, dtype = False, torch.float32
+        else:
+            return None
+        with torch.no_grad():
+            weight = torch.cat([m.weight.detach().to(dtype) for m in layers])
+            biases = [m.bias for m in layers]
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b.detach() if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)]
+            ).to(dtype)
+            packed = kernels._pack(weight)
+        return cls(packed, bias, [m.out_features for m in layers], reduced)
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        from decoding.runtime.kernels import onednn_linear
+        if self.reduced:            # as Bf16Linear.reduced: bfloat16 in, float32 accumulation, bfloat16 out
+            return onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
+        return onednn_linear(rows, self.packed, self.bias, self.out_features)
+
+
 def _hidden_key(hidden: Any) -> Any:
     # the last layer's states cost nothing extra, so a forward without them shares the graph that has them
     return tuple(hidden) if isinstance(hidden, (tuple, list)) else True
+
+
+def _stored(x: torch.Tensor) -> torch.Tensor:
+    """``x`` written to a buffer of its own in the compiled graph, not recomputed inside each consumer's loops
+    (inductor's ``force_stride_order`` prim; where a PyTorch lacks it, ``x`` as it is: slower, equally exact)."""
+    force = getattr(getattr(torch.ops, "prims", None), "inductor_force_stride_order", None)
+    return x if force is None else force(x, x.stride())
+
+
+def _attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+            order: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention written out, so that a row's bits do not depend on the other rows or on where its keys sit.
+
+    ``q [1, heads, B, d]``; ``keys_t`` the layer's keys ``[kv, d, capacity]`` and ``values`` its values
+    ``[1, kv, capacity, d]``; ``mask [B, span]`` over the cache's first ``span`` slots (0 seen, -inf not);
+    ``order [B, span]``: each row's seen slots first, in position order (then the rest) -> ``[B, heads * d]``.
+
+    Each step is one of three kinds, none of which a hole in a row's keys (a tree's sibling, a window's other
+    branch) or extra masked slots at the end can change:
+
+    * per-key and per-row values: a score is its own sum over ``d`` (one lane of a vector over the slots, the
+      transposed keys' layout, ``d`` after ``d``); the row's maximum is exact in any order; ``exp`` is
+      elementwise;
+    * the weighted sum of values, reduced over the slots one after another (inductor keeps the slot loop
+      sequential and vectorizes over ``d``), so a masked slot adds an exact zero between the same terms;
+    * the softmax's denominator, summed over the row's keys gathered into ``order``: the layout a one-position
+      forward has (its keys in slots 0..p), so the same lanes add the same terms.
+
+    So a row of a verify forward gets the bits of compiled greedy's one-position forward at its position, for a
+    chain, a tree or a window alike, without gathering the keys and values (``runtime/gqa_attention.py``'s
+    eager path needs the layout copied; here only a row of weights is)."""
+    _, heads, b, d = q.shape
+    kv, span = keys_t.shape[0], mask.shape[1]
+    rep = heads // kv
+    # the rows scaled, rotated and stored once (inlined, the rotary embedding would be recomputed for every key)
+    rows = _stored(q[0].transpose(0, 1).reshape(b, heads * d) * scale).view(b, kv, rep, d, 1)
+    scores = (rows * keys_t[:, :, :span].unsqueeze(0).unsqueeze(2)).sum(-2)              # [B, kv, rep, span]
+    scores = scores + mask.view(b, 1, 1, span)
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+    total = (weights.unsqueeze(-1) * values[0, :, :span].unsqueeze(0).unsqueeze(2)).sum(-2)   # [B, kv, rep, d]
+    norm = weights.gather(-1, order.view(b, 1, 1, span).expand(b, kv, rep, span)).sum(-1, keepdim=True)
+    return (total / norm).to(q.dtype).reshape(b, heads * d)
 
 
 def _forward_fn(engine: Engine, hidden: Any) -> Callable:
     """The traced body: the model's own modules, laid out so every row stands alone."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     body, head, d = engine._body, engine._head, engine._head_dim
-    config = engine.lm.model.config
-    gqa = config.num_attention_heads != config.num_key_value_heads       # a Python bool, not a traced one
     fused = hidden is not True           # a layer-fusion head's tuple of hidden-state indices
+    joined = engine.joined()
 
-    def forward(ids, pos, mask, write, gather, keys, values):
+    def forward(ids, pos, mask, write, order, keys, values, keys_t):
         b = ids.shape[1]
         # the row count is a symbol: what the linears' row rules need to know of it, and that the inputs agree
         torch._check(b >= 1)
@@ -196,36 +293,35 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
         torch._check(pos.shape[1] == b)
         torch._check(mask.shape[0] == b)
         torch._check(write.shape[0] == b)
-        if gather is not None:
-            torch._check(gather.shape[0] == b)
-            torch._check(gather.shape[1] == mask.shape[-1])
-            flat = gather.reshape(-1)
+        torch._check(order.shape[0] == b)
+        torch._check(order.shape[1] == mask.shape[1])
+        span = mask.shape[1]
         x = body.embed_tokens(ids)                                         # [1, B, H]
         cos, sin = body.rotary_emb(x, pos)
         states = [x] if fused else None      # transformers' hidden_states: the embeddings, then each layer's
         for i, layer in enumerate(body.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(1, b, -1, d).transpose(1, 2)              # [1, heads, B, d]
-            k = attn.k_proj(h).view(1, b, -1, d).transpose(1, 2)              # [1, kv, B, d]
-            v = attn.v_proj(h).view(1, b, -1, d).transpose(1, 2)
+            qkv, gate_up = joined[i]
+            if qkv is not None:          # one product for the three projections (the same bits, one call)
+                q, k, v = qkv(h.reshape(b, -1)).split(qkv.sizes, dim=-1)
+            else:
+                q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+            q = q.reshape(1, b, -1, d).transpose(1, 2)                         # [1, heads, B, d]
+            k = k.reshape(1, b, -1, d).transpose(1, 2)                         # [1, kv, B, d]
+            v = v.reshape(1, b, -1, d).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys[i].index_copy_(2, write, k)
             values[i].index_copy_(2, write, v)
-            kv_heads, span = keys[i].shape[1], mask.shape[-1]
-            rows = q.transpose(0, 2)                                          # [B, heads, 1, d]
-            if gather is None:          # every row reads the cache in slot order, up to the mask's span
-                seen_k = keys[i][:, :, :span].expand(b, kv_heads, span, d)
-                seen_v = values[i][:, :, :span].expand(b, kv_heads, span, d)
-            else:                       # each row its own layout: [kv, B * span, d] -> [B, kv, span, d]
-                seen_k = keys[i][0].index_select(1, flat).view(kv_heads, b, span, d).transpose(0, 1)
-                seen_v = values[i][0].index_select(1, flat).view(kv_heads, b, span, d).transpose(0, 1)
-            # (written out as matmuls and a softmax instead, 17 rows cost 1.31x one rather than 1.65x, but a tree
-            # forward got dearer and the prophet fell from 1.50x to 1.23x on the Xeon: BENCHMARKS.md)
-            o = F.scaled_dot_product_attention(rows, seen_k, seen_v, attn_mask=mask, scale=attn.scaling,
-                                               enable_gqa=gqa)
+            keys_t[i].index_copy_(2, write, k[0].transpose(1, 2))
+            o = _attend(q, keys_t[i], values[i], mask, order, attn.scaling)
             x = x + attn.o_proj(o.reshape(1, b, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            h = layer.post_attention_layernorm(x)
+            if gate_up is not None:
+                gate, up = gate_up(h.reshape(b, -1)).split(gate_up.sizes, dim=-1)
+                x = x + layer.mlp.down_proj((layer.mlp.act_fn(gate) * up).reshape(1, b, -1))
+            else:
+                x = x + layer.mlp(h)
             if fused:
                 states.append(x)
         y = body.norm(x)

@@ -75,6 +75,10 @@ class StaticRunner:
         self.captures = 0     # graphs captured (tests and the benchmark report it)
         self.replays = 0
         self.compiled_forwards = 0   # forwards that ran compiled (runtime/compiled.py)
+        # the compiled path's scores read the keys transposed, [kv, d, capacity] per layer: kept beside the cache,
+        # written by the graph, and brought up to date from the cache after eager forwards (prefill) and moves
+        self._keys_t: Optional[list[torch.Tensor]] = None
+        self._mirrored = 0           # slots [0, _mirrored) of _keys_t hold the cache's keys
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -83,6 +87,7 @@ class StaticRunner:
     def rewind(self, length: int) -> None:
         """Drop every position from ``length`` on (the slots stay; the mask hides them)."""
         length = min(length, self.length)
+        self._mirrored = min(self._mirrored, length)
         if length != self.length or length == 0:
             self._set_counters(length)
         self.length = length
@@ -98,6 +103,7 @@ class StaticRunner:
     def keep(self, base: int, rows: list[int]) -> None:
         """Move cached positions ``base + r`` (``r`` in ``rows``, ascending) to ``base, base + 1, ...``; drop the rest."""
         src = torch.tensor([base + r for r in rows], device=self.lm.device)
+        self._mirrored = min(self._mirrored, base)
         with torch.inference_mode():
             for layer in self.cache.layers:
                 if getattr(layer, "is_initialized", False):
@@ -161,34 +167,44 @@ class StaticRunner:
         dev, dtype = ids.device, self.lm.dtype
         new = torch.arange(n, n + t, device=dev)
         pos = position_ids if mask is not None and position_ids is not None else new
-        # the graph's inputs in one layout (a chunk's slice has other strides, which would cost a recompile)
-        ids, pos = ids.reshape(-1).unsqueeze(0), pos.reshape(-1).unsqueeze(0)
-        # every row attends over the same span: the rows so far rounded up to KEY_BLOCK, which gives a row the
-        # bits of a one-position forward (CPU SDPA: the same bits for any key length from the visible keys
-        # rounded up to KEY_BLOCK on, runtime/gqa_attention.py); capacities are multiples of it
+        # the graph's inputs in one layout and made here (a chunk's slice has other strides, a caller's tensor made
+        # outside inference mode other dispatch keys: either would cost a recompile, and another graph's code)
+        ids, pos = ids.reshape(1, -1).clone(), pos.reshape(1, -1).clone()
+        # every row attends over the same span: the rows so far rounded up to KEY_BLOCK (whole vectors, so a row's
+        # masked tail adds zeros after its own terms, runtime/compiled._attend); capacities are multiples of it
         span = min(-(-(n + t) // KEY_BLOCK) * KEY_BLOCK, self.capacity)
-        rows = torch.full((t, 1, 1, span), float("-inf"), dtype=dtype, device=dev)
-        gather = None
-        if mask is not None:                                    # [1, 1, t, n + t]
-            seen = mask[0, 0] == 0                              # [t, n + t]
-            count = seen.sum(dim=1)                             # keys each row sees
-            rows[:, 0, 0].masked_fill_(self._slots[:span].unsqueeze(0) < count.unsqueeze(1), 0.0)
-            if not bool((seen == (self._slots[: n + t].unsqueeze(0) < count.unsqueeze(1))).all()):
-                # a tree (or window) row sees the cache and some of the new rows: it reads them laid out one
-                # after the other, in position order, as greedy cached them (the bits of a one-position forward)
-                slot = self._slots[: n + t].unsqueeze(0).expand(t, n + t)
-                order = torch.where(seen, slot, slot + self.capacity).argsort(dim=1)   # seen slots first, in order
-                gather = torch.zeros(t, span, dtype=torch.long, device=dev)
-                gather[:, : n + t] = order
-        else:
-            rows[:, 0, 0].masked_fill_(self._slots[:span].unsqueeze(0) <= new.unsqueeze(1), 0.0)
+        slots = self._slots[:span].unsqueeze(0)
+        if mask is None:                                        # causal: row i sees slots up to n + i
+            seen = slots <= new.unsqueeze(1)
+            order = slots.expand(t, span).clone()               # its keys already lie in position order
+        else:                                                   # [1, 1, t, n + t]: a chain, a tree or a window
+            seen = torch.zeros(t, span, dtype=torch.bool, device=dev)
+            seen[:, : n + t] = mask[0, 0] == 0
+            # each row's seen slots first, in slot (= position) order: the layout greedy cached them in
+            order = torch.where(seen, slots, slots + span).argsort(dim=1)
+        rows = torch.zeros(t, span, dtype=dtype, device=dev).masked_fill_(~seen, float("-inf"))
         layers = self.cache.layers
-        logits, states = self.engine.run(ids, pos, rows, new, [layer.keys for layer in layers],
-                                         [layer.values for layer in layers], hidden, gather)
+        logits, states = self.engine.run(ids, pos, rows, new, order, [layer.keys for layer in layers],
+                                         [layer.values for layer in layers], self._mirror(n), hidden)
+        self._mirrored = n + t
         self.length = n + t
         self._set_counters(self.length)
         self.compiled_forwards += 1
         return (logits[:, -1:] if last_only else logits), states
+
+    def _mirror(self, n: int) -> list[torch.Tensor]:
+        """The transposed keys, holding the cache's first ``n`` positions."""
+        layers = self.cache.layers
+        if self._keys_t is None:
+            self._keys_t = [torch.zeros(k.shape[1], k.shape[3], k.shape[2], dtype=k.dtype, device=k.device)
+                            for k in (layer.keys for layer in layers)]
+            self._mirrored = 0
+        if self._mirrored < n:
+            a = self._mirrored
+            for layer, keys_t in zip(layers, self._keys_t):
+                keys_t[:, :, a:n].copy_(layer.keys[0, :, a:n].transpose(1, 2))
+            self._mirrored = n
+        return self._keys_t
 
     def _new_buffers(self, t: int, custom: bool) -> dict[str, torch.Tensor]:
         dev = self.lm.device

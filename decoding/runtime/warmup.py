@@ -30,7 +30,7 @@ def warm(lm: Any, widths: tuple = WARM_WIDTHS, hidden: Any = True,
     took = {}
     steps = [(str(w), lambda w=w: session.forward(session.tensor([[token] * w]), hidden=bool(hidden)))
              for w in widths]
-    # and a tree (a root with two children that do not see each other): the gathered layout's graph
+    # and a tree (a root with two children that do not see each other), which runs the same graph
     steps.append(("tree", lambda: tree_forward(session, [token], TokenTree((token,) * 3, (-1, 0, 0)),
                                                hidden=bool(hidden))))
     for i, (name, step) in enumerate(steps):
