@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from decoding.runtime import kernels
 from decoding.runtime.kernels import HalfLinear
 
 ROWS = 32                                       # rows per call of the graph; wider forwards run in chunks
@@ -207,7 +208,6 @@ class _Joined:
 
     @classmethod
     def of(cls, layers: list) -> Optional["_Joined"]:
-        from decoding.runtime import kernels
         if all(type(m) is kernels.Bf16Linear for m in layers):
             reduced, dtype = True, torch.bfloat16
         elif all(type(m) is kernels.PackedLinear and m._packed_at[1] and m.packed.dtype == torch.float32
@@ -225,10 +225,9 @@ class _Joined:
         return cls(packed, bias, [m.out_features for m in layers], reduced)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        from decoding.runtime.kernels import onednn_linear
         if self.reduced:            # as Bf16Linear.reduced: bfloat16 in, float32 accumulation, bfloat16 out
-            return onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
-        return onednn_linear(rows, self.packed, self.bias, self.out_features)
+            return kernels.onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
+        return kernels.onednn_linear(rows, self.packed, self.bias, self.out_features)
 
 
 def _hidden_key(hidden: Any) -> Any:
