@@ -296,11 +296,15 @@ def test_a_tree_row_gets_the_bits_of_greedys_one_position_forward():
         compiled.disable(model)
 
 
-def test_attention_gives_a_row_the_same_bits_wherever_its_keys_sit():
+@pytest.mark.parametrize("kernel", [False, True], ids=["inductor", "cpp-kernel"])
+def test_attention_gives_a_row_the_same_bits_wherever_its_keys_sit(kernel, tmp_path):
     """runtime/compiled._attend alone, compiled as the engine compiles it (one graph, rows and span symbols), on
     float32 data that rounds visibly: rows of a tree (each with siblings' slots between its keys) equal the same
     rows computed one at a time over their keys laid out one after another, bit for bit. A softmax denominator
     summed over the slots as they lie (holes in place), or any step whose order a hole changes, fails here."""
+    from decoding.runtime import attention_kernels
+    if kernel and attention_kernels.load(compiled.cache_dir() / "decoding-attention") is not None:
+        pytest.skip(f"no attention kernel here: {attention_kernels.load(tmp_path)}")
     kv, rep, d, capacity, n = 2, 2, 16, 64, 21
     gen = torch.Generator().manual_seed(0)
     keys_t = torch.randn(kv, d, capacity, generator=gen)
@@ -318,7 +322,7 @@ def test_attention_gives_a_row_the_same_bits_wherever_its_keys_sit():
             torch._dynamo.decorators.mark_unbacked(tensor, dim)
         torch._dynamo.mark_dynamic(mask, 1)
         torch._dynamo.mark_dynamic(order, 1)
-        return attend(q, keys_t, values, mask, order, 0.25)
+        return attend(q, keys_t, values, mask, order, 0.25, kernel)
 
     parents = (-1, -1, 1, 1, 3, 3, 0)                 # a tree over slots n..n+6; each row sees its ancestors
     seen = torch.zeros(len(parents), n + len(parents), dtype=torch.bool)

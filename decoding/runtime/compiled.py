@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from decoding.runtime import kernels
+from decoding.runtime import attention_kernels, kernels
 from decoding.runtime.kernels import HalfLinear
 
 ROWS = 32                                       # rows per call of the graph; wider forwards run in chunks
@@ -112,6 +112,10 @@ class Engine:
         self.compile_s: dict[Any, float] = {}
         self._graphs: dict[Any, Callable] = {}
         self._joined: Optional[list] = None
+        # the attention's reductions in the project's C++ kernel (None), or why inductor's loops run them
+        self.attention: Optional[str] = (attention_kernels.load(cache_dir() / "decoding-attention")
+                                         if lm.dtype == torch.float32 else "a model computing in "
+                                         f"{str(lm.dtype).replace('torch.', '')} (the kernel is float32)")
         body = lm.model.model
         self._body, self._head = body, lm.model.lm_head
         config = lm.model.config
@@ -188,7 +192,8 @@ class Engine:
 
     def stats(self) -> dict:
         return {"graphs": len(self._graphs), "compiled_forwards": self.calls,
-                "compile_s": round(sum(self.compile_s.values()), 1)}
+                "compile_s": round(sum(self.compile_s.values()), 1),
+                "attention": "C++ kernel" if self.attention is None else f"inductor ({self.attention})"}
 
 
 class _Joined:
@@ -243,7 +248,7 @@ def _stored(x: torch.Tensor) -> torch.Tensor:
 
 
 def _attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-            order: torch.Tensor, scale: float) -> torch.Tensor:
+            order: torch.Tensor, scale: float, kernel: bool = False) -> torch.Tensor:
     """Attention written out, so that a row's bits do not depend on the other rows or on where its keys sit.
 
     ``q [1, heads, B, d]``; ``keys_t`` the layer's keys ``[kv, d, capacity]`` and ``values`` its values
@@ -258,6 +263,11 @@ def _attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: t
       elementwise;
     * the weighted sum of values, reduced over the slots one after another (inductor keeps the slot loop
       sequential and vectorizes over ``d``), so a masked slot adds an exact zero between the same terms;
+
+    ``kernel``: the scores, the weighted sum and the denominator in the project's C++ kernel
+    (``attention_kernels.cpp``: the same orders, with several accumulators, where inductor's loops wait on one
+    per output vector; the denominator summed in slot order beside the weighted sum, which a hole cannot
+    change either, so no gather) - float32 only;
     * the softmax's denominator, summed over the row's keys gathered into ``order``: the layout a one-position
       forward has (its keys in slots 0..p), so the same lanes add the same terms.
 
@@ -267,12 +277,17 @@ def _attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: t
     _, heads, b, d = q.shape
     kv, span = keys_t.shape[0], mask.shape[1]
     rep = heads // kv
-    # the rows scaled, rotated and stored once (inlined, the rotary embedding would be recomputed for every key)
-    rows = _stored(q[0].transpose(0, 1).reshape(b, heads * d) * scale).view(b, kv, rep, d, 1)
-    scores = (rows * keys_t[:, :, :span].unsqueeze(0).unsqueeze(2)).sum(-2)              # [B, kv, rep, span]
+    rows = q[0].transpose(0, 1).reshape(b, heads * d) * scale
+    if kernel:                 # the two reductions in the project's C++ kernel (runtime/attention_kernels.cpp)
+        scores = torch.ops.decoding_attention.scores(rows, keys_t, span)                  # [B, kv, rep, span]
+    else:                      # the rows stored once (inlined, the rotary embedding is recomputed for every key)
+        rows = _stored(rows).view(b, kv, rep, d, 1)
+        scores = (rows * keys_t[:, :, :span].unsqueeze(0).unsqueeze(2)).sum(-2)
     scores = scores + mask.view(b, 1, 1, span)
     weights = torch.exp(scores - scores.amax(-1, keepdim=True))
-    total = (weights.unsqueeze(-1) * values[0, :, :span].unsqueeze(0).unsqueeze(2)).sum(-2)   # [B, kv, rep, d]
+    if kernel:                 # the weighted sum and its denominator, both in slot order, divided: [B, kv, rep, d]
+        return torch.ops.decoding_attention.values(weights, values, span).to(q.dtype).reshape(b, heads * d)
+    total = (weights.unsqueeze(-1) * values[0, :, :span].unsqueeze(0).unsqueeze(2)).sum(-2)
     norm = weights.gather(-1, order.view(b, 1, 1, span).expand(b, kv, rep, span)).sum(-1, keepdim=True)
     return (total / norm).to(q.dtype).reshape(b, heads * d)
 
@@ -283,6 +298,7 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
     body, head, d = engine._body, engine._head, engine._head_dim
     fused = hidden is not True           # a layer-fusion head's tuple of hidden-state indices
     joined = engine.joined()
+    kernel = engine.attention is None    # the C++ attention kernel is built and loaded
 
     def forward(ids, pos, mask, write, order, keys, values, keys_t):
         b = ids.shape[1]
@@ -296,7 +312,8 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
         torch._check(order.shape[1] == mask.shape[1])
         span = mask.shape[1]
         x = body.embed_tokens(ids)                                         # [1, B, H]
-        cos, sin = body.rotary_emb(x, pos)
+        # computed once and stored (inlined, every layer's kernels would compute them again for every head)
+        cos, sin = (_stored(t) for t in body.rotary_emb(x, pos))
         states = [x] if fused else None      # transformers' hidden_states: the embeddings, then each layer's
         for i, layer in enumerate(body.layers):
             attn = layer.self_attn
@@ -313,7 +330,7 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
             keys[i].index_copy_(2, write, k)
             values[i].index_copy_(2, write, v)
             keys_t[i].index_copy_(2, write, k[0].transpose(1, 2))
-            o = _attend(q, keys_t[i], values[i], mask, order, attn.scaling)
+            o = _attend(q, keys_t[i], values[i], mask, order, attn.scaling, kernel)
             x = x + attn.o_proj(o.reshape(1, b, -1))
             h = layer.post_attention_layernorm(x)
             if gate_up is not None:

@@ -1,0 +1,106 @@
+"""The compiled forward's attention reductions as a C++ kernel of the project's own, built on the machine that runs
+it (``attention_kernels.cpp``: why, and why it stays exact, is written there).
+
+:func:`load` compiles the file once per machine, PyTorch version and source (g++ with ``-march=native``, so an
+Intel Xeon gets AVX-512 and an AMD EPYC its own vectors), keeps the library in the cache directory beside
+inductor's, and registers its two operators (``torch.ops.decoding_attention.scores`` / ``.values``) with their
+shapes for the compiler. Where it cannot be built (no compiler, another PyTorch, ``DECODING_ATTENTION_KERNEL=0``)
+the compiled forward writes the same reductions for inductor instead (slower, equally exact) and says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+SOURCE = Path(__file__).with_name("attention_kernels.cpp")
+ENV_SWITCH = "DECODING_ATTENTION_KERNEL"       # "0": inductor's loops instead
+_LOCK = threading.Lock()
+_STATE: dict = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def library_path(cache: Path) -> Path:
+    """Where this machine's build lives: keyed by the source, PyTorch, the compiler's target and flags."""
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, _cpu_flags(), " ".join(_flags())])
+                         .encode()).hexdigest()[:16]
+    return cache / f"attention-{key}.so"
+
+
+def _flags() -> list[str]:
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c++17", "-fPIC",
+            "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DAT_PARALLEL_OPENMP=1"]
+
+
+def _build(target: Path) -> None:
+    from torch.utils.cpp_extension import include_paths, library_paths
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        cmd = [cxx, str(SOURCE), "-o", str(out), *_flags()]
+        cmd += [f"-I{p}" for p in include_paths()]
+        cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(cxx).name} failed: {done.stderr.strip()[-400:]}")
+        os.replace(out, target)           # atomic: another process building the same file sees all or nothing
+
+
+def load(cache: Path) -> Optional[str]:
+    """Build (once) and register the operators; None when they are ready, else why not (then the caller keeps
+    inductor's loops)."""
+    with _LOCK:
+        if "reason" in _STATE:
+            return _STATE["reason"]
+        reason = None
+        if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "off", "no"):
+            reason = f"turned off ({ENV_SWITCH}=0)"
+        else:
+            try:
+                path = library_path(cache)
+                if not path.exists():
+                    _build(path)
+                torch.ops.load_library(str(path))
+                _register_fakes()
+            except Exception as exc:            # a build that fails serves the same forward without it
+                reason = f"the attention kernel could not be built here ({type(exc).__name__}: {exc})"[:300]
+        _STATE["reason"] = reason
+        return reason
+
+
+def ready() -> bool:
+    return _STATE.get("reason", "not loaded") is None
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake("decoding_attention::scores")
+    def _(rows: torch.Tensor, keys_t: torch.Tensor, span: int) -> torch.Tensor:
+        kv, d = keys_t.shape[0], keys_t.shape[1]
+        heads = rows.shape[1] // d
+        return rows.new_empty(rows.shape[0], kv, heads // kv, span)
+
+    @torch.library.register_fake("decoding_attention::values")
+    def _(weights: torch.Tensor, values: torch.Tensor, span: int) -> torch.Tensor:
+        return weights.new_empty(weights.shape[0], weights.shape[1], weights.shape[2], values.shape[3])
