@@ -38,7 +38,7 @@ from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
 from decoding.runtime.warmup import warm
 
-WIDTHS = (1, 2, 4, 6, 9, 10, 13, 17, 25, 33)
+WIDTHS = (1, 2, 4, 6, 9, 10, 13, 16, 17, 25, 33)
 PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
 RACE = ("prophet", "prompt_lookup", "lookahead", "jacobi", "suffix")
 GENERATE = "generate (float32, transformers' kernels)"
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--unseen", type=int, default=0, help="prompts per category of presets/bench_unseen.yaml")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--forwards-only", action="store_true", help="only the compile cost and the cost by width")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -116,11 +117,16 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"compile: {compile_s:.0f} s for {compiled.engine(lm).stats()['graphs']} graphs ({took})", flush=True)
 
     costs = forward_costs(lm, args.forward_repeats)
-    print("\n| mode | " + " | ".join(f"T={t}" for t in WIDTHS) + " | T=10 / T=1 | T=17 / T=1 |")
-    print("|---|" + "---:|" * (len(WIDTHS) + 2))
+    print("\n| mode | " + " | ".join(f"T={t}" for t in WIDTHS) + " | T=10 / T=1 | T=16 / T=1 | T=17 / T=1 |")
+    print("|---|" + "---:|" * (len(WIDTHS) + 3))
     for mode, row in costs.items():
         print(f"| {mode} | " + " | ".join(f"{row[t]:.1f}" for t in WIDTHS)
-              + f" | {row[10] / row[1]:.2f} | {row[17] / row[1]:.2f} |")
+              + f" | {row[10] / row[1]:.2f} | {row[16] / row[1]:.2f} | {row[17] / row[1]:.2f} |")
+    if args.forwards_only:
+        doc = {"cpu": cpu_label(), "machine": machine, "model": name, "compile_s": round(compile_s, 1),
+               "forward_ms": costs, "engine": compiled.engine(lm).stats()}
+        write_json(args.json, doc)
+        return doc
 
     ids = encode_prompt(lm.tokenizer, PROMPT, chat=True)
     calls = {"eager greedy": lambda: run_comparison(ids, ModelPair(lm), [("greedy", {})], max_new_tokens=args.max_new_tokens,

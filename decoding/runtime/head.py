@@ -99,14 +99,22 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def _rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """RoPE (rotate-half layout, as Llama); ``x [B, heads, T, d]``, ``pos [T]`` absolute positions."""
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)   # [d/2]
-    ang = pos.to(device=x.device, dtype=torch.float32)[:, None] * inv[None]             # [T, d/2]
+def _angles(pos: torch.Tensor, d: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin ``[T, d]`` (float32) at absolute positions ``pos [T]``."""
+    inv = theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)     # [d/2]
+    ang = pos.to(device=device, dtype=torch.float32)[:, None] * inv[None]               # [T, d/2]
     ang = torch.cat([ang, ang], dim=-1)                                                 # [T, d]
     # cos/sin in float32 first: a bfloat16 angle is off by up to 0.25 rad at position 100
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    return ang.cos(), ang.sin()
+
+
+def _rotate(x: torch.Tensor, pos: torch.Tensor, theta: float,
+            angles: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """RoPE (rotate-half layout, as Llama); ``x [B, heads, T, d]``, ``pos [T]`` absolute positions; ``angles``:
+    :func:`_angles` for them, when the caller rotates more than one tensor at the same positions."""
+    d = x.shape[-1]
+    cos, sin = angles if angles is not None else _angles(pos, d, theta, x.device)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -135,7 +143,8 @@ class ProphetLayer(nn.Module):
         q = self.q(a).view(B, T, c.heads, c.head_dim).transpose(1, 2)
         k = self.k(a).view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.v(a).view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
-        return _rotate(q, pos, c.rope_theta), _rotate(k, pos, c.rope_theta), v
+        angles = _angles(pos, c.head_dim, c.rope_theta, x.device)      # once for q and k
+        return _rotate(q, pos, c.rope_theta, angles), _rotate(k, pos, c.rope_theta, angles), v
 
     def attend(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: Optional[torch.Tensor]) -> torch.Tensor:
