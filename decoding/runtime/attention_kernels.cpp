@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -34,7 +35,8 @@ inline vf splat(float s) { return vf{} + s; }
 
 // scores[b, g, r, j] = sum_d rows[b, (g * rep + r) * d] * keys_t[g, d, j], j < span
 template <int R, int NV>
-inline void score_block(const float* const* q, const float* kt, int64_t d, int64_t cap, float* const* out) {
+inline void score_block(const float* const* q, const float* kt, int64_t d, int64_t cap, float* const* out,
+                        int64_t at) {
   vf acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = vf{};
@@ -47,59 +49,70 @@ inline void score_block(const float* const* q, const float* kt, int64_t d, int64
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) store(out[r] + v * L, acc[r][v]);
+    for (int v = 0; v < NV; ++v) store(out[r] + at + v * L, acc[r][v]);
 }
 
-template <int R>
-void score_rows(const float* const* q, const float* kt, int64_t d, int64_t cap, int64_t span, float* const* out) {
-  int64_t j = 0;
-  for (; j + 4 * L <= span; j += 4 * L) {
-    float* o[R];
-    for (int r = 0; r < R; ++r) o[r] = out[r] + j;
-    score_block<R, 4>(q, kt + j, d, cap, o);
+// f(nv, i) over [0, n) in blocks of 4 vectors, then single vectors (nv: the block's vectors, a constant)
+template <typename F>
+inline void in_blocks(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) f(std::integral_constant<int, 4>{}, i);
+  for (; i < n; i += L) f(std::integral_constant<int, 1>{}, i);
+}
+
+// For every (row i, kv head g), in parallel: step(R, g, in, out) on its rep query heads, two at a time, then one;
+// head h of row i reads in + (i * heads + h) * in_len and writes out + (i * heads + h) * out_len (heads = kv * rep)
+template <int R, typename Step>
+inline void step_rows(Step& step, int64_t g, int64_t first, const float* in, int64_t in_len, float* out,
+                      int64_t out_len) {
+  const float* ins[R];
+  float* outs[R];
+  for (int k = 0; k < R; ++k) {
+    ins[k] = in + (first + k) * in_len;
+    outs[k] = out + (first + k) * out_len;
   }
-  for (; j < span; j += L) {
-    float* o[R];
-    for (int r = 0; r < R; ++r) o[r] = out[r] + j;
-    score_block<R, 1>(q, kt + j, d, cap, o);
-  }
+  step(std::integral_constant<int, R>{}, g, ins, outs);
+}
+
+template <typename Step>
+void over_rows(int64_t b, int64_t kv, int64_t rep, const float* in, int64_t in_len, float* out, int64_t out_len,
+               Step&& step) {
+  at::parallel_for(0, b * kv, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {                  // t = i * kv + g; its first head: t * rep
+      int64_t r = 0;
+      for (; r + 2 <= rep; r += 2) step_rows<2>(step, t % kv, t * rep + r, in, in_len, out, out_len);
+      for (; r < rep; ++r) step_rows<1>(step, t % kv, t * rep + r, in, in_len, out, out_len);
+    }
+  });
+}
+
+at::Tensor float32(const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "the attention kernel takes float32 tensors");
+  return t.contiguous();
 }
 
 at::Tensor attn_scores(const at::Tensor& rows_in, const at::Tensor& keys_in, int64_t span) {
   // rows [B, heads * d] (rotated, scaled), keys_t [kv, d, capacity] -> [B, kv, rep, span]
-  TORCH_CHECK(rows_in.scalar_type() == at::kFloat && keys_in.scalar_type() == at::kFloat, "float32 only");
-  const at::Tensor rows = rows_in.contiguous(), keys_t = keys_in.contiguous();
+  const at::Tensor rows = float32(rows_in), keys_t = float32(keys_in);
   TORCH_CHECK(span % L == 0 && span <= keys_t.size(2), "span must be a multiple of 16 within the cache");
   const int64_t b = rows.size(0), kv = keys_t.size(0), d = keys_t.size(1), cap = keys_t.size(2);
   const int64_t heads = rows.size(1) / d, rep = heads / kv;
   auto out = at::empty({b, kv, rep, span}, rows.options());
-  const float* qp = rows.data_ptr<float>();
   const float* kp = keys_t.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, b * kv, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t i = t / kv, g = t % kv;
-      const float* kt = kp + g * d * cap;
-      int64_t r = 0;
-      for (; r + 2 <= rep; r += 2) {
-        const float* q[2] = {qp + i * heads * d + (g * rep + r) * d, qp + i * heads * d + (g * rep + r + 1) * d};
-        float* o[2] = {op + ((i * kv + g) * rep + r) * span, op + ((i * kv + g) * rep + r + 1) * span};
-        score_rows<2>(q, kt, d, cap, span, o);
-      }
-      for (; r < rep; ++r) {
-        const float* q[1] = {qp + i * heads * d + (g * rep + r) * d};
-        float* o[1] = {op + ((i * kv + g) * rep + r) * span};
-        score_rows<1>(q, kt, d, cap, span, o);
-      }
-    }
-  });
+  over_rows(b, kv, rep, rows.data_ptr<float>(), d, out.data_ptr<float>(), span,
+            [&](auto rn, int64_t g, const float* const* q, float* const* o) {
+              in_blocks(span, [&](auto nv, int64_t j) {     // a block of slots: its scores, over d
+                score_block<decltype(rn)::value, decltype(nv)::value>(q, kp + g * d * cap + j, d, cap, o, j);
+              });
+            });
   return out;
 }
 
 // out[b, g, r, :] = (sum_j weights[b, g, r, j] * values[g, j, :]) / (sum_j weights[b, g, r, j]), both sums over
 // j = 0, 1, ... span - 1 in order (the denominator one float per row, beside the vectors)
 template <int R, int NV>
-inline void value_block(const float* const* w, const float* v, int64_t d, int64_t span, float* const* out) {
+inline void value_block(const float* const* w, const float* v, int64_t d, int64_t span, float* const* out,
+                        int64_t at) {
   vf acc[R][NV];
   float den[R];
   for (int r = 0; r < R; ++r) {
@@ -118,53 +131,24 @@ inline void value_block(const float* const* w, const float* v, int64_t d, int64_
   }
   for (int r = 0; r < R; ++r) {
     vf inv = splat(den[r]);
-    for (int u = 0; u < NV; ++u) store(out[r] + u * L, acc[r][u] / inv);
-  }
-}
-
-template <int R>
-void value_rows(const float* const* w, const float* v, int64_t d, int64_t span, float* const* out) {
-  int64_t e = 0;
-  for (; e + 4 * L <= d; e += 4 * L) {
-    float* o[R];
-    for (int r = 0; r < R; ++r) o[r] = out[r] + e;
-    value_block<R, 4>(w, v + e, d, span, o);
-  }
-  for (; e < d; e += L) {
-    float* o[R];
-    for (int r = 0; r < R; ++r) o[r] = out[r] + e;
-    value_block<R, 1>(w, v + e, d, span, o);
+    for (int u = 0; u < NV; ++u) store(out[r] + at + u * L, acc[r][u] / inv);
   }
 }
 
 at::Tensor attn_values(const at::Tensor& weights_in, const at::Tensor& values_in, int64_t span) {
   // weights [B, kv, rep, span], values [1, kv, capacity, d] -> [B, kv, rep, d]
-  TORCH_CHECK(weights_in.scalar_type() == at::kFloat && values_in.scalar_type() == at::kFloat, "float32 only");
-  const at::Tensor weights = weights_in.contiguous(), values = values_in.contiguous();
+  const at::Tensor weights = float32(weights_in), values = float32(values_in);
   const int64_t b = weights.size(0), kv = weights.size(1), rep = weights.size(2);
   const int64_t cap = values.size(2), d = values.size(3);
   TORCH_CHECK(d % L == 0 && weights.size(3) == span && span <= cap, "head size a multiple of 16, span within the cache");
   auto out = at::empty({b, kv, rep, d}, weights.options());
-  const float* wp = weights.data_ptr<float>();
   const float* vp = values.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, b * kv, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t i = t / kv, g = t % kv;
-      const float* v = vp + g * cap * d;
-      int64_t r = 0;
-      for (; r + 2 <= rep; r += 2) {
-        const float* w[2] = {wp + ((i * kv + g) * rep + r) * span, wp + ((i * kv + g) * rep + r + 1) * span};
-        float* o[2] = {op + ((i * kv + g) * rep + r) * d, op + ((i * kv + g) * rep + r + 1) * d};
-        value_rows<2>(w, v, d, span, o);
-      }
-      for (; r < rep; ++r) {
-        const float* w[1] = {wp + ((i * kv + g) * rep + r) * span};
-        float* o[1] = {op + ((i * kv + g) * rep + r) * d};
-        value_rows<1>(w, v, d, span, o);
-      }
-    }
-  });
+  over_rows(b, kv, rep, weights.data_ptr<float>(), span, out.data_ptr<float>(), d,
+            [&](auto rn, int64_t g, const float* const* w, float* const* o) {
+              in_blocks(d, [&](auto nv, int64_t e) {        // a block of the head's dims: over the slots
+                value_block<decltype(rn)::value, decltype(nv)::value>(w, vp + g * cap * d + e, d, span, o, e);
+              });
+            });
   return out;
 }
 
