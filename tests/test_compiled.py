@@ -342,3 +342,30 @@ def test_attention_gives_a_row_the_same_bits_wherever_its_keys_sit(kernel, tmp_p
         alone = call(q[:, :, row:row + 1].clone(), packed_k, packed_v,
                      torch.ones(1, len(slots), dtype=torch.bool))
         assert torch.equal(alone[0], together[row]), row
+
+
+def test_the_accepted_path_moves_in_one_kernel_call_as_keep_moves_it(lm, monkeypatch):
+    """``StaticRunner.keep`` on the compiled path (``move_rows`` of the attention kernel): the same cache as the
+    tensor-by-tensor move, for keys, values and the transposed keys alike, and really the path a compiled
+    prophet's steps take."""
+    from decoding.runtime import attention_kernels
+    if compiled.engine(lm).attention is not None:
+        pytest.skip(f"no attention kernel here: {compiled.engine(lm).attention}")
+    gen = torch.Generator().manual_seed(1)
+    caches = [torch.randn(1, 2, 48, 16, generator=gen), torch.randn(2, 16, 48, generator=gen)]
+    want = [c.clone() for c in caches]
+    base, rows = 9, [0, 2, 3, 7, 11]
+    src = torch.tensor([base + r for r in rows])
+    want[0][:, :, base:base + len(rows)] = want[0].index_select(2, src)
+    want[1][:, :, base:base + len(rows)] = want[1].index_select(2, src)
+    torch.ops.decoding_attention.move_rows(caches, torch.tensor(rows), base)
+    assert all(torch.equal(got, ref) for got, ref in zip(caches, want))
+    assert attention_kernels.ready()
+    moved = []
+    original = fastpath.StaticRunner._move_in_one_call
+    monkeypatch.setattr(fastpath.StaticRunner, "_move_in_one_call",
+                        lambda self, base, rows: moved.append(original(self, base, rows)) or moved[-1])
+    ids = _repetitive(lm)
+    want_ids = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=36).token_ids
+    run = _runs(ids, lm, fast=True)["prophet (tree)"]()
+    assert run.token_ids == want_ids and moved and all(moved)

@@ -147,9 +147,10 @@ def chosen_compiled(settings: "Settings", *, progress: Optional[Callable[[str], 
         return dataclasses.replace(settings, compiled=False,
                                    compiled_note=f"compiled CPU forward: off, compiling failed ({type(exc).__name__})")
     took = time.perf_counter() - t0
+    stats = compiled.engine(lm).stats()
     return dataclasses.replace(settings, compiled=True, compiled_note=(
-        f"compiled CPU forward: on for {lm.name} (inductor; {compiled.engine(lm).stats()['graphs']} graphs ready "
-        f"in {took:.0f} s at start)"))
+        f"compiled CPU forward: on for {lm.name} (inductor; {stats['graphs']} graphs ready in {took:.0f} s at "
+        f"start; attention: {stats['attention']})"))
 
 
 def chosen_strategies(settings: "Settings", *, curve: Optional[Callable[[float], float]] = None) -> "Settings":

@@ -152,14 +152,46 @@ at::Tensor attn_values(const at::Tensor& weights_in, const at::Tensor& values_in
   return out;
 }
 
+// The accepted path's keys and values moved down in place: for each cache tensor, slot base + src[i] -> slot
+// base + i (src ascending, so src[i] >= i and an ascending copy never overwrites a slot it still has to read).
+// A [1, kv, capacity, d] layer moves whole rows; a [kv, d, capacity] transposed one moves single floats.
+void move_rows(at::TensorList caches, const at::Tensor& src_in, int64_t base) {
+  const at::Tensor src = src_in.to(at::kLong).contiguous();
+  const int64_t* sp = src.data_ptr<int64_t>();
+  const int64_t m = src.numel();
+  for (int64_t i = 1; i < m; ++i) TORCH_CHECK(sp[i] > sp[i - 1], "source rows must ascend");
+  at::parallel_for(0, static_cast<int64_t>(caches.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      const at::Tensor& t = caches[c];
+      TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "float32 contiguous caches only");
+      float* p = t.data_ptr<float>();
+      if (t.dim() == 4) {                                   // [1, kv, capacity, d]
+        const int64_t kv = t.size(1), cap = t.size(2), d = t.size(3);
+        TORCH_CHECK(m == 0 || base + sp[m - 1] < cap, "row outside the cache");
+        for (int64_t g = 0; g < kv; ++g)
+          for (int64_t i = 0; i < m; ++i)
+            if (sp[i] != i) std::memcpy(p + (g * cap + base + i) * d, p + (g * cap + base + sp[i]) * d, d * sizeof(float));
+      } else {                                              // [kv, d, capacity]
+        TORCH_CHECK(t.dim() == 3, "a cache is [1, kv, capacity, d] or [kv, d, capacity]");
+        const int64_t rows = t.size(0) * t.size(1), cap = t.size(2);
+        TORCH_CHECK(m == 0 || base + sp[m - 1] < cap, "row outside the cache");
+        for (int64_t e = 0; e < rows; ++e)
+          for (int64_t i = 0; i < m; ++i) p[e * cap + base + i] = p[e * cap + base + sp[i]];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(decoding_attention, m) {
   m.def("scores(Tensor rows, Tensor keys_t, SymInt span) -> Tensor");
   m.def("values(Tensor weights, Tensor values, SymInt span) -> Tensor");   // normalized: the softmax's output
+  m.def("move_rows(Tensor(a!)[] caches, Tensor src, int base) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
   m.impl("scores", attn_scores);
   m.impl("values", attn_values);
+  m.impl("move_rows", move_rows);
 }

@@ -102,6 +102,8 @@ class StaticRunner:
 
     def keep(self, base: int, rows: list[int]) -> None:
         """Move cached positions ``base + r`` (``r`` in ``rows``, ascending) to ``base, base + 1, ...``; drop the rest."""
+        if self._move_in_one_call(base, rows):
+            return
         src = torch.tensor([base + r for r in rows], device=self.lm.device)
         self._mirrored = min(self._mirrored, base)
         with torch.inference_mode():
@@ -110,6 +112,27 @@ class StaticRunner:
                     layer.keys[:, :, base:base + len(rows)] = layer.keys.index_select(2, src)
                     layer.values[:, :, base:base + len(rows)] = layer.values.index_select(2, src)
         self.rewind(base + len(rows))
+
+    def _move_in_one_call(self, base: int, rows: list[int]) -> bool:
+        """``keep`` for the compiled path's float32 caches: every layer's keys, values and transposed keys moved
+        by one call of the attention kernel's ``move_rows`` (some 120 tensor operations otherwise, ~0.5 ms a
+        step on the Intel Xeon). False where it does not apply (then ``keep`` moves them itself)."""
+        layers = self.cache.layers
+        if self.engine is None or self.engine.attention is not None or not self._initialized():
+            return False
+        caches = [layer.keys for layer in layers] + [layer.values for layer in layers]
+        if any(c.dtype != torch.float32 or not c.is_contiguous() for c in caches):
+            return False
+        if self._keys_t is not None and self._mirrored >= base + (rows[-1] + 1 if rows else 0):
+            caches += self._keys_t              # the mirror holds those rows: move them with the cache
+            mirrored = base + len(rows)
+        else:
+            mirrored = min(self._mirrored, base)
+        with torch.inference_mode():
+            torch.ops.decoding_attention.move_rows(caches, torch.tensor(rows, dtype=torch.long), base)
+        self._mirrored = mirrored
+        self.rewind(base + len(rows))
+        return True
 
     def _initialized(self) -> bool:
         return all(getattr(layer, "is_initialized", False) for layer in self.cache.layers)
