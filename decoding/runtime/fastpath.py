@@ -199,14 +199,14 @@ class StaticRunner:
         slots = self._slots[:span].unsqueeze(0)
         if mask is None:                                        # causal: row i sees slots up to n + i
             seen = slots <= new.unsqueeze(1)
-            order = slots.expand(t, span).clone()               # its keys already lie in position order
         else:                                                   # [1, 1, t, n + t]: a chain, a tree or a window
             seen = torch.zeros(t, span, dtype=torch.bool, device=dev)
             seen[:, : n + t] = mask[0, 0] == 0
-            if self.engine.attention is None:   # the attention kernel sums in slot order: no layout needed
-                order = slots.expand(t, span).clone()
-            else:       # each row's seen slots first, in slot (= position) order: the layout greedy cached them in
-                order = torch.where(seen, slots, slots + span).argsort(dim=1)
+        if mask is None or self.engine.attention is None:
+            # causal rows' keys already lie in position order, and the attention kernel sums in slot order
+            order = slots.expand(t, span).clone()
+        else:           # each row's seen slots first, in slot (= position) order: the layout greedy cached them in
+            order = torch.where(seen, slots, slots + span).argsort(dim=1)
         rows = torch.zeros(t, span, dtype=dtype, device=dev).masked_fill_(~seen, float("-inf"))
         layers = self.cache.layers
         logits, states = self.engine.run(ids, pos, rows, new, order, [layer.keys for layer in layers],
