@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from decoding.runtime import attention_kernels, kernels
 from decoding.runtime.kernels import HalfLinear
@@ -263,13 +262,13 @@ def _attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: t
       elementwise;
     * the weighted sum of values, reduced over the slots one after another (inductor keeps the slot loop
       sequential and vectorizes over ``d``), so a masked slot adds an exact zero between the same terms;
+    * the softmax's denominator, summed over the row's keys gathered into ``order``: the layout a one-position
+      forward has (its keys in slots 0..p), so the same lanes add the same terms.
 
     ``kernel``: the scores, the weighted sum and the denominator in the project's C++ kernel
     (``attention_kernels.cpp``: the same orders, with several accumulators, where inductor's loops wait on one
-    per output vector; the denominator summed in slot order beside the weighted sum, which a hole cannot
-    change either, so no gather) - float32 only;
-    * the softmax's denominator, summed over the row's keys gathered into ``order``: the layout a one-position
-      forward has (its keys in slots 0..p), so the same lanes add the same terms.
+    per output vector; the denominator summed in slot order beside the weighted sum, which a hole cannot change
+    either, so ``order`` goes unused) - float32 only.
 
     So a row of a verify forward gets the bits of compiled greedy's one-position forward at its position, for a
     chain, a tree or a window alike, without gathering the keys and values (``runtime/gqa_attention.py``'s
@@ -310,7 +309,6 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
         torch._check(write.shape[0] == b)
         torch._check(order.shape[0] == b)
         torch._check(order.shape[1] == mask.shape[1])
-        span = mask.shape[1]
         x = body.embed_tokens(ids)                                         # [1, B, H]
         # computed once and stored (inlined, every layer's kernels would compute them again for every head)
         cos, sin = (_stored(t) for t in body.rotary_emb(x, pos))
