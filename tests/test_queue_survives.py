@@ -96,6 +96,52 @@ def test_sessions_with_waiting_events_are_never_evicted():
     assert list(messages) == ["old-running", "new", "newer"]
 
 
+def test_a_finished_runs_unread_answer_keeps_its_session_for_the_grace():
+    """A run that has finished but whose answer its stream has not read yet (Gradio keeps its event id in
+    ``pending_event_ids_session`` until then) is spared for the grace; past it, or once read, it is idle."""
+    class FakeQueue:
+        event_ids_to_events: dict = {}
+        active_jobs = [None]
+        pending_event_ids_session = {"answered": {"e1"}, "dropped": {"e2"}, "read": set()}
+
+    messages = queue_guard.SessionMessages(3, queue=FakeQueue(), grace_s=30.0)
+    for key in ("answered", "dropped", "read"):
+        messages[key] = object()
+    now = time.monotonic()
+    messages.mark_answered("answered", now)          # sent a moment ago, not read
+    messages.mark_answered("dropped", now - 31.0)    # a caller that never reads: past the grace
+    messages.mark_answered("read", now)              # read: Gradio removed its id
+    messages.mark_answered("never-held", now)        # not a session here: ignored
+    assert "never-held" not in messages.answered
+    messages["new-1"] = object()
+    assert list(messages) == ["answered", "read", "new-1"]              # past the grace: the oldest idle one
+    messages["new-2"] = object()
+    assert list(messages) == ["answered", "new-1", "new-2"]             # read: idle too
+    assert "dropped" not in FakeQueue.pending_event_ids_session      # its unreadable ids went with it
+    assert "dropped" not in messages.answered
+    del messages["answered"]                                           # Gradio's own delete forgets it too
+    assert "answered" not in messages.answered
+
+
+def test_the_grace_holds_at_most_the_bound_again():
+    """A storm of calls whose answers nobody reads cannot grow the sessions past twice the bound."""
+    class FakeQueue:
+        event_ids_to_events: dict = {}
+        active_jobs = [None]
+        pending_event_ids_session: dict = {}
+
+    queue = FakeQueue()
+    messages = queue_guard.SessionMessages(4, queue=queue, grace_s=30.0)
+    for i in range(40):
+        key = f"call-{i}"
+        messages[key] = object()
+        queue.pending_event_ids_session[key] = {f"e{i}"}
+        messages.mark_answered(key)
+        assert len(messages) <= 8
+    assert len(messages) == 8 and list(messages)[0] == "call-32"      # the oldest unread ones went
+    assert len(queue.pending_event_ids_session) == 8
+
+
 def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     demo, url = served
     prompts = [f"Name fruit number {i}." for i in range(CLIENTS)]

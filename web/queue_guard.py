@@ -35,7 +35,13 @@ The guard (this app's queue instance only; nothing in Gradio is patched globally
 ----------------------------------------------------------------------------------
 1. :class:`SessionMessages` replaces the ``LRUCache``: same bound, but a session with an event still
    queued or running is never the one evicted (the oldest idle session goes instead). This removes the
-   trigger.
+   trigger. A session whose run has *finished* but whose answer its stream has not yet read (Gradio keeps
+   the event id in ``pending_event_ids_session`` until then, routes.py:1866) is spared for ``GRACE_S``
+   after the answer was sent: evicted in that window, its stream's next look finds no entry and answers
+   404, and the client sees its finished run cancelled (what a Stop storm did to one run in eight on a busy
+   machine). Past the grace such a session is idle (a ``/call/`` whose caller never reads, say); the
+   spared-in-grace ones may push the count past the bound only up to ``2 * max_size``. An evicted
+   session's undelivered event ids go with it (Gradio never drops them otherwise).
 2. :meth:`GuardedQueue.send_message`: a message for a live event whose session has no message queue
    (any other way an entry could go missing) gets a fresh one instead of raising ``KeyError`` in the
    queue's loops.
@@ -62,6 +68,7 @@ from gradio.server_messages import ProcessCompletedMessage
 from gradio.utils import LRUCache, error_payload
 
 WATCH_S = 1.0                      # how often the watchdog looks at the queue's loops
+GRACE_S = 30.0                     # how long a finished run's unread answer keeps its session from eviction
 HEALTH_PATH = "/healthz"
 LOOPS = {"processing": "start_processing", "progress": "start_progress_updates"}
 NOTIFY_LOOP = ("estimates", "notify_clients")       # runs only when the queue has no live updates
@@ -75,12 +82,16 @@ log = logging.getLogger(__name__)
 
 class SessionMessages(LRUCache):
     """Gradio's per-session message queues, bounded like its ``LRUCache``, except that a session whose event
-    is still queued or running is never evicted: the oldest idle session goes instead. When every session is
-    busy (at most the queue's size plus the running jobs) the bound is exceeded rather than a client lost."""
+    is still queued or running is never evicted, and one whose finished run's answer is still unread is
+    spared for ``GRACE_S``: the oldest idle session goes instead. When every session is busy (at most the
+    queue's size plus the running jobs) the bound is exceeded rather than a client lost; sessions spared only
+    by the grace exceed it up to ``2 * max_size``, then the oldest of them go too."""
 
-    def __init__(self, max_size: int = 2000, queue: Any = None) -> None:
+    def __init__(self, max_size: int = 2000, queue: Any = None, grace_s: Optional[float] = None) -> None:
         super().__init__(max_size)
         self.queue = queue
+        self.grace_s = grace_s
+        self.answered: dict[Any, float] = {}   # session -> when its last answer (a completion) was sent
         self.evicted = 0           # idle sessions dropped to stay within the bound
         self.spared = 0            # busy sessions that Gradio's LRUCache would have dropped
 
@@ -91,18 +102,50 @@ class SessionMessages(LRUCache):
             self._evict(len(self) - self.max_size + 1)
         OrderedDict.__setitem__(self, key, value)
 
+    def __delitem__(self, key: Any) -> None:
+        OrderedDict.__delitem__(self, key)
+        self.answered.pop(key, None)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.answered.pop(key, None)
+        return OrderedDict.pop(self, key, *default)
+
+    def clear(self) -> None:
+        OrderedDict.clear(self)
+        self.answered.clear()
+
+    def mark_answered(self, key: Any, at: Optional[float] = None) -> None:
+        """A completion was put in ``key``'s queue: its stream has ``GRACE_S`` to read it before eviction."""
+        if key in self:
+            self.answered[key] = time.monotonic() if at is None else at
+
+    def _unread(self, now: float) -> set:
+        """Sessions with an answer sent less than ``GRACE_S`` ago that their stream has not read yet."""
+        grace = GRACE_S if self.grace_s is None else self.grace_s
+        pending = getattr(self.queue, "pending_event_ids_session", {}) if self.queue is not None else {}
+        return {key for key, at in self.answered.items() if now - at < grace and pending.get(key)}
+
     def _evict(self, count: int) -> None:
         busy = busy_sessions(self.queue) if self.queue is not None else set()
-        victims = []
+        unread = self._unread(time.monotonic()) if self.answered else set()
+        victims, spared_unread = [], []
         for key in self:                        # oldest first; stops at the first `count` idle ones
-            if key in busy:
+            if key in busy or key in unread:
                 self.spared += 1
+                if key in unread and key not in busy:
+                    spared_unread.append(key)
                 continue
             victims.append(key)
             if len(victims) >= count:
                 break
+        # the grace never holds more than max_size sessions past the bound: then the oldest unread ones go
+        over = len(self) - len(victims) + 1 - 2 * self.max_size
+        victims += spared_unread[:max(0, min(over, count - len(victims)))]
+        pending = getattr(self.queue, "pending_event_ids_session", None)
         for key in victims:
-            OrderedDict.__delitem__(self, key)
+            del self[key]
+            if isinstance(pending, dict):       # its undelivered ids can never be read now
+                pending.pop(key, None)
         self.evicted += len(victims)
 
 
@@ -137,6 +180,8 @@ class GuardedQueue(queueing.Queue):
             self.pending_messages_per_session[event.session_hash] = AsyncQueue()
             self.guard_recreated += 1
         super().send_message(event, event_message)
+        if event.alive and isinstance(event_message, ProcessCompletedMessage):
+            self.pending_messages_per_session.mark_answered(event.session_hash)
 
     # ----------------------------------------------------------------- the loops and their watchdog
     def start(self) -> None:
