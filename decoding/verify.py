@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from decoding.runtime.attention_kernels import argmax_rows
 from decoding.tree import TokenTree
 
 
@@ -56,7 +57,7 @@ class Verdict:
 
 def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> Verdict:
     """``target_logits [1 + n, V]`` (row 0: after the root, row 1 + i: after node i)."""
-    best = target_logits.argmax(dim=-1).tolist()                              # [1 + n]
+    best = argmax_rows(target_logits).tolist()                                 # [1 + n]
     path: list[int] = []
     tried: list[tuple[int, bool]] = []
     node, row = -1, 0

@@ -369,3 +369,34 @@ def test_the_accepted_path_moves_in_one_kernel_call_as_keep_moves_it(lm, monkeyp
     want_ids = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=36).token_ids
     run = _runs(ids, lm, fast=True)["prophet (tree)"]()
     assert run.token_ids == want_ids and moved and all(moved)
+
+
+def test_the_kernels_argmax_gives_torchs_indices_and_greedy_verification_uses_it(lm, monkeypatch):
+    """``argmax_rows`` (PyTorch's argmax costs ~10x a max over a wide forward's logits here): the first maximum,
+    a NaN counting as largest, as ``torch.argmax``; and the greedy verification of a compiled run reads it."""
+    from decoding.runtime import attention_kernels
+    if compiled.engine(lm).attention is not None:
+        pytest.skip(f"no attention kernel here: {compiled.engine(lm).attention}")
+    gen = torch.Generator().manual_seed(3)
+    ties = torch.randint(0, 3, (6, 1000), generator=gen).float()          # many equal maxima: the first wins
+    late = torch.randn(2, 3000, generator=gen)
+    late[:, 2999] = late[:, 64] = 50.0                                     # the same maximum early and at the tail
+    nan = torch.randn(3, 500, generator=gen)
+    nan[1, 300] = nan[1, 400] = float("nan")
+    nan[2, 3] = float("inf")
+    cases = [torch.randn(11, 49152, generator=gen), torch.randn(1, 17, generator=gen), ties, late, nan,
+             torch.full((2, 100), float("-inf")), torch.tensor([[0.0, -0.0, 0.0]]), torch.tensor([[-0.0, 0.0]])]
+    for case in cases:
+        assert torch.equal(attention_kernels.argmax_rows(case), case.argmax(-1)), case
+    calls = []
+    original = torch.ops.decoding_attention.argmax_rows
+
+    class Counting:                       # torch.ops attributes cannot be set: wrap the namespace's op
+        def __call__(self, x):
+            calls.append(x.shape)
+            return original(x)
+    monkeypatch.setattr(attention_kernels, "_argmax_op", Counting(), raising=False)
+    ids = _repetitive(lm)
+    want = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=24).token_ids
+    assert _runs(ids, lm, fast=True)["prophet (tree)"]().token_ids[:24] == want
+    assert calls and all(shape[0] >= 1 for shape in calls)

@@ -445,3 +445,35 @@ def test_the_suffix_copy_branch_keeps_no_history_between_runs(bundled):
 def test_the_copy_branch_parameters_are_validated(bad, message):
     with pytest.raises(ValueError, match=message):
         ProphetParams(**bad)
+
+
+def test_a_packed_head_joins_its_products_and_writes_its_cache_in_place(monkeypatch):
+    """On the CPU kernels (``Prophet.pack``) a draft position costs ``1 + 4 * layers`` products (the fusion,
+    then q|k|v, o, gate|up and down per layer) instead of ``1 + 7 * layers``, drafts what the plain head drafts
+    (to the reduced weights' rounding), and a draft step writes its keys into the state's buffers in place: the
+    committed rows are neither copied nor changed."""
+    from decoding.runtime import kernels
+    target = tiny_causal("llama", seed=0, scale=8.0)
+    plain, packed = random_prophet(target, seed=4), random_prophet(target, seed=4)
+    if not packed.pack():
+        pytest.skip("no reduced-weight kernels on this build")
+    products = []
+    for cls in (kernels.HalfLinear, kernels.PackedLinear):
+        original = cls.forward
+        monkeypatch.setattr(cls, "forward", lambda self, x, _o=original: products.append(1) or _o(self, x))
+    torch.manual_seed(2)
+    h, tok = torch.randn(7, 64), torch.randint(0, target.vocab_size, (7,))
+    with torch.no_grad():
+        states = [plain.new_state(), packed.new_state()]
+        feats = [head.extend(state, h, tok) for head, state in zip((plain, packed), states)]
+        assert torch.allclose(feats[0], feats[1], rtol=2e-2, atol=2e-2)
+        before = (states[1].key_buf[0].data_ptr(), states[1].keys[0].clone())
+        products.clear()
+        scratch = packed.new_scratch()
+        g = packed.draft_nodes(states[1], scratch, feats[1].repeat(3, 1), tok[:3], torch.tensor([7, 7, 7]))
+        assert len(products) == 1 + 4 * len(packed.layers)
+        assert (states[1].key_buf[0].data_ptr(), scratch.used) == (before[0], 3)
+        assert torch.equal(states[1].keys[0], before[1]) and states[1].length == 7
+        want = plain.draft_nodes(states[0], plain.new_scratch(), feats[0].repeat(3, 1), tok[:3],
+                                 torch.tensor([7, 7, 7]))
+        assert torch.allclose(g, want, rtol=2e-2, atol=2e-2)

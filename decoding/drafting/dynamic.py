@@ -63,10 +63,11 @@ class Growth:
         return out
 
 
-def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator]) -> tuple[list[int], list[float]]:
-    """``k`` indices of ``row`` (log-probs ``[V']``): the best, or draws without replacement (Gumbel-top-k)."""
-    finite = int(torch.isfinite(row).sum())
-    k = min(k, finite)
+def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator],
+          ids: Optional[torch.Tensor] = None) -> tuple[list[int], list[float]]:
+    """``k`` indices of ``row`` (log-probs ``[V']``) with finite log-probs: the best, or draws without
+    replacement (Gumbel-top-k); mapped through ``ids`` when given. Fewer when fewer are finite."""
+    k = min(k, row.shape[-1])
     if k <= 0:
         return [], []
     if sample:
@@ -75,8 +76,11 @@ def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator
         idx = torch.topk(keys, k).indices                         # in draw order
     else:
         idx = torch.topk(row, k).indices
-    idx_list = idx.tolist()
-    return idx_list, row[idx].float().tolist()
+    # an index whose log-prob is -inf (filtered out, or beyond the finite ones) comes last in either order
+    logq = row[idx].float().tolist()
+    finite = sum(1 for v in logq if math.isfinite(v))
+    picked = (idx if ids is None else ids[idx]).tolist()
+    return picked[:finite], logq[:finite]
 
 
 def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor], *, depth: int, topk: int,
@@ -92,16 +96,15 @@ def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor]
     comparisons).
     """
     g = Growth(rows=[root])
-    to_id = (lambda i: i) if ids is None else (lambda i: int(ids[i]))
 
     def add_children(parent: int, row_index: int, base: float, d: int) -> list[int]:
-        picked, logq = _pick(g.rows[row_index], topk, sample, None if not sample else rng)
+        picked, logq = _pick(g.rows[row_index], topk, sample, None if not sample else rng, ids)
         made, cap = [], math.inf
-        for idx, lq in zip(picked, logq):
+        for token, lq in zip(picked, logq):
             lq_path = min(lq, 0.0)              # a child never outscores its parent (step 3 relies on it)
             score = min(base + lq_path, cap) if sample else base + lq_path
             cap = score
-            g.tokens.append(to_id(idx))
+            g.tokens.append(token)
             g.parents.append(parent)
             g.depths.append(d)
             g.scores.append(score)

@@ -94,6 +94,17 @@ def ready() -> bool:
     return _STATE.get("reason", "not loaded") is None
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` of a ``[rows, n]`` tensor: the kernel's when it is loaded and ``x`` is a float32 CPU
+    tensor (same indices, first maximum, a NaN counting as largest), else PyTorch's."""
+    if ready() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[1] > 0:
+        return (_argmax_op or torch.ops.decoding_attention.argmax_rows)(x)
+    return x.argmax(-1)
+
+
+_argmax_op = None          # tests put a counting wrapper here
+
+
 def _register_fakes() -> None:
     @torch.library.register_fake("decoding_attention::scores")
     def _(rows: torch.Tensor, keys_t: torch.Tensor, span: int) -> torch.Tensor:

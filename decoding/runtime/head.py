@@ -119,6 +119,14 @@ def _rotate(x: torch.Tensor, pos: torch.Tensor, theta: float,
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def _joined_linear(parts: tuple) -> nn.Linear:
+    """One bias-free linear whose output is the outputs of ``parts`` side by side (frozen weights)."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    joined = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    joined.weight = nn.Parameter(weight, requires_grad=False)
+    return joined
+
+
 class ProphetLayer(nn.Module):
     """A pre-norm decoder layer (GQA attention + SwiGLU MLP); the caller assembles the keys."""
 
@@ -156,14 +164,68 @@ class ProphetLayer(nn.Module):
         m = self.post_norm(x)
         return x + self.down(F.silu(self.gate(m)) * self.up(m))
 
+    # ------------------------------------------------------------------ inference rows (no batch axis)
+    def qkv_rows(self, a: torch.Tensor) -> torch.Tensor:
+        """``a [K, H]`` (normalized) -> ``[K, (heads + 2 kv) d]``: q, k and v side by side, as one product when
+        ``Prophet.pack`` joined them (weights frozen from then on)."""
+        joined = self.__dict__.get("joined_qkv")
+        if joined is not None and not torch.is_grad_enabled():
+            return joined(a)
+        return torch.cat([self.q(a), self.k(a), self.v(a)], dim=-1)
+
+    def mlp_rows(self, m: torch.Tensor) -> torch.Tensor:
+        """SwiGLU on ``m [K, H]``; gate and up as one product when ``Prophet.pack`` joined them."""
+        joined = self.__dict__.get("joined_gate_up")
+        if joined is not None and not torch.is_grad_enabled():
+            gu = joined(m)
+            return self.down(F.silu(gu[:, :self.c.intermediate]) * gu[:, self.c.intermediate:])
+        return self.down(F.silu(self.gate(m)) * self.up(m))
+
 
 class ProphetState:
-    """The drafter's per-generation cache: each layer's keys/values over the committed pairs it has seen."""
+    """The drafter's per-generation cache: each layer's keys/values over the committed pairs it has seen.
+
+    Kept in buffers ``[1, kv, capacity, d]`` per layer, grown by doubling: the committed pairs' rows first
+    (``length`` of them), then the current draft's scratch rows, which the next ``extend`` overwrites. A draft
+    step writes its rows in place and attends to a view: no per-call concatenation of the whole cache."""
 
     def __init__(self, layers: int) -> None:
-        self.keys: list[Optional[torch.Tensor]] = [None] * layers
-        self.values: list[Optional[torch.Tensor]] = [None] * layers
+        self.key_buf: list[Optional[torch.Tensor]] = [None] * layers
+        self.value_buf: list[Optional[torch.Tensor]] = [None] * layers
+        self.length = 0     # committed pairs held in the cache (all of them with context, else the newest)
         self.n = 0          # committed pairs seen (the next pair's absolute position)
+
+    @property
+    def keys(self) -> list[Optional[torch.Tensor]]:
+        """Each layer's keys ``[1, kv, length, d]`` over the committed pairs (views)."""
+        return [None if b is None or not self.length else b[:, :, :self.length] for b in self.key_buf]
+
+    @property
+    def values(self) -> list[Optional[torch.Tensor]]:
+        return [None if b is None or not self.length else b[:, :, :self.length] for b in self.value_buf]
+
+    def room(self, need: int, filled: int, like: torch.Tensor) -> None:
+        """Buffers of at least ``need`` rows, keeping the first ``filled``; ``like``: a ``[1, kv, 1, d]`` row."""
+        cap = 0 if self.key_buf[0] is None else self.key_buf[0].shape[2]
+        if need <= cap:
+            return
+        cap = max(need, 2 * cap, 64)
+        for bufs in (self.key_buf, self.value_buf):
+            for i, old in enumerate(bufs):
+                new = like.new_empty(like.shape[0], like.shape[1], cap, like.shape[3])
+                if old is not None and filled:
+                    new[:, :, :filled].copy_(old[:, :, :filled])
+                bufs[i] = new
+
+
+class DraftScratch:
+    """One draft's rows in the state's buffers, after the committed ones: how many are filled."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def __getitem__(self, i: int) -> Optional[int]:       # the old list form: None before the first write
+        return self.used or None
 
 
 class Prophet(nn.Module):
@@ -238,6 +300,11 @@ class Prophet(nn.Module):
             # a plain attribute, as PackedLinear.packed: a submodule would add its weight to state_dict()
             object.__setattr__(self, "_packed_head",
                                kernels.HalfLinear(head) if use_half else kernels.PackedLinear(head))
+            wrap = kernels.HalfLinear if use_half else kernels.PackedLinear
+            for layer in self.layers:   # q|k|v and gate|up as one product each (plain attributes, as above)
+                for name, parts in (("joined_qkv", (layer.q, layer.k, layer.v)),
+                                    ("joined_gate_up", (layer.gate, layer.up))):
+                    object.__setattr__(layer, name, wrap(_joined_linear(parts)))
             self.kernels = "fp16-weights" if use_half else "onednn-packed"
         return swapped
 
@@ -269,43 +336,34 @@ class Prophet(nn.Module):
             state.n += hidden.shape[0] - 1
             hidden, tokens = hidden[-1:], tokens[-1:]
             extra = None if extra is None else extra[-1:]
-            state.keys = [None] * len(self.layers)
-            state.values = [None] * len(self.layers)
+            state.length = 0
         m = hidden.shape[0]
-        pos = torch.arange(state.n, state.n + m, device=self.device)
-        x = self._fuse(self.features(hidden, extra), tokens)[None]                 # [1, m, H]
-        old = 0 if state.keys[0] is None else state.keys[0].shape[2]
-        mask = None
-        if m > 1:   # the new pairs see every older pair and, causally, each other
-            mask = torch.ones(m, old + m, dtype=torch.bool, device=self.device)
-            mask[:, old:] = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.project(x, pos)
-            if state.keys[i] is not None:
-                k, v = torch.cat([state.keys[i], k], dim=2), torch.cat([state.values[i], v], dim=2)
-            state.keys[i], state.values[i] = k, v
-            x = layer.attend(x, q, k, v, mask)
+        x = self._fuse(self.features(hidden, extra), tokens)                        # [m, H]
+        old = state.length
+        # the new pairs see every older pair and, causally, each other
+        mask = torch.ones(m, old + m, dtype=torch.bool, device=self.device).tril(old) if m > 1 else None
+        x = self._rows_through(state, x, state.n, old, mask)
         state.n += m
-        return self.norm(x)[:, -1]
+        state.length = old + m
+        return self.norm(x[-1:])
 
-    def new_scratch(self) -> list:
-        """One draft's scratch cache: per layer the keys/values ``[1, kv, S, d]`` of its draft positions."""
-        return [None] * len(self.layers)
+    def new_scratch(self) -> DraftScratch:
+        """One draft's scratch: its positions' keys/values go after the committed pairs', thrown away after."""
+        return DraftScratch()
 
-    def draft_nodes(self, state: ProphetState, scratch: list, g: torch.Tensor, tokens: torch.Tensor,
+    def draft_nodes(self, state: ProphetState, scratch: DraftScratch, g: torch.Tensor, tokens: torch.Tensor,
                     pos: torch.Tensor, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``K`` draft positions at once: parents' features ``g [K, H]`` + their tokens ``[K]`` -> features ``[K, H]``.
 
         Each position sits at absolute position ``pos [K]`` and attends to every
         committed pair, to the draft positions already in ``scratch`` that
         ``visible [K, S]`` marks (its ancestors; all of them when ``visible`` is
-        None) and to itself. Its keys/values are appended to ``scratch``, which is
+        None) and to itself. Its keys/values are added to ``scratch``, which is
         thrown away after the draft. A chain is ``K = 1`` with ``visible`` None.
         """
         K = g.shape[0]
-        x = self._fuse(g, tokens)[None]                                             # [1, K, H]
-        n = state.keys[0].shape[2]
-        old = 0 if scratch[0] is None else scratch[0][0].shape[2]
+        x = self._fuse(g, tokens)                                                   # [K, H]
+        n, old = state.length, scratch.used
         mask = None
         if K > 1 or (visible is not None and not bool(visible.all())):
             mask = torch.zeros(K, n + old + K, dtype=torch.bool, device=self.device)
@@ -313,19 +371,57 @@ class Prophet(nn.Module):
             if old:
                 mask[:, n:n + old] = True if visible is None else visible
             mask[:, n + old:] = torch.eye(K, dtype=torch.bool, device=self.device)
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.project(x, pos)
-            if scratch[i] is not None:
-                k, v = torch.cat([scratch[i][0], k], dim=2), torch.cat([scratch[i][1], v], dim=2)
-            scratch[i] = (k, v)
-            x = layer.attend(x, q, torch.cat([state.keys[i], k], dim=2),
-                             torch.cat([state.values[i], v], dim=2), mask)
-        return self.norm(x)[0]
+        x = self._rows_through(state, x, pos, n + old, mask)
+        scratch.used = old + K
+        return self.norm(x)
 
-    def draft_step(self, state: ProphetState, scratch: list, g: torch.Tensor, token: torch.Tensor,
+    def _rope(self, pos: torch.Tensor | int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sign-folded sin ``[rows, d]`` at absolute positions ``pos [rows]`` (or ``pos ..
+        pos + rows - 1`` for an int), from a table grown on demand: the same values ``_angles`` computes."""
+        top = (pos + rows) if isinstance(pos, int) else int(pos.max()) + 1
+        table = self.__dict__.get("_rope_table")
+        if table is None or table[0].shape[0] < top:
+            d = self.config.head_dim
+            cos, sin = _angles(torch.arange(max(top, 2 * (0 if table is None else table[0].shape[0]), 256),
+                                            device=self.device), d, self.config.rope_theta, self.device)
+            # rotate_half(x) * sin == roll(x, d/2) * [-sin_1, sin_2]: one roll instead of slices, neg and cat
+            sin = torch.cat([-sin[:, :d // 2], sin[:, d // 2:]], dim=-1)
+            table = self.__dict__["_rope_table"] = (cos, sin)
+        if isinstance(pos, int):
+            return table[0][pos:pos + rows], table[1][pos:pos + rows]
+        return table[0][pos], table[1][pos]
+
+    def _rows_through(self, state: ProphetState, x: torch.Tensor, pos: torch.Tensor | int, start: int,
+                      mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """``x [K, H]`` through every layer at positions ``pos``; each layer's new keys/values are written at
+        rows ``start .. start + K`` of the state's buffers, and the rows attend to rows ``0 .. start + K``
+        (``mask [K, start + K]``, True = visible; None: all)."""
+        c, K = self.config, x.shape[0]
+        h, kv, d = c.heads, c.kv_heads, c.head_dim
+        cos, sin = self._rope(pos, K)
+        cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]                 # [K, 1, d]
+        state.room(start + K, start, x.new_empty(1, kv, 1, d))
+        for i, layer in enumerate(self.layers):
+            y = layer.qkv_rows(layer.input_norm(x)).view(K, h + 2 * kv, d)
+            qk = y[:, :h + kv]
+            qk = qk * cos + qk.roll(d // 2, -1) * sin                                   # RoPE on q and k at once
+            keys, values = state.key_buf[i], state.value_buf[i]
+            keys[0, :, start:start + K] = qk[:, h:].transpose(0, 1)
+            values[0, :, start:start + K] = y[:, h + kv:].transpose(0, 1)
+            att = F.scaled_dot_product_attention(qk[:, :h].transpose(0, 1)[None], keys[:, :, :start + K],
+                                                 values[:, :, :start + K], attn_mask=mask,
+                                                 enable_gqa=h != kv)                    # [1, h, K, d]
+            x = x + layer.o(att[0].transpose(0, 1).reshape(K, h * d))
+            x = x + layer.mlp_rows(layer.post_norm(x))
+        return x
+
+    def draft_step(self, state: ProphetState, scratch: DraftScratch, g: torch.Tensor, token: torch.Tensor,
                    j: int) -> torch.Tensor:
         """Chain draft step ``j >= 1``: own feature ``g [1, H]`` + drafted token ``[1]`` -> feature ``[1, H]``."""
-        return self.draft_nodes(state, scratch, g, token, torch.tensor([state.n - 1 + j], device=self.device))
+        K, n, old = 1, state.length, scratch.used
+        x = self._rows_through(state, self._fuse(g, token), state.n - 1 + j, n + old, None)
+        scratch.used = old + K
+        return self.norm(x)
 
     # ------------------------------------------------------------------ training
     def forward_train(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,

@@ -124,7 +124,12 @@ def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: P
                 p: Optional[torch.Tensor], verdict: Verdict, greedy: bool, leaf: bool) -> None:
     """DraftProposed (a chain) or DraftTree, then the checked nodes, the path's distributions and the correction."""
     tree = proposal.tree
-    p_rows = logits.softmax(-1) if p is None else p                                      # [1 + n, V]
+    rows = [0] + [1 + i for i in verdict.path]
+    if p is None:      # the target's distributions, only at the rows the events read (a tree has many more)
+        used = sorted({*rows, *(0 if tree.parents[node] < 0 else 1 + tree.parents[node] for node, _ in verdict.tried)})
+        p_rows = dict(zip(used, logits[used].softmax(-1)))
+    else:
+        p_rows = p                                                                    # [1 + n, V]
     q_tok = [round(q, 5) for q in proposal.q_token] if proposal.q_token else [1.0] * len(tree)
     if tree.is_chain:
         if len(tree):
@@ -138,9 +143,8 @@ def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: P
         row = 0 if tree.parents[node] < 0 else 1 + tree.parents[node]
         x = tree.tokens[node]
         tracer.emit(TokenVerified(step=step, position=pos0 + tree.depths[node] - 1, token=x, accepted=ok,
-                                  p_target=round(float(p_rows[row, x]), 6), q_draft=round(q_tok[node], 6),
+                                  p_target=round(float(p_rows[row][x]), 6), q_draft=round(q_tok[node], 6),
                                   u=None if greedy or j >= len(verdict.us) else round(verdict.us[j], 6)))
-    rows = [0] + [1 + i for i in verdict.path]
     for i, row in enumerate(rows):
         top_tokens, p_top = _top(p_rows[row])
         kids = tree.children(-1 if row == 0 else row - 1)
@@ -153,7 +157,7 @@ def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: P
                                  q_draft=q_top, residual=residual))
     tracer.emit(CorrectionToken(step=step, position=pos0 + verdict.n_accepted, token=verdict.next_token,
                                 kind="bonus" if leaf else "correction",
-                                p_target=round(float(p_rows[rows[-1], verdict.next_token]), 6)))
+                                p_target=round(float(p_rows[rows[-1]][verdict.next_token]), 6)))
 
 
 def _stats(target: Session, drafter: Drafter, t: _Tally, n_out: int) -> dict:
