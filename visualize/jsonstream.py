@@ -351,15 +351,19 @@ class _Parser:
 
 
 _ESCAPE = re.compile(r"\\.")                   # a backslash and the character it escapes
-_STRING = re.compile(r'"[^"]*"')                # a JSON string once its escapes are gone
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+# every ASCII character but brackets and quotes, deleted (what is left outside strings: brackets only, since
+# valid JSON has no other character there; anything else left is inside a string)
+_STRUCTURE = {c: None for c in range(128) if chr(c) not in '[]{}"'}
 _PAIRS = str.maketrans("[]{}", "()()")
 
 
 def _text_depth(text: str, limit: int) -> int:
     """Nesting depth of valid JSON text, up to ``limit + 1``: strings taken out (escapes first, so no pattern
-    keeps state per character), then innermost bracket pairs removed a round at a time."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", _ESCAPE.sub("", text))).translate(_PAIRS)
+    keeps state per character; then every other piece between quotes is a string's), then innermost bracket
+    pairs removed a round at a time."""
+    if "\\" in text:
+        text = _ESCAPE.sub("", text)
+    brackets = "".join(text.translate(_STRUCTURE).split('"')[::2]).translate(_PAIRS)
     depth = 0
     while brackets and depth <= limit:
         brackets, depth = brackets.replace("()", ""), depth + 1

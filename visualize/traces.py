@@ -25,7 +25,8 @@ import json
 import os
 from typing import Any, BinaryIO
 
-from .checks import DOC_FIELDS, MAX_DOC_TEXT, SPECS, Invalid, at, check_event, check_result  # noqa: F401 (SPECS: API)
+from .checks import (DOC_FIELDS, MAX_DOC_TEXT, SPECS, Invalid, at, check_event, check_events,  # noqa: F401 (API)
+                     check_result)
 from .jsonstream import Limits, Refused, Rule, read_json
 
 FORMAT = "decoding-playground-trace"
@@ -130,8 +131,10 @@ def _checked(doc: dict, listed: int) -> dict:
     if total > MAX_EVENTS:
         raise ValueError(f"trace has {total} events; the limit is {MAX_EVENTS}")
     for i, r in enumerate(clean["results"]):
-        for j, e in enumerate(r["events"]):
-            check_event(e, f"results[{i}].events[{j}]")
+        try:
+            check_events(r["events"])
+        except Invalid as exc:
+            raise at(exc, f"results[{i}].events") from None
     return clean
 
 
