@@ -1,11 +1,17 @@
-"""Plotly figures from result dicts (the ``RunResult.to_dict()`` shape). Never imports torch."""
+"""Plotly figures from result dicts (the ``RunResult.to_dict()`` shape). Never imports torch.
+
+The figures drawn for every run and import are built from plain dicts (``figure``): the same JSON as plotly's
+validating setters write, at a tenth of the cost.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from .tokens import LEGEND, number, plot_text
 
@@ -20,21 +26,42 @@ def _name(r: dict) -> str:
     return plot_text(r.get("label") or r.get("strategy", "?")) + (" (ref)" if r.get("reference") else "")
 
 
+@functools.lru_cache(maxsize=1)
+def _white() -> dict:
+    """The ``plotly_white`` template as plain data (what validating ``template="plotly_white"`` inlines; a figure
+    copies it, so the cached one is never changed)."""
+    return pio.templates["plotly_white"].to_plotly_json()
+
+
+MARGIN = {"l": 40, "r": 20, "t": 50, "b": 40}
+
+
+def figure(data: list, layout: dict) -> Any:
+    """A figure from plain trace and layout dicts written as plotly's validators write them (titles as
+    ``{"text": ...}``, ``marker: {"color": ...}``, ``template: "plotly_white"`` inlined), built without
+    validating them property by property (which cost more than the drawing). ``tests/test_import_speed.py``
+    holds each figure to the JSON a validated build of it writes."""
+    layout = dict(layout)
+    if layout.get("template") == "plotly_white":
+        layout["template"] = _white()
+    return go.Figure({"data": data, "layout": layout}, _validate=False)
+
+
+def _layout(title: str, height: int, **more: Any) -> dict:
+    return {"title": {"text": title}, "height": height, "margin": MARGIN, "template": "plotly_white", **more}
+
+
 def speed_chart(results: list[dict]) -> Any:
     """Tokens/s per strategy, annotated with the speedup against greedy."""
     ok = [r for r in results if not r.get("error")]
     names = [_name(r) for r in ok]
-    fig = go.Figure(go.Bar(
-        x=names, y=[r.get("tokens_per_s") or 0 for r in ok],
-        marker_color=[_PALETTE[i % len(_PALETTE)] for i in range(len(ok))],
-        text=[("–" if number(r.get("speedup"), None) is None else f"{r['speedup']:.2f}× greedy") for r in ok],
-        textposition="outside",
-        hovertemplate="%{x}<br>%{y:.1f} tok/s<br>%{text}<extra></extra>"))
+    bar = {"type": "bar", "x": names, "y": [r.get("tokens_per_s") or 0 for r in ok],
+           "marker": {"color": [_PALETTE[i % len(_PALETTE)] for i in range(len(ok))]},
+           "text": [("–" if number(r.get("speedup"), None) is None else f"{r['speedup']:.2f}× greedy") for r in ok],
+           "textposition": "outside", "hovertemplate": "%{x}<br>%{y:.1f} tok/s<br>%{text}<extra></extra>"}
     top = max([r.get("tokens_per_s") or 0 for r in ok] + [1e-9])
-    fig.update_yaxes(range=[0, top * 1.25])
-    fig.update_layout(title="Tokens per second (label: speedup vs greedy)", yaxis_title="tokens / s",
-                      margin=dict(l=40, r=20, t=50, b=40), height=340, template="plotly_white")
-    return fig
+    return figure([bar], _layout("Tokens per second (label: speedup vs greedy)", 340,
+                                 yaxis={"range": [0, top * 1.25], "title": {"text": "tokens / s"}}))
 
 
 def forward_timeline(results: list[dict]) -> Any:
@@ -44,7 +71,7 @@ def forward_timeline(results: list[dict]) -> Any:
     stays light with hundreds of forwards; beyond ``MAX_BARS`` per row the rest
     are left out (the title says so).
     """
-    fig = go.Figure()
+    traces = []
     colours = {"target": "#0072B2", "draft": "#E69F00"}
     shown = set()
     cut = False
@@ -68,16 +95,14 @@ def forward_timeline(results: list[dict]) -> Any:
                                        f"(step {e['step']})"))
             t += e["ms"]
         for model, b in bars.items():
-            fig.add_trace(go.Bar(
-                y=[_name(r)] * len(b["x"]), x=b["x"], base=b["base"], orientation="h", name=model,
-                marker_color=colours.get(model, "#999999"), showlegend=model not in shown,
-                customdata=b["text"], hovertemplate=f"{plot_text(model)} %{{customdata}}<extra></extra>"))
+            traces.append({"type": "bar", "y": [_name(r)] * len(b["x"]), "x": b["x"], "base": b["base"],
+                           "orientation": "h", "name": model, "marker": {"color": colours.get(model, "#999999")},
+                           "showlegend": model not in shown, "customdata": b["text"],
+                           "hovertemplate": f"{plot_text(model)} %{{customdata}}<extra></extra>"})
             shown.add(model)
     title = "Forward passes along wall-clock time" + (f" (first {per_row} per row)" if cut else "")
-    fig.update_layout(barmode="overlay", title=title,
-                      xaxis_title="milliseconds (sum of forward time)", height=120 + 40 * max(1, len(results)),
-                      margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
-    return fig
+    return figure(traces, _layout(title, 120 + 40 * max(1, len(results)), barmode="overlay",
+                                  xaxis={"title": {"text": "milliseconds (sum of forward time)"}}))
 
 
 def time_breakdown(results: list[dict]) -> Any:
@@ -99,14 +124,11 @@ def time_breakdown(results: list[dict]) -> Any:
         parts["draft forwards"].append(ms["draft"] / n)
         parts["target forwards"].append(ms["target"] / n)
         parts["overhead"].append(max(0.0, wall - ms["target"] - ms["draft"]) / n)
-    fig = go.Figure()
-    for (label, values), colour in zip(parts.items(), ("#E69F00", "#0072B2", "#999999")):
-        fig.add_bar(x=names, y=values, name=label, marker_color=colour,
-                    hovertemplate="%{x}: %{y:.1f} ms per token<extra>" + label + "</extra>")
-    fig.update_layout(barmode="stack", title="Why (no) speedup: milliseconds per generated token",
-                      yaxis_title="ms / token", height=340, margin=dict(l=40, r=20, t=50, b=40),
-                      template="plotly_white")
-    return fig
+    traces = [{"type": "bar", "x": names, "y": values, "name": label, "marker": {"color": colour},
+               "hovertemplate": "%{x}: %{y:.1f} ms per token<extra>" + label + "</extra>"}
+              for (label, values), colour in zip(parts.items(), ("#E69F00", "#0072B2", "#999999"))]
+    return figure(traces, _layout("Why (no) speedup: milliseconds per generated token", 340, barmode="stack",
+                                  yaxis={"title": {"text": "ms / token"}}))
 
 
 def has_prediction(result: dict) -> bool:
@@ -121,30 +143,29 @@ def leviathan_chart(results: list[dict]) -> Any:
     measured = [number(r.get("speedup")) for r in ok]
     detail = [f"alpha {number(r['stats'].get('alpha')):.2f}, gamma {number(r['stats'].get('gamma')):.1f}, "
               f"c {number(r['stats'].get('cost_ratio')):.3f}" for r in ok]
-    fig = go.Figure()
-    fig.add_bar(x=names, y=predicted, name="predicted E/(γc+1)", marker_color="#56B4E9", customdata=detail,
-                hovertemplate="%{x}: %{y:.2f}× predicted<br>%{customdata}<extra></extra>")
-    fig.add_bar(x=names, y=measured, name="measured", marker_color="#009E73",
-                hovertemplate="%{x}: %{y:.2f}× measured<extra></extra>")
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#666666")
-    fig.update_layout(barmode="group", title="Leviathan-predicted vs measured speedup", yaxis_title="× greedy",
-                      height=340, margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
-    return fig
+    traces = [{"type": "bar", "x": names, "y": predicted, "name": "predicted E/(γc+1)",
+               "marker": {"color": "#56B4E9"}, "customdata": detail,
+               "hovertemplate": "%{x}: %{y:.2f}× predicted<br>%{customdata}<extra></extra>"},
+              {"type": "bar", "x": names, "y": measured, "name": "measured", "marker": {"color": "#009E73"},
+               "hovertemplate": "%{x}: %{y:.2f}× measured<extra></extra>"}]
+    one = {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": 1.0, "y1": 1.0,
+           "line": {"dash": "dot", "color": "#666666"}}            # add_hline(y=1.0) as plotly writes it
+    return figure(traces, _layout("Leviathan-predicted vs measured speedup", 340, barmode="group",
+                                  yaxis={"title": {"text": "× greedy"}}, shapes=[one]))
 
 
 def source_counts(results: list[dict]) -> Any:
     """How each strategy's tokens were produced (stacked), coloured by the shared legend."""
-    fig = go.Figure()
     names = [_name(r) for r in results]
     tallies = [Counter(e.get("source") for e in r.get("events", ()) if e.get("type") == "TokenCommitted")
                for r in results]                                    # one pass over each result's events
+    traces = []
     for source, (label, colour) in LEGEND.items():
         counts = [tally.get(source, 0) for tally in tallies]
         if any(counts):
-            fig.add_bar(x=names, y=counts, name=label, marker_color=colour)
-    fig.update_layout(barmode="stack", title="Where the tokens came from", yaxis_title="tokens",
-                      height=320, margin=dict(l=40, r=20, t=50, b=40), template="plotly_white")
-    return fig
+            traces.append({"type": "bar", "x": names, "y": counts, "name": label, "marker": {"color": colour}})
+    return figure(traces, _layout("Where the tokens came from", 320, barmode="stack",
+                                  yaxis={"title": {"text": "tokens"}}))
 
 
 def _order(value: Any) -> tuple:

@@ -9,12 +9,13 @@ which strategy draws them.
 
 from __future__ import annotations
 
+import dataclasses
+from operator import itemgetter
 from typing import Any, Callable, Optional
 
-import plotly.graph_objects as go
-
 from .beams import beam_figure, has_beams
-from .charts import forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart, time_breakdown
+from .charts import (figure, forward_timeline, has_prediction, leviathan_chart, source_counts, speed_chart,
+                     time_breakdown)
 from .iterations import has_iterations, jacobi_view
 from .windows import has_steps, lookahead_figure, lookahead_step_html
 from .masks import mask_figure
@@ -38,35 +39,75 @@ MAX_JACOBI_ROWS = 1024   # Jacobi iterations drawn (a real run has at most about
 
 def placeholder(text: str, height: int = 220) -> Any:
     """An empty figure whose title says what to run to fill it."""
-    fig = go.Figure()
-    fig.update_layout(title=text, height=height, template="plotly_white",
-                      xaxis={"visible": False}, yaxis={"visible": False})
-    return fig
+    return figure([], {"title": {"text": text}, "height": height, "template": "plotly_white",
+                       "xaxis": {"visible": False}, "yaxis": {"visible": False}})
 
 
 def _note(text: str) -> str:
     return f"<div class='dp-muted'>{text}</div>"
 
 
-def _first(doc: Optional[dict], test: Callable[[dict], bool]) -> Optional[dict]:
-    return next((r for r in (doc or {}).get("results", []) if test(r)), None)
+@dataclasses.dataclass(frozen=True)
+class Survey:
+    """What the page needs to know of a document before drawing it, in one pass over each result's events:
+    the last replay step, and per result the event types it holds (None: events that are not all tagged
+    objects; then every view looks for itself). A view whose events a result lacks skips it without a scan."""
+    top: int
+    kinds: tuple[Optional[frozenset], ...]
+
+    def may(self, i: int, *types: str) -> bool:
+        kinds = self.kinds[i] if i < len(self.kinds) else None
+        return kinds is None or any(t in kinds for t in types)
 
 
-def top_step(doc: Optional[dict]) -> int:
+_TYPE = itemgetter("type")
+
+
+def _kinds(result: dict) -> Optional[frozenset]:
+    try:
+        return frozenset(map(_TYPE, result.get("events") or ()))
+    except (KeyError, TypeError):    # not an object, no type, an unhashable type: the views look themselves
+        return None
+
+
+def survey(doc: Optional[dict]) -> Survey:
+    results = (doc or {}).get("results") or []
+    return Survey(max((max_step(r) for r in results), default=0), tuple(_kinds(r) for r in results))
+
+
+def _first(doc: Optional[dict], test: Callable[[dict], bool], *types: str,
+           seen: Optional[Survey] = None) -> Optional[dict]:
+    """The first result that passes ``test``; with ``types`` (the events ``test`` looks for), results holding
+    none of them are skipped unread."""
+    results = (doc or {}).get("results", [])
+    seen = seen if seen is not None or not types else survey(doc)
+    return next((r for i, r in enumerate(results) if (not types or seen.may(i, *types)) and test(r)), None)
+
+
+def top_step(doc: Optional[dict], seen: Optional[Survey] = None) -> int:
+    if seen is not None:
+        return seen.top
     return max((max_step(r) for r in (doc or {}).get("results", [])), default=0)
 
 
-def drafted(doc: Optional[dict]) -> list[str]:
+def _drafts(r: dict, i: int, seen: Survey) -> bool:
+    return (seen.may(i, "StepTiming") or bool((r.get("stats") or {}).get("accepted_lengths"))) and has_drafts(r)
+
+
+def drafted(doc: Optional[dict], seen: Optional[Survey] = None) -> list[str]:
     """Strategies with drafts to inspect (p/q inspector, draft tree), in column order."""
-    return [r["strategy"] for r in (doc or {}).get("results", [])
-            if has_drafts(r) or inspectable_positions(r) or draft_steps(r)]
+    seen = seen or survey(doc)
+    return [r["strategy"] for i, r in enumerate((doc or {}).get("results", []))
+            if _drafts(r, i, seen) or (seen.may(i, "Distribution") and inspectable_positions(r))
+            or (seen.may(i, "DraftTree", "DraftProposed") and draft_steps(r))]
 
 
-def chart_views(doc: dict) -> dict[str, Any]:
+def chart_views(doc: dict, seen: Optional[Survey] = None) -> dict[str, Any]:
     """The figures drawn once per run: speed, sources, timeline, breakdown, prediction, histogram, lookahead."""
+    seen = seen or survey(doc)
     results = doc.get("results") or []
-    drafts = [r for r in results if has_drafts(r)]
-    la = _first(doc, has_steps)
+    drafts = [r for i, r in enumerate(results) if _drafts(r, i, seen)]
+    la = _first(doc, has_steps, "LookaheadStep", seen=seen)
     return {
         "speed": speed_chart(results), "sources": source_counts(results), "timeline": forward_timeline(results),
         "breakdown": time_breakdown(results),
@@ -78,23 +119,33 @@ def chart_views(doc: dict) -> dict[str, Any]:
     }
 
 
-def step_html(doc: Optional[dict], step: Optional[int]) -> dict[str, str]:
-    """The HTML views at one replay step: the columns, the lookahead window, Jacobi, copied drafts, cross-tokenizer."""
+def step_html(doc: Optional[dict], step: Optional[int], seen: Optional[Survey] = None,
+              columns: bool = True) -> dict[str, str]:
+    """The HTML views at one replay step: the columns, the lookahead window, Jacobi, copied drafts, cross-tokenizer
+    (``columns=False``: all but the columns, the costliest; ``column_views`` draws them)."""
     results = (doc or {}).get("results") or []
-    top = top_step(doc)
-    la, jc = _first(doc, has_steps), _first(doc, has_iterations)
-    views = {"columns": columns_html(results, step),
-             "lookahead_window": lookahead_step_html(la, step) if la else
-             _note("Tick Lookahead and run to see its 2D window and the n-grams it verified."),
-             "jacobi": _jacobi(jc, step, top) if jc else
-             _note("Tick Jacobi and run to see its iterations, one row per target forward.")}
+    seen = seen or survey(doc)
+    top = seen.top
+    la, jc = _first(doc, has_steps, "LookaheadStep", seen=seen), _first(doc, has_iterations, "JacobiIteration",
+                                                                        seen=seen)
+    views = {"columns": columns_html(results, step)} if columns else {}
+    views.update({"lookahead_window": lookahead_step_html(la, step) if la else
+                  _note("Tick Lookahead and run to see its 2D window and the n-grams it verified."),
+                  "jacobi": _jacobi(jc, step, top) if jc else
+                  _note("Tick Jacobi and run to see its iterations, one row per target forward.")})
     if sources_html is not None:
-        copied = _first(doc, has_sources)
+        copied = _first(doc, has_sources, "DraftSource", seen=seen)
         views["drafts"] = sources_html(copied, step) if copied else _note(
             "Suffix decoding and prompt lookup record where each draft was copied from; run one to see it.")
-    if crosstok_view is not None:
-        views["crosstok"] = crosstok_view(doc, step)
+    if crosstok_view is not None:   # no result with cross-tokenizer drafts: its note, without a scan
+        views["crosstok"] = crosstok_view(doc if any(seen.may(i, "DraftTranslated") for i in range(len(results)))
+                                          else None, step)
     return views
+
+
+def column_views(doc: Optional[dict], step: Optional[int]) -> dict[str, str]:
+    """The token columns at one replay step: the rest of :func:`step_html`."""
+    return {"columns": columns_html((doc or {}).get("results") or [], step)}
 
 
 def _jacobi(result: dict, step: Optional[int], top: int) -> str:
@@ -112,12 +163,15 @@ def _jacobi(result: dict, step: Optional[int], top: int) -> str:
     return view
 
 
-def step_figures(doc: Optional[dict], step: Optional[int], strategy: Any = None) -> dict[str, Any]:
+def step_figures(doc: Optional[dict], step: Optional[int], strategy: Any = None,
+                 seen: Optional[Survey] = None) -> dict[str, Any]:
     """The figures at one replay step: the draft tree (of ``strategy``), the lookahead mask, beams, sampling."""
-    names = drafted(doc)
+    seen = seen or survey(doc)
+    names = drafted(doc, seen)
     chosen = strategy if strategy in names else (names[0] if names else None)
     tree_of = _first(doc, lambda r: r["strategy"] == chosen) if chosen else None
-    la, bm, sm = _first(doc, has_steps), _first(doc, has_beams), _first(doc, has_filters)
+    la = _first(doc, has_steps, "LookaheadStep", seen=seen)
+    bm, sm = _first(doc, has_beams, "BeamStep", seen=seen), _first(doc, has_filters, "SamplingFilter", seen=seen)
     return {
         "tree": tree_figure(tree_of, step) if tree_of else
         placeholder("Run a drafting strategy (Prophet head draws a token tree) to see its drafts"),

@@ -65,6 +65,9 @@ MAX_PIECE = 80        # characters of one token drawn (a real token is rarely lo
 MAX_PARAMS = 300      # characters of a column's parameter line
 
 
+_NUMBER_TYPES = frozenset((int, float))
+
+
 def max_step(result: dict) -> int:
     return max((int(e.get("step", 0)) for e in result.get("events", ())), default=0)
 
@@ -78,8 +81,8 @@ def event_times(result: dict) -> list[float]:
     """
     events = result.get("events") or ()
     times = result.get("times_ms")
-    if isinstance(times, list) and len(times) == len(events) and all(number(t, None) is not None for t in times):
-        return [float(t) for t in times]
+    if isinstance(times, list) and len(times) == len(events) and set(map(type, times)) <= _NUMBER_TYPES:
+        return list(map(float, times))         # numbers, never bools (type(True) is bool)
     out, clock = [], 0.0
     for e in events:
         if e.get("type") == "ForwardPass":
@@ -103,14 +106,14 @@ def _vocab_text(result: dict, token: int) -> str:
 
 def _gather(result: dict, step: int | None, at_ms: float | None) -> tuple[dict[int, dict], dict[int, list]]:
     """The events drawn at ``step`` (or ``at_ms``): the last commit per position, the rejected drafts per position."""
+    events = result.get("events", ())
+    if at_ms is not None:
+        events = [e for e, t in zip(events, event_times(result)) if not t > at_ms]
+    if step is not None:
+        events = [e for e in events if not e.get("step", 0) > step]
     committed: dict[int, dict] = {}
     rejected: dict[int, list[dict]] = {}
-    times = event_times(result) if at_ms is not None else None
-    for i, e in enumerate(result.get("events", ())):
-        if step is not None and e.get("step", 0) > step:
-            continue
-        if times is not None and times[i] > at_ms:
-            continue
+    for e in events:
         kind = e.get("type")
         if kind == "TokenCommitted":
             committed[int(e["position"])] = e
@@ -122,21 +125,32 @@ def _gather(result: dict, step: int | None, at_ms: float | None) -> tuple[dict[i
 def _items(result: dict, step: int | None, at_ms: float | None, limit: int | None) -> tuple[list[dict], int]:
     """The newest ``limit`` items to draw (all: None) and how many earlier ones there are.
 
-    Only the drawn items are built: a frame costs what it shows, however long the run.
+    Only the drawn items are built, walking back from the newest position: a frame costs what it shows,
+    however long the run.
     """
     pieces = result.get("pieces") or []
     committed, rejected = _gather(result, step, at_ms)
     order: list[tuple[int, Any, str]] = []        # (position, event or token id, what), newest last
-    for pos in sorted(set(committed) | set(rejected)):
-        order.extend((pos, e, "rejected") for e in rejected.get(pos, ()))
-        if pos in committed:
-            order.append((pos, committed[pos], "committed"))
     if step is None and at_ms is None and not committed and result.get("token_ids"):
         # a trace without events (or a failed run) still shows its tokens
+        order = [(pos, e, "rejected") for pos in sorted(rejected) for e in rejected[pos]]
         order.extend((pos, tok, "token") for pos, tok in enumerate(result["token_ids"]))
-    hidden = 0 if limit is None else max(0, len(order) - limit)
+        total = len(order)
+        hidden = 0 if limit is None else max(0, total - limit)
+        order = order[hidden:]
+    else:
+        total = len(committed) + sum(map(len, rejected.values()))
+        hidden = 0 if limit is None else max(0, total - limit)
+        for pos in sorted(set(committed) | set(rejected), reverse=True):   # newest first, until enough
+            if len(order) >= total - hidden:
+                break
+            if pos in committed:
+                order.append((pos, committed[pos], "committed"))
+            order.extend((pos, e, "rejected") for e in reversed(rejected.get(pos, ())))
+        del order[total - hidden:]
+        order.reverse()
     items = []
-    for pos, e, what in order[hidden:]:
+    for pos, e, what in order:
         if what == "rejected":
             items.append({"text": _vocab_text(result, e["token"]), "token": e["token"], "source": "rejected",
                           "position": pos, "prob": e.get("p_target"), "step": e["step"], "struck": True})
