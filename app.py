@@ -45,6 +45,7 @@ from web.handlers import (
     autoplay,
     clear_history,
     import_file,
+    import_views,
     inspect_position,
     play,
     race_at,
@@ -478,8 +479,9 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
                 spec=v["sweep_spec"], progress=progress, request=request):
             yield item
 
-    def _import(path, request: gr.Request = None):
-        return ui.pack(import_file(state, path, request=request))
+    def _import(path, request: gr.Request = None):   # streamed: the first views, then the token columns
+        for item in import_views(state, path, request=request):
+            yield ui.pack(item)
 
     def _stop(request: gr.Request = None):
         return stop_run(state, request)

@@ -9,7 +9,10 @@ here, in the server process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
+import threading
 import time
 import uuid
 from typing import Any, Callable, Iterator, Optional
@@ -18,8 +21,8 @@ from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
 from decoding.harness.runner import run_comparison
 from decoding.runtime.forward_cost import forward_cost
-from visualize.page import chart_views, drafted, inspector_view, race_views, step_figures, step_html, top_step
-from visualize.race import race_length_ms
+from visualize.page import chart_views, column_views, drafted, inspector_view, step_figures, step_html, survey
+from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
 from web.playground import PlaygroundApp
 from web.crowd import Computation, QueueFull, Recording
@@ -170,15 +173,60 @@ def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
     return _watched(app, "sweep", lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), req.units)
 
 
-def imported(path: str) -> tuple[dict, dict]:
-    """An uploaded trace, read in chunks and checked (ValueError names what is refused), and its views drawn."""
+def imported(path: str) -> Iterator[tuple[dict, dict]]:
+    """An uploaded trace, read in chunks and checked (ValueError names what is refused), then its views drawn:
+    yields (document, views) once with every view but the token columns, then once with all of them."""
     doc = import_trace_file(path, max_bytes=LIMITS["upload_bytes"])
-    return doc, draw_views(doc)
+    views: dict = {}
+    for stage in draw_stages(doc):
+        views.update(stage)
+        yield doc, views
+
+
+def import_work(path: str) -> Callable[[Computation], tuple[dict, dict]]:
+    """What the computation thread does for an import: the views drawn first are published (``comp.live``:
+    the document and those views) while the token columns are drawn; the result is (document, views). A Stop
+    after the first views ends it with those (no columns)."""
+    def work(comp: Computation) -> tuple[dict, dict]:
+        doc, views = None, {}
+        with paused_gc():
+            for doc, views in imported(path):
+                if "columns" not in views:
+                    comp.publish((doc, dict(views)))
+                if comp.stop.is_set():
+                    break
+        return doc, views
+    return work
 
 
 def submit_import(app: PlaygroundApp, path: str) -> Computation:
     """Reading and drawing an upload: no run is timed while a large import is drawn (issue 39)."""
-    return _watched(app, "import", lambda c: imported(path))
+    return _watched(app, "import", import_work(path))
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = [0, False]      # pauses under way, and whether collection was enabled before the first
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's automatic garbage collection held off while a trace is read and drawn (nested and concurrent
+    pauses end with the last one). A full collection walks every object the server holds (~0.2 s with torch,
+    transformers and Gradio loaded) and drawing 200,000 events' views set off two or three of them; an import
+    makes no reference cycles worth collecting (its objects are freed by reference counting), and collection
+    resumes, as it was, when the views are drawn."""
+    with _gc_lock:
+        if _gc_pauses[0] == 0:
+            _gc_pauses[1] = gc.isenabled()
+            gc.disable()
+        _gc_pauses[0] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses[0] -= 1
+            if _gc_pauses[0] == 0 and _gc_pauses[1]:
+                gc.enable()
 
 
 def submit_export(app: PlaygroundApp, doc: dict, fmt: str, mode: str, note: str, key: Any) -> Computation:
@@ -220,16 +268,26 @@ def record_examples(app: PlaygroundApp, prompts: list[str], stop: Optional[Any] 
     return recorded
 
 
+def draw_stages(doc: dict) -> Iterator[dict]:
+    """The views of a finished run that are the same for every visitor, in two parts: every view but the token
+    columns (the summary, the clock, the charts, the step views and figures), then the columns, the costliest
+    (``web/handlers.import_views`` shows the first part while the second is drawn)."""
+    seen = survey(doc)                   # one pass over the events, shared by every view below
+    choices = drafted(doc, seen)
+    results = doc["results"]
+    total = race_length_ms(results)
+    values = {"inspector": inspector_view(doc, choices[0], 1) if choices else None,
+              "clock_readout": clock_html(total, total, None, results)}   # the race's clock at its end
+    values.update(chart_views(doc, seen))
+    values.update(step_html(doc, seen.top, seen, columns=False))
+    values.update(step_figures(doc, seen.top, choices[0] if choices else None, seen))
+    yield {name: plot_once(v) for name, v in values.items()}
+    yield column_views(doc, seen.top)
+
+
 def draw_views(doc: dict) -> dict:
     """The views of a finished run that are the same for every visitor: drawn once, shared."""
-    top = top_step(doc)
-    choices = drafted(doc)
-    total = race_length_ms(doc["results"])
-    values = {"inspector": inspector_view(doc, choices[0], 1) if choices else None,
-              "clock_readout": race_views(doc, total, None)["clock"]}
-    values.update(chart_views(doc))
-    values.update(step_html(doc, top))
-    values.update(step_figures(doc, top, choices[0] if choices else None))
-    return {name: plot_once(v) for name, v in values.items()}
-
-
+    views: dict = {}
+    for stage in draw_stages(doc):
+        views.update(stage)
+    return views

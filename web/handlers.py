@@ -23,7 +23,7 @@ import gradio as gr
 from decoding.runtime.models import ModelLoadError
 from visualize.animation import check_mode
 from visualize.charts import sweep_figure
-from visualize.page import drafted, inspector_view, race_views, step_figures, step_html, top_step
+from visualize.page import drafted, inspector_view, race_views, step_figures, step_html, survey, top_step
 from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, race_length_ms
 from visualize.tokens import columns_html, number
 from web.playground import PlaygroundApp
@@ -36,6 +36,7 @@ from web.share import check_id, share_views, shared_note, unknown_note
 
 MAX_CLOCK_MS = 1e12      # a replay clock beyond any run (the anchor stays a finite number)
 WATCH_S = 0.1         # how often a visitor's handler looks at its computation (an await, no thread held)
+IMPORT_POLL_S = 0.02  # ... and at a running import (its first views are shown the moment they are drawn)
 EXPIRED = ("<div class='dp-muted'>This trace is no longer held by the server (it keeps the most recent "
            "ones); run again or import the trace file.</div>")
 
@@ -299,9 +300,10 @@ async def run_sweep(app: PlaygroundApp, model: Any, assistant: Any, prompt: Any,
 def _outputs(app: PlaygroundApp, doc: dict, message: str, trace_path: Optional[str], views: Optional[dict] = None,
              replay: bool = False) -> dict:
     """Every run view for a finished run or an imported trace (the document goes into the app's trace store)."""
-    top = top_step(doc)
+    seen = survey(doc)                      # one pass over the events for both
+    top = top_step(doc, seen)
     key = app.store.put(doc, top, replay=replay)
-    choices = drafted(doc)
+    choices = drafted(doc, seen)
     total = race_length_ms(doc["results"])
     values = {"key": key, "step": gr.update(minimum=0, maximum=max(top, 1), value=top),
               "clock": gr.update(minimum=0, maximum=max(round(total), 1), value=round(total)),
@@ -417,9 +419,20 @@ def inspect_position(app: PlaygroundApp, key: Any, strategy: Any, position: Any)
     return inspector_view(doc, strategy, position)
 
 
-def import_file(app: PlaygroundApp, path: Any, request: gr.Request = None) -> dict:
-    """Replay an uploaded trace (no model needed). It is read, checked and drawn in the app's line, as a run is
-    computed (``compute.submit_import``). The file is not exported again: its owner has it."""
+DRAWING = "<div class='dp-muted'>Drawing the token columns…</div>"
+STOPPED = "<div class='dp-muted'>Stopped before the token columns were shown; move the step slider to draw them.</div>"
+
+
+def _imported(doc: dict, drawn: str = "") -> str:
+    return f"Imported a trace with {len(doc['results'])} strategies (no model needed).{drawn}"
+
+
+def import_views(app: PlaygroundApp, path: Any, request: gr.Request = None) -> Iterator[dict]:
+    """Replay an uploaded trace (no model needed), streamed: its place in line while it waits, then every view
+    but the token columns as soon as they are drawn (the trace goes into the store: the step slider works),
+    then the columns, the costliest (issue 39). It is read, checked and drawn in the app's line, as a run is
+    computed (``compute.submit_import``), and Stop ends it. The last update holds every view. The file is not
+    exported again: its owner has it."""
     with job(app, request) as (_, stop):
         if not isinstance(path, str) or not path:
             raise gr.Error("trace: choose a JSON file exported from this app")
@@ -427,21 +440,50 @@ def import_file(app: PlaygroundApp, path: Any, request: gr.Request = None) -> di
             comp = submit_import(app, path)
         except QueueFull as exc:
             raise gr.Error(str(exc)) from None
-        while not comp.done.wait(WATCH_S):
-            if stop.is_set():
-                comp.leave()            # its only watcher: taken out of line (a read under way ends)
-                comp.done.wait()
-                return {"status": "Stopped the import."}
-        comp.leave()
+        shown: Optional[dict] = None        # the first views, as sent
+        said, left = None, False
+        try:
+            while not comp.done.wait(IMPORT_POLL_S if comp.state == "running" else WATCH_S):
+                if stop.is_set():
+                    comp.leave()            # its only watcher: taken out of line or stopped (a read under way ends)
+                    left = True
+                    comp.done.wait()
+                    yield {"status": "Stopped the import."} if shown is None else {
+                        "status": _imported(comp.live[0], " Stopped before its token columns were shown."),
+                        "columns": STOPPED}
+                    return
+                text = waiting_text(app.line.place(comp)) if comp.state == "waiting" else None
+                if text is not None and text != said:
+                    said = text
+                    yield {"status": text}
+                if shown is None and comp.live is not None:
+                    doc, views = comp.live
+                    shown = _outputs(app, doc, _imported(doc, " Drawing the token columns…"), None,
+                                     {**views, "columns": DRAWING})
+                    yield shown
+        finally:
+            if not left:
+                comp.leave()                # done; or the page went away (the generator closed): stop it
     if comp.state == "cancelled":
-        return {"status": "Stopped the import before it started."}
+        yield {"status": "Stopped the import before it started."}
+        return
     if comp.error is not None:
         if isinstance(comp.error, (OSError, ValueError)):    # a file over a cap, or not a trace: say which
             raise user_error(comp.error, "trace: ") from None
         raise comp.error
     doc, views = comp.result
-    return _outputs(app, doc, f"Imported a trace with {len(doc['results'])} strategies (no model needed).", None,
-                    views)
+    if shown is None:                       # done before its first views were looked at: all at once
+        yield _outputs(app, doc, _imported(doc), None, views)
+    else:                                   # every view again (unchanged ones cost nothing: Gradio sends diffs),
+        yield {**shown, **views, "status": _imported(doc)}     # so the last update is the whole page
+
+
+def import_file(app: PlaygroundApp, path: Any, request: gr.Request = None) -> dict:
+    """:func:`import_views` to its end, as one update (for callers without a page)."""
+    values: dict = {}
+    for update in import_views(app, path, request):
+        values.update(update)
+    return values
 
 
 # --------------------------------------------------------------------------- share links and exports (issue 40)
