@@ -35,7 +35,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from decoding.runtime.attention_kernels import argmax_rows
 from decoding.tree import TokenTree
 
 
@@ -55,9 +54,19 @@ class Verdict:
 
 # --------------------------------------------------------------------------- greedy
 
+# ``[rows, V] -> [rows]`` first-maximum indices; ``decoding.runtime.attention_kernels`` puts its kernel here once it
+# is loaded (PyTorch's CPU argmax costs ~10x a max over a wide forward's logits), with the same indices
+_ARGMAX: list = [lambda x: x.argmax(dim=-1)]
+
+
+def use_argmax(fn) -> None:
+    """Greedy verification's argmax from now on (the same indices as ``torch.argmax``, faster)."""
+    _ARGMAX[0] = fn
+
+
 def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> Verdict:
     """``target_logits [1 + n, V]`` (row 0: after the root, row 1 + i: after node i)."""
-    best = argmax_rows(target_logits).tolist()                                 # [1 + n]
+    best = _ARGMAX[0](target_logits).tolist()                                  # [1 + n]
     path: list[int] = []
     tried: list[tuple[int, bool]] = []
     node, row = -1, 0

@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from decoding import verify
+
 SOURCE = Path(__file__).with_name("attention_kernels.cpp")
 ENV_SWITCH = "DECODING_ATTENTION_KERNEL"       # "0": inductor's loops instead
 _LOCK = threading.Lock()
@@ -84,6 +86,7 @@ def load(cache: Path) -> Optional[str]:
                     _build(path)
                 torch.ops.load_library(str(path))
                 _register_fakes()
+                verify.use_argmax(argmax_rows)
             except Exception as exc:            # a build that fails serves the same forward without it
                 reason = f"the attention kernel could not be built here ({type(exc).__name__}: {exc})"[:300]
         _STATE["reason"] = reason

@@ -115,9 +115,10 @@ def speculative_loop(prompt_ids: Sequence[int], pair: ModelPair, params: Samplin
                   stats={**_stats(target, drafter, tally, len(out)), **drafter.stats()}, stop_reason=out.stop_reason)
 
 
-def _top(row: torch.Tensor, n: int = TOP) -> tuple[list[int], list[float]]:
-    vals, idx = torch.topk(row, n)
-    return idx.tolist(), [round(float(v), 5) for v in vals]
+def _tops(p_rows: Any, rows: list[int], n: int = TOP) -> dict[int, tuple[list[int], list[float]]]:
+    """Each of ``rows``' ``n`` most likely tokens and their probabilities, from one ``topk`` over all of them."""
+    vals, idx = torch.topk(torch.stack([p_rows[row] for row in rows]), n)
+    return {row: (i, [round(v, 5) for v in vs]) for row, i, vs in zip(rows, idx.tolist(), vals.tolist())}
 
 
 def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: Proposal, logits: torch.Tensor,
@@ -145,8 +146,9 @@ def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: P
         tracer.emit(TokenVerified(step=step, position=pos0 + tree.depths[node] - 1, token=x, accepted=ok,
                                   p_target=round(float(p_rows[row][x]), 6), q_draft=round(q_tok[node], 6),
                                   u=None if greedy or j >= len(verdict.us) else round(verdict.us[j], 6)))
+    tops = _tops(p_rows, rows)
     for i, row in enumerate(rows):
-        top_tokens, p_top = _top(p_rows[row])
+        top_tokens, p_top = tops[row]
         kids = tree.children(-1 if row == 0 else row - 1)
         q_top = tuple(round(float(proposal.q[kids[0], t]), 5) for t in top_tokens) \
             if proposal.q is not None and kids else ()
