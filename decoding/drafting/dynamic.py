@@ -83,6 +83,20 @@ def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator
     return picked[:finite], logq[:finite]
 
 
+def _picks(rows: torch.Tensor, k: int, ids: Optional[torch.Tensor]) -> list[tuple[list[int], list[float]]]:
+    """``_pick`` (greedy) of every row of ``rows [K, V']`` with one ``topk``: the same indices, row by row."""
+    k = min(k, rows.shape[-1])
+    if k <= 0 or rows.dim() != 2:
+        return [_pick(row, k, False, None, ids) for row in rows]
+    vals, idx = torch.topk(rows, k)
+    picked = (idx if ids is None else ids[idx]).tolist()
+    out = []
+    for tokens, logq in zip(picked, vals.float().tolist()):
+        finite = sum(1 for v in logq if math.isfinite(v))
+        out.append((tokens[:finite], logq[:finite]))
+    return out
+
+
 def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor], *, depth: int, topk: int,
          budget: int, threshold: float = 0.0, sample: bool = False, rng: Optional[torch.Generator] = None,
          ids: Optional[torch.Tensor] = None, vocab: Optional[int] = None,
@@ -97,8 +111,9 @@ def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor]
     """
     g = Growth(rows=[root])
 
-    def add_children(parent: int, row_index: int, base: float, d: int) -> list[int]:
-        picked, logq = _pick(g.rows[row_index], topk, sample, None if not sample else rng, ids)
+    def add_children(parent: int, row_index: int, base: float, d: int,
+                     best: Optional[tuple[list[int], list[float]]] = None) -> list[int]:
+        picked, logq = best or _pick(g.rows[row_index], topk, sample, None if not sample else rng, ids)
         made, cap = [], math.inf
         for token, lq in zip(picked, logq):
             lq_path = min(lq, 0.0)              # a child never outscores its parent (step 3 relies on it)
@@ -126,10 +141,12 @@ def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor]
             if not best:
                 break
         rows = expand(g, best)                                                     # [K, V']
+        # greedy: every expanded node's best children from one topk (draws keep their per-row order of rng use)
+        picks = [None] * len(best) if sample else _picks(rows, topk, ids)
         frontier = []
-        for node, row in zip(best, rows):
+        for node, row, pick in zip(best, rows, picks):
             g.rows.append(row)
-            frontier += add_children(node, len(g.rows) - 1, g.scores[node], d)
+            frontier += add_children(node, len(g.rows) - 1, g.scores[node], d, pick)
     # 3. rerank everything grown and keep the budget's best (ancestor-closed, sibling-prefix-closed)
     keep = rank_nodes(g.scores, g.parents)[:budget]
     # 4. optionally fewer: the prefix of that ranking worth its verify forward
