@@ -400,3 +400,20 @@ def test_on_cuda_the_curve_is_timed_between_synchronisations_and_the_output_stay
         assert all(math.isfinite(ms) and ms > 0 for ms in measured.points.values())
         print(f"cuda fast={fast}: {measured.record()} kept {res.stats['tree_budget']['mean_kept_nodes']} "
               f"of {res.stats['tree_budget']['mean_offered_nodes']}")
+
+
+def test_a_greedy_expansions_children_from_one_topk_are_the_row_by_row_picks():
+    """``grow`` picks a greedy expansion's children with one ``topk`` over its rows (``_picks``): the same
+    tokens and log-probs, in the same order, as ``_pick`` row by row: ties to the earlier index, -inf entries
+    (fewer finite ones than ``topk``) dropped, indices mapped through the draft vocabulary."""
+    from decoding.drafting.dynamic import _pick, _picks
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(50):
+        rows = torch.randn(4, 300, generator=gen).log_softmax(-1)
+        rows[1, :298] = float("-inf")                                   # two finite entries, topk 4
+        rows[2, 5] = rows[2, 9] = rows[2].max() + 1.0                  # a tie at the top
+        ids = torch.randperm(1000, generator=gen)[:300]
+        for vocab in (None, ids):
+            want = [_pick(row, 4, False, None, vocab) for row in rows]
+            assert _picks(rows, 4, vocab) == want
+            assert len(want[1][0]) == 2 and want[2][0][:2] == ([5, 9] if vocab is None else ids[[5, 9]].tolist())
