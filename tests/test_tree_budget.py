@@ -404,8 +404,8 @@ def test_on_cuda_the_curve_is_timed_between_synchronisations_and_the_output_stay
 
 def test_a_greedy_expansions_children_from_one_topk_are_the_row_by_row_picks():
     """``grow`` picks a greedy expansion's children with one ``topk`` over its rows (``_picks``): the same
-    tokens and log-probs, in the same order, as ``_pick`` row by row: ties to the earlier index, -inf entries
-    (fewer finite ones than ``topk``) dropped, indices mapped through the draft vocabulary."""
+    tokens and log-probs, in the same order (ties included), as ``_pick`` row by row: -inf entries (fewer finite
+    ones than ``topk``) dropped, indices mapped through the draft vocabulary."""
     from decoding.drafting.dynamic import _pick, _picks
     gen = torch.Generator().manual_seed(5)
     for _ in range(50):
@@ -416,4 +416,5 @@ def test_a_greedy_expansions_children_from_one_topk_are_the_row_by_row_picks():
         for vocab in (None, ids):
             want = [_pick(row, 4, False, None, vocab) for row in rows]
             assert _picks(rows, 4, vocab) == want
-            assert len(want[1][0]) == 2 and want[2][0][:2] == ([5, 9] if vocab is None else ids[[5, 9]].tolist())
+            tied = {5, 9} if vocab is None else set(ids[[5, 9]].tolist())
+            assert len(want[1][0]) == 2 and set(want[2][0][:2]) == tied
