@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # How a committed token was produced.
 SOURCES = (
@@ -284,21 +284,35 @@ def _to_tuple(value: Any) -> Any:
     return value
 
 
+def typed_event(data: Any, table: dict, fields: Callable[[Any], Any],
+                refuse: Callable[[str, Any], Exception]) -> tuple[str, Any]:
+    """What every reader of an event dict checks first: ``data`` is a dict (else ``refuse("object", its type's
+    name)``), its ``type`` names an entry of ``table`` (else ``refuse("type", the name)``) and it holds no field
+    but ``type`` and ``fields(entry)`` (else ``refuse("fields", (name, sorted extras))``). Returns the name and
+    the entry; ``refuse`` returns the exception to raise."""
+    if not isinstance(data, dict):
+        raise refuse("object", type(data).__name__)
+    name = data.get("type")
+    entry = table.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise refuse("type", name)
+    extra = set(data) - set(fields(entry)) - {"type"}
+    if extra:
+        raise refuse("fields", (name, sorted(extra)))
+    return name, entry
+
+
 def event_from_dict(data: dict) -> Any:
     """Rebuild an event from :func:`event_to_dict` output (or its JSON round trip).
 
     Raises ``ValueError`` for an unknown type or missing/unknown fields.
     """
-    if not isinstance(data, dict):
-        raise ValueError(f"event must be an object, got {type(data).__name__}")
-    name = data.get("type")
-    cls = EVENT_TYPES.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ValueError(f"unknown event type {name!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    extra = set(data) - set(fields) - {"type"}
-    if extra:
-        raise ValueError(f"{name}: unknown field(s) {sorted(extra)}")
+    def refuse(kind: str, detail: Any) -> ValueError:
+        return ValueError({"object": lambda: f"event must be an object, got {detail}",
+                           "type": lambda: f"unknown event type {detail!r}",
+                           "fields": lambda: f"{detail[0]}: unknown field(s) {detail[1]}"}[kind]())
+
+    name, cls = typed_event(data, EVENT_TYPES, lambda c: [f.name for f in dataclasses.fields(c)], refuse)
     kwargs = {k: _to_tuple(v) for k, v in data.items() if k != "type"}
     try:
         return cls(**kwargs)

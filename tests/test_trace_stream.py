@@ -124,10 +124,10 @@ def test_each_cap_is_refused_by_name_where_it_is_crossed(data, limits, kind, pat
 
 def test_roles_count_over_the_document_and_keep_the_first_items():
     limits = {"roles": {("", ""): "doc", ("doc", "xs"): "xs"}, "rules": {"xs": js.Rule(5, keep=2)}}
-    doc, counts = js.read_json(io.BytesIO(b'{"xs": [{"a": 1}, [2], 3, 4]}'), js.Limits(1 << 20, 8, **limits))
+    doc, counts = js.read_json(io.BytesIO(b'{"xs": [{"a": 1}, [2], 3, 4]}'), js.Limits(max_bytes=1 << 20, max_depth=8, **limits))
     assert doc == {"xs": [{"a": 1}, [2]]} and counts == {"xs": 4}
     with pytest.raises(js.Refused) as err:
-        js.read_json(io.BytesIO(b'{"xs": [1, 2, 3], "ys": 0, "xs": [4, 5, 6]}'), js.Limits(1 << 20, 8, **limits))
+        js.read_json(io.BytesIO(b'{"xs": [1, 2, 3], "ys": 0, "xs": [4, 5, 6]}'), js.Limits(max_bytes=1 << 20, max_depth=8, **limits))
     assert err.value.kind == "xs" and err.value.path == "xs[2]"      # the sixth item: the third of the second list
 
 

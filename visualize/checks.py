@@ -18,7 +18,7 @@ import math
 import typing
 from typing import Any, Callable, Optional
 
-from decoding.events import EVENT_TYPES, SOURCES  # pure dataclasses; no torch
+from decoding.events import EVENT_TYPES, SOURCES, typed_event  # pure dataclasses; no torch
 
 MAX_TOKENS = 100_000          # token ids, pieces or vocabulary entries of one result
 MAX_ITEMS = 65_536            # numbers in one event, its tuples together
@@ -255,17 +255,17 @@ def _check_filter(e: dict) -> None:
             raise Invalid(f".{key} must hold probabilities in [0, 1]")
 
 
+def _refused(kind: str, detail: Any) -> Invalid:
+    if kind == "object":
+        return Invalid(f" must be an object, got {detail}")
+    if kind == "type":
+        return Invalid(f": unknown event type {_short(detail)}")
+    return Invalid(f": {detail[0]} has unknown field(s) {_short(detail[1])}")
+
+
 def _check_event(e: Any) -> int:
     """Validate one event dict in place (missing fields get their defaults); returns its number count."""
-    if not isinstance(e, dict):
-        raise Invalid(f" must be an object, got {type(e).__name__}")
-    name = e.get("type")
-    spec = SPECS.get(name) if isinstance(name, str) else None
-    if spec is None:
-        raise Invalid(f": unknown event type {_short(name)}")
-    extra = set(e) - set(spec.checks) - {"type"}
-    if extra:
-        raise Invalid(f": {name} has unknown field(s) {_short(sorted(extra))}")
+    name, spec = typed_event(e, SPECS, lambda spec: spec.checks, _refused)
     missing = spec.required - set(e)
     if missing:
         raise Invalid(f": {name} is missing field(s) {sorted(missing)}")

@@ -45,15 +45,17 @@ class Rule:
     keep: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits:
+    """What one read may hold, given by name: the document's bytes and nesting depth (required), then the caps
+    below, and the roles of lists with their rules."""
+    roles: dict = field(default_factory=dict)   # (parent role, key or "*" for an item) -> role; root: ("", "")
+    rules: dict = field(default_factory=dict)   # role -> Rule, for lists
     max_bytes: int
     max_depth: int
     max_entries: int = 200_000        # items of one list, keys of one object
     max_containers: int = 1_000_000   # lists and objects in the whole document
     max_string: int = 6 * 2**20       # characters of one string as written (an escape counts its six)
-    roles: dict = field(default_factory=dict)   # (parent role, key or "*" for an item) -> role; root: ("", "")
-    rules: dict = field(default_factory=dict)   # role -> Rule, for lists
 
 
 class Refused(ValueError):

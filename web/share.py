@@ -32,18 +32,15 @@ def new_id() -> str:
 def check_id(value: Any, name: str = "race_id") -> str:
     """``value`` as a race id, else ValueError naming ``name`` (the value itself is never echoed: it may be
     anything a visitor typed)."""
-    if not isinstance(value, str) or len(value) != ID_LENGTH or not ID_PATTERN.fullmatch(value):
+    if not is_id(value):
         raise ValueError(f"{name} must be {ID_LENGTH} characters of A-Z, a-z, 0-9, '_' and '-' "
                          f"(the end of a share link …/?{QUERY}=<id>)")
     return value
 
 
 def is_id(value: Any) -> bool:
-    try:
-        check_id(value)
-    except ValueError:
-        return False
-    return True
+    """Whether ``value`` has a race id's form (``check_id`` says what is wrong when not)."""
+    return isinstance(value, str) and len(value) == ID_LENGTH and ID_PATTERN.fullmatch(value) is not None
 
 
 def share_html(race_id: Optional[str]) -> str:
