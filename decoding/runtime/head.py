@@ -224,9 +224,6 @@ class DraftScratch:
     def __init__(self) -> None:
         self.used = 0
 
-    def __getitem__(self, i: int) -> Optional[int]:       # the old list form: None before the first write
-        return self.used or None
-
 
 class Prophet(nn.Module):
     """Trainable: ``fuse``, ``layers``, ``norm``. Frozen, borrowed from the target: embeddings, LM head rows.
@@ -352,10 +349,10 @@ class Prophet(nn.Module):
         return DraftScratch()
 
     def draft_nodes(self, state: ProphetState, scratch: DraftScratch, g: torch.Tensor, tokens: torch.Tensor,
-                    pos: torch.Tensor, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    pos: torch.Tensor | int, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``K`` draft positions at once: parents' features ``g [K, H]`` + their tokens ``[K]`` -> features ``[K, H]``.
 
-        Each position sits at absolute position ``pos [K]`` and attends to every
+        Each position sits at absolute position ``pos [K]`` (an int: ``pos .. pos + K - 1``) and attends to every
         committed pair, to the draft positions already in ``scratch`` that
         ``visible [K, S]`` marks (its ancestors; all of them when ``visible`` is
         None) and to itself. Its keys/values are added to ``scratch``, which is
@@ -418,10 +415,7 @@ class Prophet(nn.Module):
     def draft_step(self, state: ProphetState, scratch: DraftScratch, g: torch.Tensor, token: torch.Tensor,
                    j: int) -> torch.Tensor:
         """Chain draft step ``j >= 1``: own feature ``g [1, H]`` + drafted token ``[1]`` -> feature ``[1, H]``."""
-        K, n, old = 1, state.length, scratch.used
-        x = self._rows_through(state, self._fuse(g, token), state.n - 1 + j, n + old, None)
-        scratch.used = old + K
-        return self.norm(x)
+        return self.draft_nodes(state, scratch, g, token, state.n - 1 + j)
 
     # ------------------------------------------------------------------ training
     def forward_train(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
