@@ -142,6 +142,51 @@ def test_the_grace_holds_at_most_the_bound_again():
     assert len(queue.pending_event_ids_session) == 8
 
 
+def test_a_session_with_an_open_stream_is_kept_and_the_cap_drops_the_oldest_answers_first():
+    """A session whose messages are being read (an open stream, counted by the Health middleware) is never
+    evicted; past twice the bound, the unread sessions answered longest ago go first, whatever their age."""
+    class FakeQueue:
+        event_ids_to_events: dict = {}
+        active_jobs = [None]
+        pending_event_ids_session: dict = {}
+
+    queue = FakeQueue()
+    messages = queue_guard.SessionMessages(2, queue=queue, grace_s=30.0)
+    now = time.monotonic()
+    messages["client"] = object()                   # the oldest session, answered last, its stream not open yet
+    queue.pending_event_ids_session["client"] = {"run"}
+    messages.mark_answered("client", now)
+    messages["reader"] = object()                   # idle, but a stream reads it
+    messages.listen("reader", +1)
+    for i in range(6):
+        key = f"call-{i}"
+        messages[key] = object()
+        queue.pending_event_ids_session[key] = {key}
+        messages.mark_answered(key, now - 10 + i)
+    messages["one-more"] = object()
+    assert len(messages) <= 4 and "reader" in messages and "client" in messages
+    assert "call-0" not in messages                 # answered longest ago
+    messages.listen("reader", -1)
+    assert "reader" not in messages.listening
+    messages["and-another"] = object()
+    assert "reader" not in messages                 # closed and idle: the first to go
+
+
+@pytest.mark.parametrize("path, query, want", [
+    ("/gradio_api/queue/data", b"session_hash=abc%2Dd", "abc-d"),
+    ("/gradio_api/queue/data", b"x=1", None),
+    ("/gradio_api/call/stop/ev1", b"", "held-by"),       # the session that holds the event, as Gradio finds it
+    ("/gradio_api/call/stop/ev9", b"", "ev9"),           # a call without a session: its event id
+    ("/gradio_api/info", b"", None),
+])
+def test_the_health_middleware_names_the_session_a_stream_reads(path, query, want):
+    class FakeQueue:
+        pending_event_ids_session = {"held-by": {"ev1"}}
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query}
+    assert queue_guard.stream_session(scope, FakeQueue()) == want
+    assert queue_guard.stream_session({**scope, "method": "POST"}, FakeQueue()) is None
+
+
 def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     demo, url = served
     prompts = [f"Name fruit number {i}." for i in range(CLIENTS)]

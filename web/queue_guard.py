@@ -40,8 +40,10 @@ The guard (this app's queue instance only; nothing in Gradio is patched globally
    after the answer was sent: evicted in that window, its stream's next look finds no entry and answers
    404, and the client sees its finished run cancelled (what a Stop storm did to one run in eight on a busy
    machine). Past the grace such a session is idle (a ``/call/`` whose caller never reads, say); the
-   spared-in-grace ones may push the count past the bound only up to ``2 * max_size``. An evicted
-   session's undelivered event ids go with it (Gradio never drops them otherwise).
+   spared-in-grace ones may push the count past the bound only up to ``2 * max_size``, and beyond it the ones
+   answered longest ago go first. A session with a message stream open (``GET …/queue/data`` or ``GET
+   …/call/<api>/<event_id>``, seen by :class:`Health`) is never evicted while it is read: bounded by the
+   open connections. An evicted session's undelivered event ids go with it (Gradio never drops them).
 2. :meth:`GuardedQueue.send_message`: a message for a live event whose session has no message queue
    (any other way an entry could go missing) gets a fresh one instead of raising ``KeyError`` in the
    queue's loops.
@@ -61,6 +63,7 @@ import time
 from asyncio import Queue as AsyncQueue
 from collections import OrderedDict
 from typing import Any, Optional
+from urllib.parse import unquote
 
 from gradio import queueing
 from gradio.exceptions import Error
@@ -92,6 +95,7 @@ class SessionMessages(LRUCache):
         self.queue = queue
         self.grace_s = grace_s
         self.answered: dict[Any, float] = {}   # session -> when its last answer (a completion) was sent
+        self.listening: dict[Any, int] = {}    # session -> its open message streams (GET /queue/data, /call/...)
         self.evicted = 0           # idle sessions dropped to stay within the bound
         self.spared = 0            # busy sessions that Gradio's LRUCache would have dropped
 
@@ -114,6 +118,14 @@ class SessionMessages(LRUCache):
         OrderedDict.clear(self)
         self.answered.clear()
 
+    def listen(self, key: Any, change: int) -> None:
+        """A message stream for ``key`` opened (+1) or closed (-1): a session someone is reading is not idle."""
+        n = self.listening.get(key, 0) + change
+        if n > 0:
+            self.listening[key] = n
+        else:
+            self.listening.pop(key, None)
+
     def mark_answered(self, key: Any, at: Optional[float] = None) -> None:
         """A completion was put in ``key``'s queue: its stream has ``GRACE_S`` to read it before eviction."""
         if key in self:
@@ -127,6 +139,7 @@ class SessionMessages(LRUCache):
 
     def _evict(self, count: int) -> None:
         busy = busy_sessions(self.queue) if self.queue is not None else set()
+        busy.update(self.listening)             # read by an open stream: bounded by the open connections
         unread = self._unread(time.monotonic()) if self.answered else set()
         victims, spared_unread = [], []
         for key in self:                        # oldest first; stops at the first `count` idle ones
@@ -138,8 +151,10 @@ class SessionMessages(LRUCache):
             victims.append(key)
             if len(victims) >= count:
                 break
-        # the grace never holds more than max_size sessions past the bound: then the oldest unread ones go
+        # the grace never holds more than max_size sessions past the bound: then the unread ones answered longest
+        # ago go (a caller that never reads was answered at once; a client whose run just ended, last)
         over = len(self) - len(victims) + 1 - 2 * self.max_size
+        spared_unread.sort(key=lambda key: self.answered[key])
         victims += spared_unread[:max(0, min(over, count - len(victims)))]
         pending = getattr(self.queue, "pending_event_ids_session", None)
         for key in victims:
@@ -302,6 +317,26 @@ def queue_health(blocks: Any) -> dict:
     return {"ok": ok, "queue": info}
 
 
+def stream_session(scope: dict, queue: Any) -> Optional[str]:
+    """The session a request streams messages of, or None: ``GET …/queue/data?session_hash=…`` (a browser tab or
+    ``gradio_client``), or ``GET …/call/<api>/<event_id>`` (the session holding that event, as Gradio finds it;
+    the event id itself for a call that sent no session)."""
+    if scope.get("method") != "GET":
+        return None
+    path = scope.get("path") or ""
+    if path.endswith("/queue/data"):
+        for part in (scope.get("query_string") or b"").split(b"&"):
+            name, _, value = part.partition(b"=")
+            if name == b"session_hash" and value:
+                return unquote(value.decode("latin-1"))
+        return None
+    head, _, event_id = path.rpartition("/")
+    if "/call/" not in head + "/" or not event_id:
+        return None
+    pending = getattr(queue, "pending_event_ids_session", None) or {}
+    return next((session for session, ids in list(pending.items()) if event_id in ids), event_id)
+
+
 class Health:
     """ASGI middleware answering ``GET``/``HEAD /healthz`` with :func:`queue_health` (200 when ok, else 503);
     every other request goes on to the app. A middleware, so it exists before Gradio adds its routes."""
@@ -312,7 +347,17 @@ class Health:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") not in ("GET", "HEAD") or \
                 scope.get("path") not in (self.path, scope.get("root_path", "") + self.path):
-            await self.app(scope, receive, send)
+            messages = getattr(getattr(self.blocks, "_queue", None), "pending_messages_per_session", None)
+            key = stream_session(scope, getattr(self.blocks, "_queue", None)) \
+                if isinstance(messages, SessionMessages) else None
+            if key is None:
+                await self.app(scope, receive, send)
+                return
+            messages.listen(key, +1)            # its session stays while the stream is open
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                messages.listen(key, -1)
             return
         health = queue_health(self.blocks)
         body = json.dumps(health).encode()
