@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -96,15 +97,17 @@ def test_sessions_with_waiting_events_are_never_evicted():
     assert list(messages) == ["old-running", "new", "newer"]
 
 
+def _idle_queue(pending: dict = None):
+    """A queue with nothing waiting or running; ``pending``: Gradio's undelivered event ids per session."""
+    return types.SimpleNamespace(event_ids_to_events={}, active_jobs=[None],
+                                 pending_event_ids_session=dict(pending or {}))
+
+
 def test_a_finished_runs_unread_answer_keeps_its_session_for_the_grace():
     """A run that has finished but whose answer its stream has not read yet (Gradio keeps its event id in
     ``pending_event_ids_session`` until then) is spared for the grace; past it, or once read, it is idle."""
-    class FakeQueue:
-        event_ids_to_events: dict = {}
-        active_jobs = [None]
-        pending_event_ids_session = {"answered": {"e1"}, "dropped": {"e2"}, "read": set()}
-
-    messages = queue_guard.SessionMessages(3, queue=FakeQueue(), grace_s=30.0)
+    queue = _idle_queue({"answered": {"e1"}, "dropped": {"e2"}, "read": set()})
+    messages = queue_guard.SessionMessages(3, queue=queue, grace_s=30.0)
     for key in ("answered", "dropped", "read"):
         messages[key] = object()
     now = time.monotonic()
@@ -117,7 +120,7 @@ def test_a_finished_runs_unread_answer_keeps_its_session_for_the_grace():
     assert list(messages) == ["answered", "read", "new-1"]              # past the grace: the oldest idle one
     messages["new-2"] = object()
     assert list(messages) == ["answered", "new-1", "new-2"]             # read: idle too
-    assert "dropped" not in FakeQueue.pending_event_ids_session      # its unreadable ids went with it
+    assert "dropped" not in queue.pending_event_ids_session          # its unreadable ids went with it
     assert "dropped" not in messages.answered
     del messages["answered"]                                           # Gradio's own delete forgets it too
     assert "answered" not in messages.answered
@@ -125,12 +128,7 @@ def test_a_finished_runs_unread_answer_keeps_its_session_for_the_grace():
 
 def test_the_grace_holds_at_most_the_bound_again():
     """A storm of calls whose answers nobody reads cannot grow the sessions past twice the bound."""
-    class FakeQueue:
-        event_ids_to_events: dict = {}
-        active_jobs = [None]
-        pending_event_ids_session: dict = {}
-
-    queue = FakeQueue()
+    queue = _idle_queue()
     messages = queue_guard.SessionMessages(4, queue=queue, grace_s=30.0)
     for i in range(40):
         key = f"call-{i}"
@@ -145,12 +143,7 @@ def test_the_grace_holds_at_most_the_bound_again():
 def test_a_session_with_an_open_stream_is_kept_and_the_cap_drops_the_oldest_answers_first():
     """A session whose messages are being read (an open stream, counted by the Health middleware) is never
     evicted; past twice the bound, the unread sessions answered longest ago go first, whatever their age."""
-    class FakeQueue:
-        event_ids_to_events: dict = {}
-        active_jobs = [None]
-        pending_event_ids_session: dict = {}
-
-    queue = FakeQueue()
+    queue = _idle_queue()
     messages = queue_guard.SessionMessages(2, queue=queue, grace_s=30.0)
     now = time.monotonic()
     messages["client"] = object()                   # the oldest session, answered last, its stream not open yet
