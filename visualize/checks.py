@@ -255,6 +255,17 @@ def _check_filter(e: dict) -> None:
             raise Invalid(f".{key} must hold probabilities in [0, 1]")
 
 
+def _check_proposed(e: dict) -> None:
+    """A DraftProposed holds one probability per drafted token, or none."""
+    if len(e["q"]) not in (0, len(e["tokens"])):
+        raise Invalid(".q must be empty or hold one probability per drafted token")
+
+
+# the checks across an event's fields, by type: after its fields and defaults (the rule and the compiled checks)
+WHOLE_EVENT: dict[str, Callable[[dict], None]] = {"DraftTree": _check_tree, "SamplingFilter": _check_filter,
+                                                  "DraftProposed": _check_proposed}
+
+
 def _refused(kind: str, detail: Any) -> Invalid:
     if kind == "object":
         return Invalid(f" must be an object, got {detail}")
@@ -280,12 +291,9 @@ def _check_event(e: Any) -> int:
         raise Invalid(f" holds {items} numbers; the limit is {MAX_ITEMS}")
     for key, default in spec.defaults.items():
         e.setdefault(key, list(default) if isinstance(default, tuple) else default)
-    if name == "DraftTree":
-        _check_tree(e)
-    elif name == "SamplingFilter":
-        _check_filter(e)
-    elif name == "DraftProposed" and len(e["q"]) not in (0, len(e["tokens"])):
-        raise Invalid(".q must be empty or hold one probability per drafted token")
+    whole = WHOLE_EVENT.get(name)
+    if whole is not None:
+        whole(e)
     return items
 
 
@@ -362,13 +370,8 @@ def compiled_source(name: str) -> tuple[str, dict]:
             else repr(default) if default is None or type(default) in (int, float, bool, str) \
             else _const(consts, default)
         lines.append(f"    if {key!r} not in e: e[{key!r}] = {value}")
-    if name == "DraftTree":
-        lines.append("    _check_tree(e)")
-    elif name == "SamplingFilter":
-        lines.append("    _check_filter(e)")
-    elif name == "DraftProposed":
-        lines += ["    if len(e['q']) not in (0, len(e['tokens'])):",
-                  "        raise Invalid('.q must be empty or hold one probability per drafted token')"]
+    if name in WHOLE_EVENT:
+        lines.append(f"    {_const(consts, WHOLE_EVENT[name])}(e)")
     lines.append("    return n")
     return "\n".join(lines) + "\n", consts
 
@@ -382,7 +385,7 @@ def _const(consts: dict, value: Any) -> str:
 def _compile(name: str) -> Callable[[dict], Optional[int]]:
     source, consts = compiled_source(name)
     scope = {"_MISSING": _MISSING, "_INT_TYPE": _INT_TYPE, "_finite_numbers": _finite_numbers,
-             "_check_tree": _check_tree, "_check_filter": _check_filter, "Invalid": Invalid, **consts}
+             "Invalid": Invalid, **consts}
     exec(compile(source, f"<checks.compiled {name}>", "exec"), scope)   # our own source: built from SPECS only
     return scope[f"check_{name}"]
 
