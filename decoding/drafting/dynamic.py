@@ -76,11 +76,14 @@ def _pick(row: torch.Tensor, k: int, sample: bool, rng: Optional[torch.Generator
         idx = torch.topk(keys, k).indices                         # in draw order
     else:
         idx = torch.topk(row, k).indices
-    # an index whose log-prob is -inf (filtered out, or beyond the finite ones) comes last in either order
-    logq = row[idx].float().tolist()
+    return _finite_prefix((idx if ids is None else ids[idx]).tolist(), row[idx].float().tolist())
+
+
+def _finite_prefix(tokens: list[int], logq: list[float]) -> tuple[list[int], list[float]]:
+    """The picks up to the first without a finite log-prob: one whose log-prob is -inf (filtered out, or
+    beyond the finite ones) comes last in either order."""
     finite = sum(1 for v in logq if math.isfinite(v))
-    picked = (idx if ids is None else ids[idx]).tolist()
-    return picked[:finite], logq[:finite]
+    return tokens[:finite], logq[:finite]
 
 
 def _picks(rows: torch.Tensor, k: int, ids: Optional[torch.Tensor]) -> list[tuple[list[int], list[float]]]:
@@ -90,11 +93,7 @@ def _picks(rows: torch.Tensor, k: int, ids: Optional[torch.Tensor]) -> list[tupl
         return [_pick(row, k, False, None, ids) for row in rows]
     vals, idx = torch.topk(rows, k)
     picked = (idx if ids is None else ids[idx]).tolist()
-    out = []
-    for tokens, logq in zip(picked, vals.float().tolist()):
-        finite = sum(1 for v in logq if math.isfinite(v))
-        out.append((tokens[:finite], logq[:finite]))
-    return out
+    return [_finite_prefix(tokens, logq) for tokens, logq in zip(picked, vals.float().tolist())]
 
 
 def grow(root: torch.Tensor, expand: Callable[[Growth, list[int]], torch.Tensor], *, depth: int, topk: int,
