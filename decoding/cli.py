@@ -84,10 +84,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             text = fh.read()
     else:
         text = args.prompt
+    versus = getattr(args, "versus", None)
+    if versus is not None and versus == args.target:
+        raise ValueError(f"--versus {versus!r} is the target already; name another model to race it against")
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     pair = _load_pair(args, status)
     chat = _use_chat(args, pair.target, status)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, chat=chat)
+    # a race of two models: the same strategies on --versus too, each against its own greedy
+    runs_on = [(pair, prompt_ids, args.target if versus else None)]
+    if versus:
+        rival = _load_pair(args, status, versus)
+        runs_on.append((rival, encode_prompt(rival.target.tokenizer, text, chat=chat), versus))
 
     bars: dict[int, Any] = {}
 
@@ -100,16 +108,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      file=sys.stderr, disable=args.quiet)
         bar.update(done - bar.n)
 
-    results = run_comparison(prompt_ids, pair, [(s, per[s]) for s in strategies],
-                             max_new_tokens=max_new, seed=args.seed, warmup=not args.no_warmup,
-                             trace=bool(args.json), reference=not args.no_reference,
-                             on_progress=on_progress, context=RunContext(generation=settings))
+    results = []
+    for on_pair, on_ids, model in runs_on:
+        for bar in bars.values():
+            bar.close()
+        bars.clear()
+        results += run_comparison(on_ids, on_pair, [(s, per[s]) for s in strategies],
+                                  max_new_tokens=max_new, seed=args.seed, warmup=not args.no_warmup,
+                                  trace=bool(args.json), reference=not args.no_reference,
+                                  on_progress=on_progress, context=RunContext(generation=settings), model=model)
     for bar in bars.values():
         bar.close()
     print(_table(summarize(results)))
     if args.show_text:
         for r in results:
-            print(f"\n--- {r.strategy} ---\n{r.text}")
+            print(f"\n--- {r.label if r.model else r.strategy} ---\n{r.text}")
     if args.json:
         doc = {"environment": environment(pair, args.seed), "prompt": text, "chat": chat,
                "prompt_ids": prompt_ids, "max_new_tokens": max_new, "generation": dataclasses.asdict(settings),
@@ -221,8 +234,9 @@ def _use_chat(args: argparse.Namespace, lm: Any, status: Any) -> bool:
     return bool(lm.chat)
 
 
-def _load_pair(args: argparse.Namespace, status: Any):
-    """The target and its assistant (or prophet head), with the device, dtype and kernel flags."""
+def _load_pair(args: argparse.Namespace, status: Any, target: Optional[str] = None):
+    """The target (default ``--target``) and its assistant (or prophet head), with the device, dtype and kernel
+    flags."""
 
     if args.no_pack and args.kernels not in (None, "default"):
         raise ValueError(f"--no-pack means --kernels default; it contradicts --kernels {args.kernels}")
@@ -230,7 +244,7 @@ def _load_pair(args: argparse.Namespace, status: Any):
 
     def load(name: str):
         return load_model(name, device=args.device, dtype=args.dtype, progress=status, kernels=mode)
-    return make_pair(load(args.target), args.assistant, load)
+    return make_pair(load(target or args.target), args.assistant, load)
 
 
 KERNELS_HELP = ("CPU linear kernels: 'auto' (default) runs each bucket of row counts on whichever of "
@@ -249,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--assistant", default=None,
                      help="draft model (same tokenizer), or 'prophet' for the target's trained prophet head")
     run.add_argument("--strategy", action="append", help="strategy name; repeat for several")
+    run.add_argument("--versus", default=None, metavar="MODEL",
+                     help="a second model (preset, directory or Hub id): the same strategies run on it too, each "
+                          "model against its own greedy (e.g. a consistency-trained model against its base)")
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file holding the prompt text")

@@ -161,6 +161,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     a = p.add_argument
     a("--target", default="smollm2-135m-instruct")
     a("--threads", type=int, default=2, help="torch CPU threads")
+    a("--device", default=None, help="cpu, cuda or auto (default): where the data is made and the adapter trained")
+    a("--dtype", default="float32", help="the model's dtype for the data and the training (default float32: the "
+      "fixed points are the answers the float32 model gives on a CPU, where the preset runs)")
     a("--data-dir", type=Path, default=None, help="default: user cache dir/consistency-data/<target>")
     a("--out-dir", type=Path, default=None, help="default: user cache dir/consistency-runs/<target>")
     a("--resume", action="store_true", help="continue from --out-dir/checkpoint.pt")
@@ -226,10 +229,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args.out_dir = args.out_dir or default_dir("consistency-runs", args.target)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if not args.skip_data and not args.export_from:
-        make_data(load_model(args.target), args, args.data_dir)
+        make_data(load_model(args.target, device=args.device, dtype=args.dtype), args, args.data_dir)
     if args.data_only:
         return {}
-    base = load_model(args.target, kernels="default")           # plain linear layers, to wrap
+    base = load_model(args.target, kernels="default", device=args.device, dtype=args.dtype)   # plain linears, to wrap
     model = copy.deepcopy(base.model).float()
     add_lora(model, args.rank, args.alpha)
     ckpt_path = args.out_dir / "checkpoint.pt"

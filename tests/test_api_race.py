@@ -15,7 +15,8 @@ import pytest
 import app
 
 BUNDLED = "smollm2-135m-instruct"
-RACE_PARAMETERS = ["prompt", "strategies", "target", "assistant", "max_new_tokens", "seed", "chat", "params"]
+RACE_PARAMETERS = ["prompt", "strategies", "target", "assistant", "max_new_tokens", "seed", "chat", "params",
+                   "versus"]
 
 
 def _cli_keys(tmp_path) -> tuple[list, set]:
@@ -60,7 +61,8 @@ def test_a_race_and_the_pages_run_of_the_same_request_share_one_recording(client
     doc = client.predict(prompt=prompt, strategies=["greedy"], max_new_tokens=4, api_name="/race")
     page = [app.ui_default(s, f) for s, f in app.param_fields()]           # what the page sends untouched
     out = client.predict(BUNDLED, "none", ["greedy"], prompt, True, 4, 0, *page,
-                         *[None] * len(app.GENERATION_FIELDS), api_name="/run")
+                         *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER),
+                         api_name="/run")
     assert out[6].startswith("Replay of a recorded run")                   # the API's run, recorded and shared
     with open(out[5], encoding="utf-8") as fh:
         assert json.load(fh)["results"][0]["token_ids"] == doc["results"][0]["token_ids"]
@@ -83,6 +85,10 @@ def test_a_race_and_the_pages_run_of_the_same_request_share_one_recording(client
     (dict(params={"nope": {}}), "params: unknown strategy 'nope'"),
     (dict(params=[1, 2]), "params must be a mapping of strategy name"),
     (dict(strategies=["prophet"], params={"prophet": {"tree_nodes": -1}}), "params.prophet: tree_nodes must be"),
+    (dict(versus=BUNDLED), f"versus: '{BUNDLED}' is the target model already"),
+    (dict(versus="someone/other"), "versus: 'someone/other' is not one of the presets"),
+    (dict(versus="gemma-3-270m", strategies=["prophet"]),
+     "no prophet head is shipped for 'gemma-3-270m' (the versus model)"),
 ])
 def test_a_bad_value_gets_an_error_naming_the_parameter(client, kwargs, message):
     call = dict(prompt="Hi.", strategies=["greedy"], max_new_tokens=2)

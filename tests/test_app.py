@@ -20,7 +20,8 @@ def run(client, strategies, prompt="Say hi in five words.", max_new=12, seed=0, 
         values[app.param_fields().index((s, f))] = v
     # /run is the page's event, off the API page: the client knows no defaults for it, so every value is sent
     out = client.predict(model, assistant, strategies, prompt, chat, max_new, seed, *values,
-                         *[None] * len(app.GENERATION_FIELDS), api_name="/run")
+                         *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER),
+                         api_name="/run")
     # API outputs (gr.State stays in the session): step, columns, speed, timeline, sources, trace, status
     step, columns, trace, status = out[0], out[1], out[5], out[6]
     html = columns if isinstance(columns, str) else columns.get("value", "")
@@ -137,7 +138,7 @@ def _raw_call(app_url: str, data: list) -> str:
 def test_non_json_values_sent_over_raw_http_are_refused(app_url, client, index, value, message):
     # json.dumps writes NaN / Infinity literals, which gradio_client refuses to send
     data = [BUNDLED, "none", ["greedy"], "Say hi.", True, 4, 0] + [None] * len(app.param_fields()) \
-        + [None] * len(app.GENERATION_FIELDS)
+        + [None] * len(app.GENERATION_FIELDS) + [None] * len(app.RUN_LATER)
     data[index] = value
     stream = _raw_call(app_url, data)
     assert "event: error" in stream and "event: complete" not in stream

@@ -184,3 +184,31 @@ def test_training_command_smoke_and_resume(tmp_path):
         assert resumed["steps_done"] == 3
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_device_and_dtype_flags_reach_both_model_loads(tmp_path, monkeypatch):
+    """``gpu.sh cllm`` trains on CUDA in float32 (``--device cuda --dtype float32``): the data's model and the
+    trained one are both loaded there, and float32 is the default so the fixed points are a CPU's answers."""
+    import decoding.train_consistency as tc
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(name, **kw):
+        calls.append(kw)
+        if len(calls) == 2:
+            raise Stop
+        return object()
+    monkeypatch.setattr(tc, "load_model", fake_load)
+    monkeypatch.setattr(tc, "make_data", lambda lm, args, data_dir: None)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Stop):
+            tc.main(["--device", "meta", "--threads", "1", "--data-dir", str(tmp_path / "d"),
+                     "--out-dir", str(tmp_path / "o")])
+    finally:
+        torch.set_num_threads(threads)
+    assert [(c.get("device"), c.get("dtype")) for c in calls] == [("meta", "float32"), ("meta", "float32")]
+    assert calls[1]["kernels"] == "default"
+    assert tc.parse_args([]).dtype == "float32" and tc.parse_args([]).device is None

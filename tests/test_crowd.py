@@ -279,7 +279,7 @@ def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
 # --------------------------------------------------------------------------- through the app
 def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> list:
     return [BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *[None] * len(app.param_fields()),
-            *[None] * len(app.GENERATION_FIELDS)]     # every value: /run is off the API page, with no defaults
+            *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER)]     # every value: /run is off the API page, with no defaults
 
 
 def _doc(out) -> dict:
@@ -329,7 +329,8 @@ def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url,
     req = default_request(prompt)
     # exactly what the page sends when the visitor only picks the example and presses Run
     page = [app.default_target(), "prophet", list(app.DEFAULT_STRATEGIES), prompt, True, 16, 0,
-            *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS)]
+            *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS),
+            *[None] * len(app.RUN_LATER)]
     t0 = time.perf_counter()
     out = Client(app_url, verbose=False).predict(*page, api_name="/run")
     took = time.perf_counter() - t0

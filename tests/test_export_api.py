@@ -24,7 +24,8 @@ def race(client):
     """A real race of the bundled model (three strategies, 16 tokens) run by the page's /run: (race id, doc)."""
     page = [app.ui_default(s, f) for s, f in app.param_fields()]
     out = client.predict(BUNDLED, "none", ["greedy", "prompt_lookup", "lookahead"], PROMPT, True, 16, 0, *page,
-                         *[None] * len(app.GENERATION_FIELDS), api_name="/run")
+                         *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER),
+                         api_name="/run")
     race_id = out[app.RUN_VIEWS.index("race_id") - 1]     # gr.State ("key") is not among the API's outputs
     with open(out[app.RUN_VIEWS.index("download") - 1], encoding="utf-8") as fh:
         doc = json.load(fh)
@@ -102,7 +103,7 @@ def test_a_run_drafting_from_the_visitors_own_history_gets_no_share_link(app_url
     me = Client(app_url, verbose=False)
     page = [app.ui_default(s, f) for s, f in app.param_fields()]
     values = (BUNDLED, "none", ["suffix"], "Share test: list the months, separated by commas.", True, 12, 0, *page,
-              *[None] * len(app.GENERATION_FIELDS))
+              *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER))
     share, race_id = (app.RUN_VIEWS.index(name) - 1 for name in ("share", "race_id"))
     first = me.predict(*values, api_name="/run")
     assert len(first[race_id]) == 16 and "share-link" in first[share]

@@ -32,7 +32,7 @@ CLIENTS, RUNS, TOKENS = 16, 2, 3
 
 
 def _request(client: Client, prompt: str, seed: int, max_new: int = TOKENS, strategies=("greedy",)) -> dict:
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS))   # /run: every value
+    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     out = client.predict(BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *values, api_name="/run")
     with open(out[5], encoding="utf-8") as fh:
         return {"doc": json.load(fh), "status": out[6]}
@@ -94,7 +94,7 @@ def test_sixteen_concurrent_clients_get_their_own_results(app_url):
 def test_stop_returns_the_partial_trace_and_frees_the_worker(app_url):
     slow = Client(app_url, verbose=False)
     other = Client(app_url, verbose=False)
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS))   # /run: every value
+    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     job = slow.submit(BUNDLED, "none", ["greedy"], "Write a very long story about a lighthouse.", True, 400, 0,
                       *values, api_name="/run")
     _wait_for_tokens(job)
@@ -118,7 +118,7 @@ def test_stop_returns_the_partial_trace_and_frees_the_worker(app_url):
 @pytest.mark.parametrize("bad", [{"max_new": -1}, {"strategies": []}])
 def test_a_bad_request_does_not_block_the_queue(app_url, bad):
     client = Client(app_url, verbose=False)
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS))   # /run: every value
+    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     with pytest.raises(Exception):
         client.predict(BUNDLED, "none", bad.get("strategies", ["greedy"]), "Hi.", True, bad.get("max_new", 3), 0,
                        *values, api_name="/run")
@@ -172,7 +172,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
 
     def attack(name: str, api: str, prompt_chars: int) -> None:
         data = ([BUNDLED, "none", ["greedy"], "P", True, 4, 0] + values + [None] * len(app.GENERATION_FIELDS)
-                if api == "run"
+                + [None] * len(app.RUN_LATER) if api == "run"
                 else [BUNDLED, "none", "P", True, 4, 0, "lookahead", "window=2"])
         head, tail = json.dumps({"data": data}).encode().split(b'"P"')
         seconds, answers[name] = _raw_run(app_url, api, head + b'"', b"p" * 2**16, prompt_chars // 2**16,
@@ -203,7 +203,7 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     # the storm shares this machine's CPU with the run: give the run time to outlast it
     monkeypatch.setitem(app.LIMITS, "time_limit_s", 1800.0)
     slow = Client(app_url, verbose=False)
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS))   # /run: every value
+    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     plan = ["greedy", "sample", "beam", "prompt_lookup", "jacobi", "lookahead"]   # minutes of work
     job = slow.submit(BUNDLED, "none", plan, "Write a very long story about a lighthouse.", True, 512, 0,
                       *values, api_name="/run")

@@ -36,7 +36,7 @@ STOP_CALLS = 100       # calls per Stop loop (enough to push every waiting sessi
 
 def _values() -> list:
     """/run's values after the first seven (every one: /run is off the API page, so the client has no defaults)."""
-    return [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS))
+    return [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))
 
 
 def _doc(out) -> dict:

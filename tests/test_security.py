@@ -51,7 +51,7 @@ def run_data(model=BUNDLED, assistant="none", strategies=("greedy",), prompt="Sa
         values[app.param_fields().index((s, f))] = v
     settings = [(generation or {}).get(name) for name in app.GENERATION_FIELDS]   # None: the default
     strategies = list(strategies) if isinstance(strategies, tuple) else strategies
-    return [model, assistant, strategies, prompt, chat, max_new, seed, *values, *settings]
+    return [model, assistant, strategies, prompt, chat, max_new, seed, *values, *settings, *[None] * len(app.RUN_LATER)]
 
 
 def sweep_data(strategy="lookahead", spec="window=2", prompt="Say hi.", max_new=3, model=BUNDLED) -> list:

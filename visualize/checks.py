@@ -533,6 +533,7 @@ RESULT_FIELDS: dict[str, Check] = {
     "stop_reason": _optional(_text_check(64)), "error": _optional(_text_check(MAX_TEXT)),
     "upgraded_from": _mapping_check(_scalar, 8),      # what visualize.legacy renamed in a version-1 trace
     "times_ms": _times_check,                         # per event, ms since the run started (the race replay)
+    "model": _optional(_text_check(256)),             # the model it ran on, in a race of two models
 }
 REQUIRED = ("strategy", "token_ids", "events")
 DOC_FIELDS: dict[str, Check] = {

@@ -10,6 +10,7 @@ which strategy draws them.
 from __future__ import annotations
 
 import dataclasses
+import html
 from operator import itemgetter
 from typing import Any, Callable, Optional
 
@@ -34,7 +35,10 @@ try:
 except ImportError:   # pragma: no cover - the module ships with cross-tokenizer drafting
     crosstok_view = None
 
-MAX_JACOBI_ROWS = 1024   # Jacobi iterations drawn (a real run has at most about max_new_tokens)
+MAX_JACOBI_ROWS = 1024   # Jacobi iterations drawn over all panels (a real run has at most about max_new_tokens)
+MAX_JACOBI_PANELS = 4    # Jacobi results drawn side by side (a race of two models has two)
+PANELS_CSS = ("<style>.dp-jc-panels{display:flex;gap:12px;align-items:flex-start}.dp-jc-panel{flex:1 1 0;"
+              "min-width:0}.dp-jc-panel>h4{margin:2px 0 4px;font-size:.95em}</style>")
 
 
 def placeholder(text: str, height: int = 220) -> Any:
@@ -73,6 +77,20 @@ def _kinds(result: dict) -> Optional[frozenset]:
 def survey(doc: Optional[dict]) -> Survey:
     results = (doc or {}).get("results") or []
     return Survey(max((max_step(r) for r in results), default=0), tuple(_kinds(r) for r in results))
+
+
+def _every(doc: Optional[dict], test: Callable[[dict], bool], *types: str, seen: Optional[Survey] = None,
+           limit: int) -> list[dict]:
+    """The first ``limit`` results that pass ``test`` (results holding none of ``types`` skipped unread)."""
+    results = (doc or {}).get("results", [])
+    seen = seen if seen is not None else survey(doc)
+    found: list[dict] = []
+    for i, r in enumerate(results):
+        if len(found) == limit:
+            break
+        if seen.may(i, *types) and test(r):
+            found.append(r)
+    return found
 
 
 def _first(doc: Optional[dict], test: Callable[[dict], bool], *types: str,
@@ -126,12 +144,12 @@ def step_html(doc: Optional[dict], step: Optional[int], seen: Optional[Survey] =
     results = (doc or {}).get("results") or []
     seen = seen or survey(doc)
     top = seen.top
-    la, jc = _first(doc, has_steps, "LookaheadStep", seen=seen), _first(doc, has_iterations, "JacobiIteration",
-                                                                        seen=seen)
+    la = _first(doc, has_steps, "LookaheadStep", seen=seen)
+    jc = _every(doc, has_iterations, "JacobiIteration", seen=seen, limit=MAX_JACOBI_PANELS)
     views = {"columns": columns_html(results, step)} if columns else {}
     views.update({"lookahead_window": lookahead_step_html(la, step) if la else
                   _note("Tick Lookahead and run to see its 2D window and the n-grams it verified."),
-                  "jacobi": _jacobi(jc, step, top) if jc else
+                  "jacobi": jacobi_panels(jc, step, top) if jc else
                   _note("Tick Jacobi and run to see its iterations, one row per target forward.")})
     if sources_html is not None:
         copied = _first(doc, has_sources, "DraftSource", seen=seen)
@@ -148,18 +166,30 @@ def column_views(doc: Optional[dict], step: Optional[int]) -> dict[str, str]:
     return {"columns": columns_html((doc or {}).get("results") or [], step)}
 
 
-def _jacobi(result: dict, step: Optional[int], top: int) -> str:
-    """The Jacobi view of the first ``MAX_JACOBI_ROWS`` iterations (a note says when there are more)."""
+def jacobi_panels(results: list[dict], step: Optional[int], top: int) -> str:
+    """The Jacobi view of each result (at most ``MAX_JACOBI_PANELS``), side by side under its label when there
+    are several (a race of two models: the same prompt's iterations on each), ``MAX_JACOBI_ROWS`` in all."""
+    results = results[:MAX_JACOBI_PANELS]
+    rows = MAX_JACOBI_ROWS // max(len(results), 1)
+    if len(results) == 1:
+        return _jacobi(results[0], step, top, rows)
+    panels = "".join(f"<div class='dp-jc-panel'><h4>{html.escape(str(r.get('label') or r.get('strategy', '?')))}"
+                     f"</h4>{_jacobi(r, step, top, rows)}</div>" for r in results)
+    return f"{PANELS_CSS}<div class='dp-jc-panels'>{panels}</div>"
+
+
+def _jacobi(result: dict, step: Optional[int], top: int, limit: int = MAX_JACOBI_ROWS) -> str:
+    """The Jacobi view of the first ``limit`` iterations (a note says when there are more)."""
     kept, seen = [], 0
     for e in result["events"]:
         if e.get("type") == "JacobiIteration":
             seen += 1
-            if seen > MAX_JACOBI_ROWS:
+            if seen > limit:
                 continue
         kept.append(e)
     view = jacobi_view(dict(result, events=kept), None if step is None or step >= top else step)
-    if seen > MAX_JACOBI_ROWS:
-        view = _note(f"The first {MAX_JACOBI_ROWS} of {seen} Jacobi iterations are drawn.") + view
+    if seen > limit:
+        view = _note(f"The first {limit} of {seen} Jacobi iterations are drawn.") + view
     return view
 
 

@@ -65,7 +65,7 @@ def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETT
 
 def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
                  chat: Any, params: Any, history: Optional[list] = None,
-                 settings: Settings = DEFAULT_SETTINGS) -> RunRequest:
+                 settings: Settings = DEFAULT_SETTINGS, versus: Any = None) -> RunRequest:
     """A ``/race`` call as the request the page sends: the same checks (ValueError names the parameter), and for
     the same race the same request key, so a call and a page's Run share its computation and its recording.
     ``assistant`` None is the page's default: the target's prophet head when it ships one, else none."""
@@ -75,11 +75,11 @@ def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_
     build_plan(strategies, {})          # the strategies' own messages come before their parameters'
     values = param_values(strategies, params, settings)
     return run_request(target, assistant, strategies, prompt, chat, max_new_tokens, seed, values,
-                       [None] * len(GENERATION_FIELDS), history, settings)
+                       [None] * len(GENERATION_FIELDS), history, settings, versus)
 
 
 async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
-                   chat: Any, params: Any, request: Any = None) -> dict:
+                   chat: Any, params: Any, request: Any = None, versus: Any = None) -> dict:
     """Check, queue (or join, or replay) and wait for one race; its CLI document. gr.Error on a bad value, a
     full line, a failed run, or a Stop from the same session before the run finished."""
     with job(app, request) as (_, stop):
@@ -88,7 +88,7 @@ async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any
         session = getattr(request, "session_hash", None)
         try:
             req = race_request(prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
-                               app.histories.items(session), app.settings)
+                               app.histories.items(session), app.settings, versus)
         except ValueError as exc:
             raise user_error(exc) from None
         status = "Stopped."
@@ -109,7 +109,7 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
     async def race(prompt: str, strategies: list[str], target: str = target_default,
                    assistant: Optional[str] = None, max_new_tokens: int = DEFAULT_MAX_NEW, seed: int = 0,
                    chat: bool = True, params: Optional[dict[str, dict[str, Any]]] = None,
-                   request: gr.Request = None) -> dict[str, Any]:
+                   versus: Optional[str] = None, request: gr.Request = None) -> dict[str, Any]:
         """Run decoding strategies side by side on one prompt, as the page's Run does (same checks, same line,
         identical requests computed once), and return the document `python -m decoding run --json` writes:
         environment, prompt_ids, generation settings and, per strategy, token_ids, text, timings and stats.
@@ -123,7 +123,9 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
             seed: the sampling seed (0 to 2147483647).
             chat: wrap the prompt in the model's chat template.
             params: parameters by strategy, e.g. {"prophet": {"tree_nodes": 8}}; the page's defaults for the rest.
+            versus: a second model's preset name: the same strategies run on it too, each model against its own
+                greedy (every result names its "model"); default: none.
         """
         return await run_race(app, prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
-                              request=request)
+                              request=request, versus=versus)
     return race

@@ -60,13 +60,16 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
     """Load and run a checked request; yields ``("live", snapshot, max_new)`` then ``("done", document,
     message, outputs for the history)``. Raises ValueError / ModelLoadError for what only the model can tell."""
     plan = list(req.plan)
-    prep = prepare_checked(req.inputs, needs_assistant(plan), load=req.settings.load,
-                           generation=req.generation if req.generation.active else None)
-    context = RunContext(generation=req.generation if req.generation.active else None,
+    generation = req.generation if req.generation.active else None
+    prep = prepare_checked(req.inputs, needs_assistant(plan), load=req.settings.load, generation=generation)
+    rival = req.inputs.rival()          # a race of two models: the same request on the second one
+    rivals = [prepare_checked(rival, needs_assistant(plan), load=req.settings.load, generation=generation)] \
+        if rival is not None else []
+    context = RunContext(generation=generation,
                          history=history_from(None if req.history is None else list(req.history),
                                               LIMITS["history_tokens"]))
     results = []
-    for kind, value in stream_comparison(prep, plan, stop=stop, context=context,
+    for kind, value in stream_comparison(prep, plan, stop=stop, context=context, rivals=rivals,
                                          time_limit_s=LIMITS["time_limit_s"], poll_s=POLL_S):
         if kind == "live":
             yield "live", value, prep.max_new

@@ -218,9 +218,10 @@ async def follow_run(app: PlaygroundApp, req: RunRequest, stop: Any, progress: A
 # --------------------------------------------------------------------------- handlers: return {view name: value}
 async def run_playground(app: PlaygroundApp, model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any,
                          max_new_tokens: Any, seed: Any, params: dict, generation: Any = None, progress: Any = None,
-                         request: Any = None) -> AsyncIterator[dict]:
+                         request: Any = None, versus: Any = None) -> AsyncIterator[dict]:
     """Run the selected strategies (or join the identical run under way, or replay its recording), streaming
-    the visitor's place in line, then each column as it fills."""
+    the visitor's place in line, then each column as it fills. ``versus``: a second model that runs the same
+    strategies beside the target (a race of two models), or none."""
     with job(app, request) as (_, stop):
         if stop.is_set():
             yield {"status": "Stopped before the run started."}
@@ -229,7 +230,7 @@ async def run_playground(app: PlaygroundApp, model: Any, assistant: Any, strateg
         try:
             req = run_request(model, assistant, strategies, prompt, chat, max_new_tokens, seed, params,
                               generation if generation is not None else [None] * len(GENERATION_FIELDS),
-                              app.histories.items(session), app.settings)
+                              app.histories.items(session), app.settings, versus)
         except ValueError as exc:
             raise user_error(exc) from None
         async with contextlib.aclosing(follow_run(app, req, stop, progress, session)) as updates:

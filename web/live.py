@@ -29,17 +29,22 @@ class Live:
         self._lock = threading.Lock()
         self._done: list[dict] = []
         self._waiting: list[tuple[str, str]] = []
+        self._later: list[tuple[str, str]] = []      # lanes of a later comparison (a second model), after these
         self._running: Optional[dict] = None
         self._hook: Any = None   # the running strategy's runner.HookTracer
         self._events: list[dict] = []
         self._vocab: dict[str, str] = {}
         self._decode: Optional[Callable[[int], str]] = None
+        self._tokenizer: Any = None
 
     # ------------------------------------------------------------------ written by the runner
     def plan(self, names: Sequence[tuple[str, str]], tokenizer: Any) -> None:
         with self._lock:
             self._waiting = list(names)
-            if tokenizer is not None:
+            if self._later[:len(self._waiting)] == self._waiting:   # the later comparison has begun
+                self._later = self._later[len(self._waiting):]
+            if tokenizer is not None and tokenizer is not self._tokenizer:   # a second model may name ids otherwise
+                self._tokenizer, self._vocab = tokenizer, {}
                 self._decode = lambda t: tokenizer.decode([t])
 
     def begin(self, rr: Any, hook: Any, warming: bool) -> None:
@@ -57,13 +62,19 @@ class Live:
             self._done.append(row)
             self._running, self._hook, self._events = None, None, []
 
+    def then(self, names: Sequence[tuple[str, str]]) -> None:
+        """Lanes that a later comparison will run (a race of two models: the second model's), shown waiting
+        after the current plan's until that comparison plans them itself."""
+        with self._lock:
+            self._later = [*self._later, *names]
+
     # ------------------------------------------------------------------ read by anyone
     def snapshot(self) -> dict:
         with self._lock:
             running = None
             if self._running is not None:
                 running = self._partial()
-            return {"done": list(self._done), "running": running, "waiting": list(self._waiting)}
+            return {"done": list(self._done), "running": running, "waiting": [*self._waiting, *self._later]}
 
     def _partial(self) -> dict:
         info, hook = self._running, self._hook

@@ -21,7 +21,7 @@ import threading
 import time
 import typing
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import transformers
@@ -29,12 +29,12 @@ import transformers
 from decoding.context import RunContext
 from decoding.harness.bench import parse_sweep, sweep_value
 from decoding.harness.pays import default_comparison
-from decoding.harness.runner import encode_prompt, environment, run_comparison
+from decoding.harness.runner import encode_prompt, environment, planned_lanes, run_comparison
 from decoding.params import check_max_new_tokens, params_to_dict
 from decoding.processors import GenerationSettings
 from decoding.runtime.kernel_choice import cpu_name
-from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, cache_root, clear_model_cache, default_target, load_model,
-                                     load_presets)
+from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, EXTRA_PRESETS, cache_root, clear_model_cache,
+                                     default_target, load_model, load_presets)
 from decoding.runtime import compiled
 from decoding.runtime.warmup import warm
 from decoding.runtime.routes import WIDTH, choose, decide, measured_costs
@@ -313,14 +313,32 @@ class Checked:
     chat: bool
     max_new: int
     seed: int
+    versus: Optional[str] = None  # a second target that runs the same strategies, each against its own greedy
+
+    def rival(self) -> Optional["Checked"]:
+        """The same request on the ``versus`` model (None without one)."""
+        return dataclasses.replace(self, model=self.versus, versus=None) if self.versus else None
+
+
+def check_versus(versus: Any, model: str, presets: dict, allow_any: bool = False) -> Optional[str]:
+    """The second model of a race of two (None: no second model); never the target itself."""
+    if versus in (None, "", "none"):
+        return None
+    versus = check_model_name(versus, "versus", presets, allow_any)
+    if versus == model:
+        raise ValueError(f"versus: {versus!r} is the target model already; choose another model to race it "
+                         f"against, or 'none'")
+    return versus
 
 
 def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
                  needs_assistant: bool, plan: Optional[list] = None,
-                 settings: Settings = DEFAULT_SETTINGS) -> Checked:
-    """Every check that needs no model, cheap ones first; raises ValueError naming the field."""
+                 settings: Settings = DEFAULT_SETTINGS, versus: Any = None) -> Checked:
+    """Every check that needs no model, cheap ones first; raises ValueError naming the field. With ``versus``
+    the same strategies run on a second model too, so every check about the target holds for it as well."""
     presets = load_presets()
     model = check_model_name(model, "model", presets, settings.allow_any_model)
+    versus = check_versus(versus, model, presets, settings.allow_any_model)
     if assistant in (None, "", "none"):
         assistant = None
     elif assistant != PROPHET:
@@ -330,17 +348,24 @@ def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tok
     prompt = check_prompt(prompt)
     if not isinstance(chat, bool):
         raise ValueError(f"chat must be true or false, got {str(chat)[:20]!r}")
+    for target in (model, versus) if versus else (model,):
+        _check_target(target, assistant, needs_assistant, plan, "" if target == model else " (the versus model)")
+    return Checked(model, assistant if needs_assistant else None, prompt, chat, max_new, seed, versus)
+
+
+def _check_target(model: str, assistant: Optional[str], needs_assistant: bool, plan: Optional[list],
+                  which: str) -> None:
+    """What the strategies need of a target (its prophet head, an assistant other than itself)."""
     if needs_assistant and assistant == PROPHET and not has_prophet(model):
-        raise ValueError(f"assistant: no prophet head is shipped for {model!r}; choose 'none' or an "
+        raise ValueError(f"assistant: no prophet head is shipped for {model!r}{which}; choose 'none' or an "
                          f"assistant model for the strategies that draft")
     if any(name == "hf_assisted" for name, _ in plan or ()) and assistant in (None, PROPHET, model):
-        raise ValueError("strategies: transformers generate: assisted needs an assistant model other than the "
-                         "target; pick one under Assistant (not 'none' or the prophet head, which transformers "
-                         "cannot run), or untick it")
+        raise ValueError(f"strategies: transformers generate: assisted needs an assistant model other than the "
+                         f"target{which}; pick one under Assistant (not 'none' or the prophet head, which "
+                         f"transformers cannot run), or untick it")
     if any(name == "prophet" for name, _ in plan or ()) and not has_prophet(model):
-        raise ValueError(f"strategies: no prophet head is shipped for {model!r}; untick Prophet head "
+        raise ValueError(f"strategies: no prophet head is shipped for {model!r}{which}; untick Prophet head "
                          f"(or train one with python -m decoding.train_prophet)")
-    return Checked(model, assistant if needs_assistant else None, prompt, chat, max_new, seed)
 
 
 def prepare(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
@@ -410,8 +435,8 @@ class RunRequest:
 
     @property
     def strategies(self) -> int:
-        """Timed runs, the greedy reference included."""
-        return len(self.plan) + (not any(name == "greedy" for name, _ in self.plan))
+        """Timed runs, the greedy reference included (each model's, in a race of two models)."""
+        return (len(self.plan) + (not any(name == "greedy" for name, _ in self.plan))) * (1 + bool(self.inputs.versus))
 
     @property
     def units(self) -> int:
@@ -431,11 +456,13 @@ class RunRequest:
 
 def run_request(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
                 seed: Any, params: Any, generation: Any, history: Optional[list] = None,
-                settings: Settings = DEFAULT_SETTINGS) -> RunRequest:
-    """Check a run request without loading anything (ValueError names the field)."""
+                settings: Settings = DEFAULT_SETTINGS, versus: Any = None) -> RunRequest:
+    """Check a run request without loading anything (ValueError names the field). ``versus``: a second model
+    that runs the same strategies (a race of two models), or None."""
     plan = build_plan(strategies, params or {})
     processors = generation_settings(generation)
-    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan, settings)
+    inputs = check_inputs(model, assistant, prompt, chat, max_new_tokens, seed, needs_assistant(plan), plan, settings,
+                          versus)
     return RunRequest(inputs, tuple(plan), processors, None if history is None else tuple(map(tuple, history)),
                       settings)
 
@@ -449,6 +476,10 @@ def recordings_dir() -> str:
     for path in sorted([*root.joinpath("decoding").rglob("*.py"), *root.joinpath("presets").rglob("*.*")]):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
+    extra = os.environ.get(EXTRA_PRESETS, "").strip()
+    if extra:                       # the operator's own presets and the adapters they merge decide results too
+        for path in [Path(extra), *(Path(p.adapter) for p in load_presets().values() if p.adapter)]:
+            digest.update(path.read_bytes() if path.is_file() else str(path).encode())
     device = torch.cuda.get_device_name(0) if cuda_available() else cpu_name()
     digest.update(f"{torch.__version__}|{transformers.__version__}|{device}|{torch.get_num_threads()}".encode())
     return str(recordings_root() / digest.hexdigest()[:16])
@@ -567,9 +598,13 @@ def parse_sweep_spec(strategy: Any, spec: Any) -> tuple[list[str], list[tuple], 
 # --------------------------------------------------------------------------- running a request
 def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: threading.Event,
                       context: Optional[RunContext] = None, time_limit_s: Optional[float] = None,
-                      poll_s: float = 0.2, quiet_s: float = 1.0) -> Any:
+                      poll_s: float = 0.2, quiet_s: float = 1.0, rivals: Sequence[Prepared] = ()) -> Any:
     """Run the comparison in a worker thread; yield ``("live", Live.snapshot())`` while it runs, then
     ``("done", [RunResult])``.
+
+    ``rivals``: the same request prepared on other models (a race of two models). The plan runs on ``prep``'s
+    model, then on each rival's, each with its own greedy reference, all within ``time_limit_s``; every result
+    names its model (``RunResult.model``), and the rivals' lanes show as waiting from the start.
 
     A snapshot is yielded every ``poll_s`` when something changed (a token, a new
     strategy), else every ``quiet_s``. Strategies still run one after the other,
@@ -577,12 +612,22 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
     browser left) sets ``stop`` and waits for the run to end at its next event.
     """
     live, box = Live(), {}
+    preps = [prep, *rivals]
+    for rival in rivals:
+        live.then(planned_lanes(plan, rival.model))
+    deadline = time.perf_counter() + time_limit_s if time_limit_s else None
 
     def work() -> None:
         try:
-            box["results"] = run_comparison(prep.prompt_ids, prep.pair, plan, max_new_tokens=prep.max_new,
-                                            seed=prep.seed, should_stop=stop.is_set, time_limit_s=time_limit_s,
-                                            context=context, live=live)
+            results: list = []
+            for one in preps:
+                if results and stop.is_set():
+                    break
+                left = None if deadline is None else max(deadline - time.perf_counter(), 1e-3)
+                results += run_comparison(one.prompt_ids, one.pair, plan, max_new_tokens=one.max_new,
+                                          seed=one.seed, should_stop=stop.is_set, time_limit_s=left,
+                                          context=context, live=live, model=one.model if rivals else None)
+            box["results"] = results
         except BaseException as exc:    # re-raised in the caller's thread
             box["error"] = exc
 
@@ -621,7 +666,8 @@ def run_document(results: list, prep: Prepared, prompt: str, chat: bool,
     if generation is not None:
         doc["generation"] = dataclasses.asdict(generation)
     failed = [r for r in rows if r["error"]]
-    message = f"Ran {len(rows)} strategies on {prep.model}{prep.note}."
+    models = list(dict.fromkeys(r["model"] for r in rows if r.get("model"))) or [prep.model]
+    message = f"Ran {len(rows)} strategies on {' and '.join(models)}{prep.note}."
     if failed:
         message += " " + "; ".join(f"{r['strategy']}: {r['error']}" for r in failed)
     return doc, message

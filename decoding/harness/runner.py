@@ -131,6 +131,7 @@ class RunResult:
     divergence_margin: Optional[float] = None
     divergence_tokens: Optional[list[int]] = None
     reference: bool = False    # added by the runner as the greedy baseline
+    model: Optional[str] = None  # the model it ran on, when a comparison races two (``run_comparison``'s ``model``)
 
     @property
     def tokens_per_s(self) -> float:
@@ -280,7 +281,8 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
                    should_stop: Optional[Callable[[], bool]] = None,
                    time_limit_s: Optional[float] = None,
                    context: Optional[RunContext] = None,
-                   live: Optional[RunObserver] = None) -> list[RunResult]:
+                   live: Optional[RunObserver] = None,
+                   model: Optional[str] = None) -> list[RunResult]:
     """Run ``runs`` = [(strategy name, params dict or params object)] on one prompt.
 
     ``context`` (generation settings, a drafting history) applies to every run, the
@@ -293,26 +295,19 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
     Strategies run one after the other (each timing stays honest), each warmed up
     right before its own timed run. ``on_progress(index, strategy, tokens_done)``
     is called as tokens commit; ``live`` (a :class:`RunObserver`) hears of each strategy.
+
+    ``model`` names the target in every result (``RunResult.model``, and the label: "Jacobi · NAME") when the
+    caller races the same plan on more than one model; each comparison keeps its own greedy reference.
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     if context is not None and context.generation is not None:
         context.generation.check_for(pair.target)
-    plan: list[tuple[Strategy, Any, bool]] = []
-    for name, values in runs:
-        strategy = get_strategy(name)
-        params = values if isinstance(values, strategy.params_cls) else strategy.parse(values)
-        plan.append((strategy, params, False))
-    if reference and not any(s.name == "greedy" for s, _, _ in plan):
-        greedy = get_strategy("greedy")
-        # the reference runs in the race's mode: fast (static cache; compiled on a CPU where it is switched on)
-        # when the strategies run fast, so "identical to greedy" and the speed-ups compare like with like
-        fast = any(getattr(params, "fast", False) for _, params, _ in plan)
-        plan.insert(0, (greedy, greedy.parse({"fast": True} if fast else {}), True))
+    plan = _plan(runs, reference)
 
     deadline = time.perf_counter() + time_limit_s if time_limit_s else None
     tokenizer = pair.target.tokenizer
     if live is not None:
-        live.plan([(s.name, s.label or s.name) for s, _, _ in plan], tokenizer)
+        live.plan([(s.name, lane_label(s.label or s.name, model)) for s, _, _ in plan], tokenizer)
     results: list[RunResult] = []
     for index, (strategy, params, is_ref) in enumerate(plan):
         hook = None
@@ -320,9 +315,9 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
             hook = HookTracer(on_tokens=(lambda n, i=index, s=strategy.name: on_progress(i, s, n))
                               if on_progress else None,
                               should_stop=should_stop, deadline=deadline, record=trace or live is not None)
-        rr = RunResult(strategy.name, strategy.label or strategy.name, shown_params(params, pair), [],
-                       0.0, 0, lossless=strategy.lossless and not getattr(params, "temperature", 0),
-                       reference=is_ref)
+        rr = RunResult(strategy.name, lane_label(strategy.label or strategy.name, model), shown_params(params, pair),
+                       [], 0.0, 0, lossless=strategy.lossless and not getattr(params, "temperature", 0),
+                       reference=is_ref, model=model)
         if warmup:   # 1. warm this strategy up (once per process), untimed
             if live is not None:
                 live.begin(rr, None, warming=True)
@@ -349,6 +344,41 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
         if r.matches_greedy is False:
             _explain_divergence(r, results, prompt_ids, pair, max_new_tokens, context)
     return results
+
+
+def _plan(runs: Sequence[tuple[str, Any]], reference: bool) -> list[tuple[Strategy, Any, bool]]:
+    """(strategy, parsed params, is the added reference) in running order; raises ValueError on a bad one."""
+    plan: list[tuple[Strategy, Any, bool]] = []
+    for name, values in runs:
+        strategy = get_strategy(name)
+        params = values if isinstance(values, strategy.params_cls) else strategy.parse(values)
+        plan.append((strategy, params, False))
+    if reference and not any(s.name == "greedy" for s, _, _ in plan):
+        greedy = get_strategy("greedy")
+        # the reference runs in the race's mode: fast (static cache; compiled on a CPU where it is switched on)
+        # when the strategies run fast, so "identical to greedy" and the speed-ups compare like with like
+        fast = any(getattr(params, "fast", False) for _, params, _ in plan)
+        plan.insert(0, (greedy, greedy.parse({"fast": True} if fast else {}), True))
+    return plan
+
+
+def planned_lanes(runs: Sequence[tuple[str, Any]], model: Optional[str] = None,
+                  reference: bool = True) -> list[tuple[str, str]]:
+    """The (strategy, label) pairs ``run_comparison(runs, model=model)`` will run, in order (the live race
+    shows a second model's lanes as waiting while the first model runs)."""
+    return [(s.name, lane_label(s.label or s.name, model)) for s, _, _ in _plan(runs, reference)]
+
+
+MODEL_IN_LABEL = 60    # characters of a model's name a result's label shows (a trace's label holds at most 128)
+
+
+def lane_label(label: str, model: Optional[str]) -> str:
+    """A result's label: the strategy's, and the model's name after it when a comparison races two models
+    (a Hub id shows its name without the organisation; a long name is cut)."""
+    if not model:
+        return label
+    name = model.rsplit("/", 1)[-1]
+    return f"{label} · {name if len(name) <= MODEL_IN_LABEL else name[:MODEL_IN_LABEL - 1] + '…'}"
 
 
 def shown_params(params: Any, pair: ModelPair) -> dict:
@@ -447,6 +477,7 @@ def summarize(results: Sequence[RunResult]) -> list[dict]:
     rows = []
     for r in results:
         rows.append({
+            **({"model": r.model} if any(x.model for x in results) else {}),
             "strategy": r.strategy + (" (reference)" if r.reference else ""),
             "tokens": len(r.token_ids), "seconds": round(r.wall_s, 3),
             "tok/s": round(r.tokens_per_s, 2),

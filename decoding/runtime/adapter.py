@@ -35,6 +35,8 @@ def read_adapter(path: Path | str) -> tuple[dict[str, tuple[torch.Tensor, torch.
         pairs[name] = (ab[SUFFIX_A], ab[SUFFIX_B])
     if "scale" not in meta:
         raise ValueError(f"adapter {path}: no 'scale' in its metadata")
+    if not pairs:                   # merging it would change nothing: a preset that silently is its base
+        raise ValueError(f"adapter {path}: holds no layer's factors")
     return pairs, meta
 
 

@@ -78,14 +78,35 @@ class ModelPreset:
     base: Optional[str] = None       # another preset whose weights this one starts from (same files, same cache)
     adapter: Optional[str] = None    # a LoRA file under presets/, merged into those weights at load time
     weights: str = "full"            # "fp16": the linear layers read float16 weights (CPU; see WEIGHTS)
+    trained_for: Optional[str] = None   # the strategy its adapter was trained to speed up ("jacobi": consistency
+                                        # training); the page offers a race of it against its base
+    trained_params: Optional[dict] = None   # that strategy's parameters it was trained for ({block_size: 8}),
+                                            # which the race sets on both models
+
+
+EXTRA_PRESETS = "DECODING_PLAYGROUND_PRESETS"    # an operator's own presets file, read after presets/models.yaml
 
 
 def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
+    """The presets of ``path`` (default: ``presets/models.yaml``, then the operator's file named by the
+    environment variable ``DECODING_PLAYGROUND_PRESETS``, whose entries add to or replace the bundled ones and
+    whose ``adapter`` paths are relative to that file)."""
     with open(path or PRESETS_DIR / "models.yaml", encoding="utf-8") as fh:
         data = yaml.safe_load(fh)
+    models = dict(data.get("models") or {})
+    extra = os.environ.get(EXTRA_PRESETS, "").strip() if path is None else ""
+    if extra:
+        try:
+            with open(extra, encoding="utf-8") as fh:
+                more = (yaml.safe_load(fh) or {}).get("models") or {}
+        except (OSError, yaml.YAMLError, AttributeError) as exc:
+            raise ValueError(f"{EXTRA_PRESETS}={extra}: not a readable presets file ({exc})") from None
+        for entry in more.values():
+            if isinstance(entry, dict) and entry.get("adapter"):
+                entry["adapter"] = str((Path(extra).resolve().parent / entry["adapter"]))
+        models.update(more)
     known = {f.name for f in dataclasses.fields(ModelPreset)}
     presets = {}
-    models = data.get("models") or {}
     for name, entry in models.items():
         if entry.get("base"):           # inherits where the weights come from; says the rest itself
             inherited = {k: models[entry["base"]].get(k) for k in ("hub_id", "bundled", "network", "chat", "task")}
