@@ -100,7 +100,8 @@ STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
 
 # The run's inputs by name: /run takes them in this order (its API order, which scripts and tests send by
 # position), each strategy parameter as "strategy.field" (registry order) and each generation setting as
-# "generation.field" after these, then RUN_LATER. The sweep takes SWEEP_INPUTS. Handlers read every value by its name.
+# "generation.field" after these, then RUN_LATER. The sweep takes SWEEP_INPUTS. Handlers read every value by its
+# name.
 RUN_FIELDS = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens", "seed")
 RUN_LATER = ("versus",)      # inputs added later go last, so every earlier one keeps its place in /run
 SWEEP_INPUTS = ("model", "assistant", "prompt", "chat", "max_new_tokens", "seed", "sweep_strategy", "sweep_spec")
@@ -394,8 +395,8 @@ def model_races(presets: dict) -> list[ModelRace]:
     for name, p in presets.items():
         if p.trained_for not in reg or p.base not in presets or not (runs_here(p) and runs_here(presets[p.base])):
             continue
-        params = dict(p.trained_params or {})
         try:
+            params = dict(p.trained_params or {})
             reg[p.trained_for].parse(params)
         except (ValueError, TypeError) as exc:     # a preset's mistake: no button, and the log says why
             print(f"preset {name}: trained_params for {p.trained_for} ignored ({exc}); no race example")
@@ -410,8 +411,8 @@ CLICK_RUN = "() => { document.querySelector('#run').click(); }"
 
 def _wire_model_race(race: ModelRace, button: Any, inputs: Inputs) -> None:
     """The example button: the form set to the race (its two models, its one strategy and the parameters the
-    trained model was trained for), then a click on Run,
-    so the race is the request a visitor's Run sends (same checks, line, recording, views and autoplay)."""
+    trained model was trained for), then a click on Run, so the race is the request a visitor's Run sends (same
+    checks, line, recording, views and autoplay)."""
     fields = ("model", "versus", "assistant", "strategies", *(param_input(race.strategy, f) for f, _ in race.params))
     values = (race.model, race.versus, "none", [race.strategy], *(v for _, v in race.params))
     button.click(lambda: values, None, inputs.list(fields), queue=False,

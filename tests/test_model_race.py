@@ -175,7 +175,8 @@ def test_a_trained_preset_with_parameters_its_strategy_refuses_gets_no_example(t
     import app
     path = tmp_path / "models.yaml"
     path.write_text(f"models:\n  bad:\n    base: {BASE}\n    trained_for: jacobi\n    trained_params: "
-                    f"{{block_size: 999}}\n  unknown:\n    base: {BASE}\n    trained_for: no-such-strategy\n",
+                    f"{{block_size: 999}}\n  unknown:\n    base: {BASE}\n    trained_for: no-such-strategy\n"
+                    f"  listed:\n    base: {BASE}\n    trained_for: jacobi\n    trained_params: [1, 2]\n",
                     encoding="utf-8")
     monkeypatch.setenv(EXTRA_PRESETS, str(path))
     assert app.model_races(load_presets()) == []
