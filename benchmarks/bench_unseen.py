@@ -7,6 +7,8 @@
                                       # the fixed node budget against the one from the measured forward costs
     python benchmarks/bench_unseen.py --target smollm2-135m-instruct-fp16w --baseline smollm2-135m-instruct
                                       # the float16-weight model against its own greedy, and against float32's
+    python benchmarks/bench_unseen.py --device cuda --dtype float32 --fast --strategy prompt_lookup \
+        --strategy lookahead          # a GPU's fast path: every method and greedy itself with fast=true
 
 Greedy and every (head, variant) run interleaved on each prompt after a warm-up, ``--repeats`` times, untraced;
 speedup = greedy's median wall time / the method's (same tokens, so the same token count). Prints one line
@@ -15,7 +17,10 @@ target forward, the verified nodes per step and how many outputs equal greedy's.
 and the JSON. A variant with ``budget=measured`` times the target's forward-cost curve in the warm-up.
 ``--baseline`` times a second model's greedy in the same interleaving (e.g. the float32 model beside its
 float16-weight preset) and adds every method's speedup against it ("vs baseline"); equality is always
-checked against the target's own greedy.
+checked against the target's own greedy. ``--strategy NAME[:KEY=V,...]`` adds other strategies (prompt lookup,
+lookahead) as methods; ``--fast`` runs greedy and every method on the fast path (``fast=true``: static cache
+and CUDA graphs on a GPU, the compiled forward where a CPU has it switched on), so the speed-ups are against
+our fast greedy. ``--device``/``--dtype`` as for the CLI; on a GPU the output names the card.
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--baseline", default=None, help="another model whose greedy is timed too (speedups vs it)")
+    p.add_argument("--strategy", action="append", default=[], metavar="NAME[:KEY=V,...]",
+                   help="another strategy timed as a method (e.g. prompt_lookup, lookahead)")
+    p.add_argument("--fast", action="store_true", help="greedy and every method with fast=true (the fast path)")
+    p.add_argument("--device", default=None, help="cpu, cuda or auto (default)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, ... (default: the device's)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -83,18 +93,25 @@ def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    machine = f"{cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    print(f"CPU: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    target = load_model(args.target)
+    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    gpu = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None
+    machine = (f"{gpu} (GPU, {str(target.dtype).replace('torch.', '')}), host {cpu_label()}" if gpu else
+               f"{cpu_label()}, {torch.get_num_threads()} threads") + f", torch {torch.__version__}"
+    print(f"machine: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
     prompts = load_prompt_set(args.prompts, args.category, args.per_category)
     greedy, prophet = get_strategy("greedy"), get_strategy("prophet")
     heads = dict(h.split(":", 1) for h in args.head or [f"shipped:{shipped_head(target)}"])
     pairs = {name: ModelPair(target, None, prophet=load_prophet(Path(path), target)) for name, path in heads.items()}
-    variants = {name: prophet.parse(v) for name, v in _variants(args.variant).items()}
+    fast = {"fast": True} if args.fast else {}
+    variants = {name: prophet.parse({**fast, **v}) for name, v in _variants(args.variant).items()}
     def name(h: str, v: str) -> str:
         return f"{h}/{v}" if len(pairs) > 1 and len(variants) > 1 else h if len(pairs) > 1 else v
     methods = {name(h, v): (prophet, pairs[h], params) for h in pairs for v, params in variants.items()}
-    g_params, g_pair = greedy.parse({}), ModelPair(target)
+    g_params, g_pair = greedy.parse(fast), ModelPair(target)
+    for spec in args.strategy:          # other strategies, on the target alone
+        sname, _, rest = spec.partition(":")
+        other = get_strategy(sname)
+        methods[sname] = (other, g_pair, other.parse({**fast, **_variants([f"x:{rest}"])["x"]}))
     if args.baseline:   # timed like a method; "greedy (TARGET)" below is the target's own greedy against it
         methods[f"greedy ({args.target})"] = (greedy, g_pair, g_params)
         b_pair = ModelPair(load_model(args.baseline))
@@ -140,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
                                               f"{'' if v['equal'] else ' (DIFFERS)'}" for m, v in row["methods"].items()),
               flush=True)
     summary = summarize(rows, list(methods))
-    print(f"\nCPU: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
+    print(f"\nmachine: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
           f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
     print("| category | method | median speedup vs greedy | geomean | range | tokens / target forward "
           "| nodes / step | = greedy |" + (" median vs baseline |" if args.baseline else ""))
@@ -149,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {s['category']} ({s['prompts']}) | {s['method']} | {s['median']:.3f} | {s['geomean']:.3f} | "
               f"{s['min']:.2f}-{s['max']:.2f} | {s['tokens_per_forward']:.3f} | {s['nodes_per_step']:.1f} | "
               f"{s['equal']}/{s['prompts']} |" + (f" {s['median_vs_baseline']:.3f} |" if args.baseline else ""))
-    doc = {"machine": machine, "target": args.target, "baseline": args.baseline,
+    doc = {"machine": machine, "target": args.target, "baseline": args.baseline, "fast": args.fast,
+           "strategies": args.strategy, "device": str(target.device), "dtype": str(target.dtype),
            "prompts_file": str(args.prompts), "heads": heads,
            "variants": {k: dict(v) for k, v in _variants(args.variant).items()}, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "rows": rows, "summary": summary}

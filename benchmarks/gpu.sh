@@ -19,6 +19,11 @@
 #           them, then TRAIN_MINUTES of LoRA training (BATCH answers a step); the adapter, its logs and the
 #           held-out prompts (cllm-heldout.yaml) to $OUTDIR. Measured back on the CPU:
 #           benchmarks/bench_consistency.py (docs/consistency-training.md)
+#   unseen  issue 37 item 2: on presets/bench_unseen.yaml (prompts the project did not write), the prophet's
+#           tree variants (VARIANTS) and prompt lookup and lookahead, every one and greedy itself on the fast
+#           path (fast=true: static cache and CUDA graphs), in float32 (token-identical to greedy; DTYPES="float32
+#           bfloat16" adds bf16); REPEATS interleaved repeats. The speed-ups are against our fast greedy. About
+#           36 prompts x 8 runs x REPEATS of 64 tokens: a few minutes per dtype (an estimate, not yet measured)
 #   mix     issue 26: the mixed data (self-written, grounded, code/math/translation and template prompts, held
 #           out by source) made by WORKERS generate processes at once, then the heads named in HEADS (default
 #           "A") trained at once on it: A the shipped head continued (fresh 8k draft vocabulary), D the same
@@ -205,5 +210,17 @@ cllm() {
     mv $f.clean $f
   done
   cp $out/summary.json "$OUTDIR/cllm-summary.json"
+}
+unseen() {
+  local DEVICE=${DEVICE:-cuda} dt v variants=()
+  for v in ${VARIANTS:-defaults: n16:tree_nodes=16 n32:tree_nodes=32 n64:tree_nodes=64 chain:tree=false}; do
+    variants+=(--variant "$v")
+  done
+  for dt in ${DTYPES:-float32}; do
+    "$PY" benchmarks/bench_unseen.py --device $DEVICE --dtype $dt --fast "${variants[@]}" \
+        --strategy prompt_lookup --strategy lookahead --repeats ${REPEATS:-2} --threads ${THREADS:-8} \
+        ${UNSEEN_ARGS:-} --json "$OUTDIR/unseen-gpu-$dt.json" 2>&1 | grep -v "Loading weights" \
+        | tee "$OUTDIR/unseen-gpu-$dt.txt"
+  done
 }
 for step in "$@"; do echo "== $step"; $step; done

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for p in (ROOT / "benchmarks").glob("*.py")
@@ -105,3 +106,30 @@ def test_the_kv_cache_benchmark_times_both_caches_and_compares_their_logits(monk
     s = session_mod.Session(lm)
     s.prefill([5, 6, 7])
     assert all(isinstance(layer, GrowingLayer) for layer in s.cache.layers)
+
+
+def test_the_unseen_benchmark_runs_every_method_and_greedy_on_the_fast_path_when_asked(monkeypatch, tmp_path):
+    """``gpu.sh unseen`` measures the prophet, prompt lookup and lookahead on the fast path against fast greedy:
+    every timed run (greedy included) must get fast=true, and the extra strategies their parameters."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_unseen
+    from decoding.harness import runner
+    seen = []
+
+    def spy(strategy, params, ids, pair, **kw):
+        seen.append((strategy.name, params.fast, getattr(params, "window", None)))
+        return runner.run_one(strategy, params, ids, pair, **kw)
+    monkeypatch.setattr(bench_unseen, "run_one", spy)
+    threads = torch.get_num_threads()
+    try:
+        doc = bench_unseen.main(["--fast", "--strategy", "prompt_lookup", "--strategy", "lookahead:window=3",
+                                 "--category", "humaneval:0", "--max-new-tokens", "4", "--repeats", "1",
+                                 "--threads", "1", "--json", str(tmp_path / "u.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert {name for name, _, _ in seen} == {"greedy", "prophet", "prompt_lookup", "lookahead"}
+    assert all(fast for _, fast, _ in seen)
+    assert {w for name, _, w in seen if name == "lookahead"} == {3}
+    assert doc["fast"] is True and [s["method"] for s in doc["summary"]][:3] == ["defaults", "prompt_lookup",
+                                                                                 "lookahead"]
+    assert all(row["methods"][m]["equal"] for row in doc["rows"] for m in row["methods"])
