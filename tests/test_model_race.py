@@ -241,3 +241,22 @@ def test_the_cli_races_two_models_and_refuses_the_target_as_its_own_rival(test_p
         ("greedy", BASE, True), ("jacobi", BASE, True), ("greedy", PRESET, True), ("jacobi", PRESET, True)]
     assert cli.main(["run", "--prompt", "x", "--versus", BASE, "--quiet"]) == 2
     assert "--versus 'smollm2-135m-instruct' is the target already" in capsys.readouterr().err
+
+
+def test_the_inspector_tells_the_two_models_drafting_runs_apart():
+    """Both models' speculative runs are offered by lane (strategy · model), and each lane shows its own run."""
+    from visualize.page import drafted, inspector_view, lane, step_figures
+    a, b = tiny_causal("llama", seed=0), tiny_causal("llama", seed=3)
+    prep = [service.Prepared(ModelPair(lm, lm), prompt(8, 1), 12, 0, name, "") for lm, name in ((a, "m-a"), (b, "m-b"))]
+    results = list(service.stream_comparison(prep[0], [("speculative", {})], stop=threading.Event(),
+                                             rivals=prep[1:], poll_s=0.01))[-1][1]
+    doc = {"results": [r.to_dict() for r in results]}
+    assert drafted(doc) == ["speculative · m-a", "speculative · m-b"]
+    assert lane({"strategy": "speculative"}) == "speculative"             # one model: the strategy, as before
+    shown = {}
+    for name, row in zip(drafted(doc), doc["results"][1::2]):
+        shown[name] = inspector_view(doc, name, 3)
+        assert shown[name] is not None and shown[name] == inspector_view({"results": [row]}, lane(row), 3)
+        assert step_figures(doc, None, name)["tree"] == step_figures({"results": [row]}, None, lane(row))["tree"]
+    assert shown["speculative · m-a"] != shown["speculative · m-b"]     # two models: two different runs shown
+    assert inspector_view(doc, "speculative", 3) is None                  # a bare strategy names no lane here

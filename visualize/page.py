@@ -112,10 +112,15 @@ def _drafts(r: dict, i: int, seen: Survey) -> bool:
     return (seen.may(i, "StepTiming") or bool((r.get("stats") or {}).get("accepted_lengths"))) and has_drafts(r)
 
 
+def lane(result: dict) -> str:
+    """A result's name in the inspector's picker: its strategy, and its model in a race of two models."""
+    return f"{result['strategy']} · {result['model']}" if result.get("model") else str(result["strategy"])
+
+
 def drafted(doc: Optional[dict], seen: Optional[Survey] = None) -> list[str]:
-    """Strategies with drafts to inspect (p/q inspector, draft tree), in column order."""
+    """Results with drafts to inspect (p/q inspector, draft tree), in column order, by :func:`lane`."""
     seen = seen or survey(doc)
-    return [r["strategy"] for i, r in enumerate((doc or {}).get("results", []))
+    return [lane(r) for i, r in enumerate((doc or {}).get("results", []))
             if _drafts(r, i, seen) or (seen.may(i, "Distribution") and inspectable_positions(r))
             or (seen.may(i, "DraftTree", "DraftProposed") and draft_steps(r))]
 
@@ -199,7 +204,7 @@ def step_figures(doc: Optional[dict], step: Optional[int], strategy: Any = None,
     seen = seen or survey(doc)
     names = drafted(doc, seen)
     chosen = strategy if strategy in names else (names[0] if names else None)
-    tree_of = _first(doc, lambda r: r["strategy"] == chosen) if chosen else None
+    tree_of = _first(doc, lambda r: lane(r) == chosen) if chosen else None
     la = _first(doc, has_steps, "LookaheadStep", seen=seen)
     bm, sm = _first(doc, has_beams, "BeamStep", seen=seen), _first(doc, has_filters, "SamplingFilter", seen=seen)
     return {
@@ -213,8 +218,8 @@ def step_figures(doc: Optional[dict], step: Optional[int], strategy: Any = None,
 
 
 def inspector_view(doc: Optional[dict], strategy: Any, position: Any) -> Optional[Any]:
-    """p_target vs q_draft at the verified position nearest ``position`` of ``strategy``."""
-    result = _first(doc, lambda r: r["strategy"] == strategy)
+    """p_target vs q_draft at the verified position nearest ``position`` of ``strategy`` (a :func:`lane`)."""
+    result = _first(doc, lambda r: lane(r) == strategy)
     positions = inspectable_positions(result) if result else []
     if not positions:
         return placeholder("No verified position recorded for this strategy") if result else None
