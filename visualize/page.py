@@ -81,14 +81,15 @@ def survey(doc: Optional[dict]) -> Survey:
 
 def _every(doc: Optional[dict], test: Callable[[dict], bool], *types: str, seen: Optional[Survey] = None,
            limit: int) -> list[dict]:
-    """The first ``limit`` results that pass ``test`` (results holding none of ``types`` skipped unread)."""
+    """The first ``limit`` results that pass ``test``; with ``types`` (the events ``test`` looks for), results
+    holding none of them are skipped unread."""
     results = (doc or {}).get("results", [])
-    seen = seen if seen is not None else survey(doc)
+    seen = seen if seen is not None or not types else survey(doc)
     found: list[dict] = []
     for i, r in enumerate(results):
         if len(found) == limit:
             break
-        if seen.may(i, *types) and test(r):
+        if (not types or seen.may(i, *types)) and test(r):
             found.append(r)
     return found
 
@@ -97,9 +98,8 @@ def _first(doc: Optional[dict], test: Callable[[dict], bool], *types: str,
            seen: Optional[Survey] = None) -> Optional[dict]:
     """The first result that passes ``test``; with ``types`` (the events ``test`` looks for), results holding
     none of them are skipped unread."""
-    results = (doc or {}).get("results", [])
-    seen = seen if seen is not None or not types else survey(doc)
-    return next((r for i, r in enumerate(results) if (not types or seen.may(i, *types)) and test(r)), None)
+    found = _every(doc, test, *types, seen=seen, limit=1)
+    return found[0] if found else None
 
 
 def top_step(doc: Optional[dict], seen: Optional[Survey] = None) -> int:

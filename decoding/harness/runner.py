@@ -303,11 +303,12 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
     if context is not None and context.generation is not None:
         context.generation.check_for(pair.target)
     plan = _plan(runs, reference)
+    lanes = _lanes(plan, model)
 
     deadline = time.perf_counter() + time_limit_s if time_limit_s else None
     tokenizer = pair.target.tokenizer
     if live is not None:
-        live.plan([(s.name, lane_label(s.label or s.name, model)) for s, _, _ in plan], tokenizer)
+        live.plan(lanes, tokenizer)
     results: list[RunResult] = []
     for index, (strategy, params, is_ref) in enumerate(plan):
         hook = None
@@ -315,9 +316,9 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
             hook = HookTracer(on_tokens=(lambda n, i=index, s=strategy.name: on_progress(i, s, n))
                               if on_progress else None,
                               should_stop=should_stop, deadline=deadline, record=trace or live is not None)
-        rr = RunResult(strategy.name, lane_label(strategy.label or strategy.name, model), shown_params(params, pair),
-                       [], 0.0, 0, lossless=strategy.lossless and not getattr(params, "temperature", 0),
-                       reference=is_ref, model=model)
+        rr = RunResult(strategy.name, lanes[index][1], shown_params(params, pair), [], 0.0, 0,
+                       lossless=strategy.lossless and not getattr(params, "temperature", 0), reference=is_ref,
+                       model=model)
         if warmup:   # 1. warm this strategy up (once per process), untimed
             if live is not None:
                 live.begin(rr, None, warming=True)
@@ -366,7 +367,12 @@ def planned_lanes(runs: Sequence[tuple[str, Any]], model: Optional[str] = None,
                   reference: bool = True) -> list[tuple[str, str]]:
     """The (strategy, label) pairs ``run_comparison(runs, model=model)`` will run, in order (the live race
     shows a second model's lanes as waiting while the first model runs)."""
-    return [(s.name, lane_label(s.label or s.name, model)) for s, _, _ in _plan(runs, reference)]
+    return _lanes(_plan(runs, reference), model)
+
+
+def _lanes(plan: list[tuple[Strategy, Any, bool]], model: Optional[str]) -> list[tuple[str, str]]:
+    """(strategy name, result label) of each entry of ``plan``."""
+    return [(s.name, lane_label(s.label or s.name, model)) for s, _, _ in plan]
 
 
 MODEL_IN_LABEL = 60    # characters of a model's name a result's label shows (a trace's label holds at most 128)
