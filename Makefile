@@ -49,8 +49,13 @@ compiler:
 	  || echo "no g++: the CPU forward stays eager"; }
 
 TEST_WORKERS ?= 2
+# The kernel-sensitive tests (tests/conftest.py KERNEL_FILES) run a second time with the CPU's wider instructions
+# turned off in PyTorch, oneDNN and MKL, so an AVX-512/AMX machine shows what an AVX2-only CPU computes.
+AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 test: setup browser compiler
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	HF_HUB_OFFLINE=1 $(AVX2_CAPS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m kernels \
+	    -o cache_dir=build/pytest-avx2
 
 # Retake the README's screenshots (and docs/screenshots/timings.json) from the real app in headless chromium;
 # `make test` writes its copies under build/screenshots, so a test run leaves the checkout clean.

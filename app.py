@@ -39,6 +39,7 @@ from web.playground import PlaygroundApp
 from web.compute import record_examples
 from web.handlers import export_race as export_animation, open_shared   # issue 40: share links, exports
 from web.share import QUERY, share_views
+from web.startup import Startup, routes_file
 from web.handlers import (
     admit,
     advance,
@@ -66,9 +67,6 @@ from web.service import (
     DEFAULT_SETTINGS,
     Settings,
     SWEEP_DEFAULTS,
-    chosen_compiled,
-    chosen_strategies,
-    chosen_target,
     build_plan,  # noqa: F401  (the tests reach it as app.build_plan)
     check_model_name,  # noqa: F401  (the tests reach it as app.check_model_name)
     field_kind,
@@ -454,10 +452,11 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                 versus = gr.Dropdown(["none"] + target_choices(presets), value="none", allow_custom_value=True,
                                      label="Versus: the same strategies on a second model (each against its own "
                                            "greedy)", elem_id="versus")
-                if settings.target_note:      # why this target is the default here (measured at start)
-                    gr.Markdown(html.escape(settings.target_note), elem_id="target-note", elem_classes=["dp-help"])
-                if settings.compiled_note:    # whether its forward runs compiled here, or why not
-                    gr.Markdown(html.escape(settings.compiled_note), elem_id="compiled-note", elem_classes=["dp-help"])
+                # why this target and mode are the default here (measured at start), or that the start still measures
+                target_note = gr.Markdown(html.escape(settings.target_note), elem_id="target-note",
+                                          elem_classes=["dp-help"], visible=bool(settings.target_note))
+                compiled_note = gr.Markdown(html.escape(settings.compiled_note), elem_id="compiled-note",
+                                            elem_classes=["dp-help"], visible=bool(settings.compiled_note))
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
                     seed = gr.Number(value=0, step=1, label="Seed", min_width=80)
@@ -466,10 +465,9 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
                                       value=[n for n in settings.strategies if n in reg],
                                       label="Strategies (greedy is always run as the reference)")
-        if settings.strategies_note:     # default strategies left out on this machine, and why (its measured curve)
-            gr.Markdown("Not ticked by default here (each stays one click away):\n\n" + "\n".join(
-                f"- {html.escape(line)}" for line in settings.strategies_note.splitlines()),
-                elem_id="strategies-note", elem_classes=["dp-help"])
+        # default strategies left out on this machine, and why (its measured curve)
+        strategies_note = gr.Markdown(_strategies_note(settings), elem_id="strategies-note", elem_classes=["dp-help"],
+                                      visible=bool(settings.strategies_note))
         races = model_races(presets)
         if races:          # one click: a trained model against its base, on the strategy it was trained for
             with gr.Row(elem_id="model-races"):
@@ -504,11 +502,69 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         for race in races:
             _wire_model_race(race, race_btns[(race.model, race.versus)], inputs)
         _wire_share(ui, demo, state)
+        _wire_start(demo, state, settings, dict(model=model, assistant=assistant, strategies=strategies,
+                                                target_note=target_note, compiled_note=compiled_note,
+                                                strategies_note=strategies_note),
+                    {s: c for (s, f), c in inputs_fast(inputs).items()})
     demo.playground = state
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (the app's line) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
     return demo
+
+
+def _strategies_note(settings: Settings) -> str:
+    if not settings.strategies_note:
+        return ""
+    return "Not ticked by default here (each stays one click away):\n\n" + "\n".join(
+        f"- {html.escape(line)}" for line in settings.strategies_note.splitlines())
+
+
+def inputs_fast(inputs: Inputs) -> dict:
+    """The strategies' ``fast`` checkboxes: (strategy, "fast") -> component."""
+    return {(s, f): inputs[param_input(s, f)] for s, f in param_fields() if f == "fast"
+            and param_input(s, f) in inputs}
+
+
+def start_views(settings: Settings, built: Settings) -> dict:
+    """What a page built with ``built`` must change to show ``settings`` (the start's choices, made after the page
+    was built: web/startup.py): the default target and its assistant, the default strategies, ``fast`` where the
+    forward now runs compiled, and the notes. Nothing when nothing changed (a page that was built with them)."""
+    if settings == built:
+        return {}
+    target = settings.default_target()
+    views = {"target_note": gr.update(value=html.escape(settings.target_note), visible=bool(settings.target_note)),
+             "compiled_note": gr.update(value=html.escape(settings.compiled_note),
+                                        visible=bool(settings.compiled_note)),
+             "strategies_note": gr.update(value=_strategies_note(settings), visible=bool(settings.strategies_note))}
+    if (target, settings.strategies, settings.compiled) != (built.default_target(), built.strategies, built.compiled):
+        views.update(model=target, assistant=PROPHET if has_prophet(target) else "none",
+                     strategies=[n for n in settings.strategies if n in registry()])
+        views.update({("fast", s): ui_default(s, "fast", settings) for s, f in param_fields() if f == "fast"})
+    return views
+
+
+def _wire_start(demo: gr.Blocks, state: PlaygroundApp, built: Settings, views: dict, fast: dict) -> None:
+    """A page opened after the start's choices were made shows them (``start_views``); one opened before them
+    has its notes updated by a timer until the start is done (its form is the visitor's by then)."""
+    components = {**views, **{("fast", s): c for s, c in fast.items()}}
+    names = list(components)
+
+    def _load():
+        got = start_views(state.settings, built)
+        return [got.get(name, gr.skip()) for name in names]
+
+    notes = [n for n in names if isinstance(n, str) and n.endswith("_note")]
+    ticker = gr.Timer(3.0, active=state.startup is not None and not state.startup.done.is_set())
+
+    def _tick():
+        got = start_views(state.settings, built)
+        done = state.startup is None or state.startup.done.is_set()
+        return [got.get(name, gr.skip()) for name in notes] + [gr.Timer(active=not done)]
+
+    light = dict(queue=False, show_progress="hidden", api_visibility="private")
+    demo.load(_load, None, [components[n] for n in names], **light)
+    ticker.tick(_tick, None, [components[n] for n in notes] + [ticker], **light)
 
 
 def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: tuple, c: dict,
@@ -690,23 +746,15 @@ def main() -> None:
         except ValueError as exc:
             ap.error(str(exc))
         settings = dataclasses.replace(settings, target=args.target)
-    else:
-        settings = chosen_target(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
-        print(f"[app] {settings.target_note}", flush=True)
-    if not args.no_compile:
-        # the compiled CPU forward, ahead of visitors (before the curve below, which then times compiled forwards)
-        settings = chosen_compiled(settings, progress=lambda msg: print(f"[app] {msg}", flush=True))
-        print(f"[app] {settings.compiled_note}", flush=True)
-    # the default comparison: the strategies that pay on this machine's measured forward cost (before the
-    # example prompts are recorded: they record the default comparison)
-    settings = chosen_strategies(settings)
-    for line in settings.strategies_note.splitlines():
-        print(f"[app] not ticked by default here: {line}", flush=True)
     host, port = server_address(args.host, args.port)
     state = PlaygroundApp.create(settings, None if args.recordings_dir == "none"
                                  else args.recordings_dir or recordings_dir())
-    threading.Thread(target=_warm_start, args=(state, not args.no_preload, not args.no_record_examples),
-                     name="warm-start", daemon=True).start()
+    # the page first; the start's choices (version x mode timed as the race runs them, the compiled forward, the
+    # default comparison) behind it, then the preload and the example recordings (web/startup.py)
+    log = lambda msg: print(f"[app] {msg}", flush=True)      # noqa: E731
+    state.startup = Startup(state, compile=not args.no_compile,
+                            pinned=args.target, file=routes_file(), log=log)
+    state.startup.start(then=lambda: _warm_start(state, not args.no_preload, not args.no_record_examples))
     build_demo(state=state).launch(server_name=host, server_port=port)
 
 

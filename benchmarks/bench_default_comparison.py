@@ -20,7 +20,7 @@ from decoding.runtime.head import prophet_for
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
-from decoding.runtime.routes import candidates
+from decoding.runtime.routes import versions
 from decoding.runtime.widths import machine_curve
 from web.service import DEFAULT_STRATEGIES
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"cpu": cpu_label(), "prompt": PROMPT, "versions": {}}
     print(f"CPU: {out['cpu']}; the default example, {args.max_new_tokens} tokens, medians of {args.repeats}")
     print(f"{'version':34s} {'per path':>9s}  " + "  ".join(f"{s:>26s}" for s in strategies))
-    for name in candidates(default_target(), presets):
+    for name in versions(default_target(), presets):
         lm = load_model(name)
         machine_curve(lm)                       # the first forwards of each width build their kernels
         lm.state.forward_cost.clear()

@@ -3,7 +3,7 @@
 
     python benchmarks/bench_routes.py [--repeats 3] [--json benchmarks/results/routes-cpu.json]
 
-Candidates are the default preset and its reduced-weight siblings that load here (``routes.candidates``:
+Candidates are the default preset and its reduced-weight siblings that load here (``routes.versions``:
 float16 weights on FBGEMM, bfloat16 weights on oneDNN/AMX), each exact against its own greedy. For each:
 
 1. forward cost by width T (the loop's own session and growing cache after a 128-token prefill, the cache
@@ -31,7 +31,7 @@ from decoding.harness.runner import run_comparison
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
-from decoding.runtime.routes import WIDTH, candidates, decide
+from decoding.runtime.routes import WIDTH, Config, decide, versions
 from decoding.runtime.session import Session
 
 WIDTHS = (1, 2, 4, 6, 9, 10, 13, 17, 25, 33)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     base = args.target or default_target()
-    names = candidates(base, load_presets())
+    names = versions(base, load_presets())
     models = {name: load_model(name) for name in names}
     plain = load_model(base, kernels="default")
     print(f"CPU: {cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}; candidates {names}")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
               + " | ".join(f"{r['speedup'][k]:.2f}x" for k, _ in RACE)
               + f" | {r['prophet_step_over_greedy_step']:.2f} | {all(r['equal_greedy'].values())} |")
     print(f"generate: {gen:.1f} tok/s")
-    chosen = decide({n: {1: c[1], WIDTH: c[WIDTH]} for n, c in costs.items()}, base)
+    chosen = decide({Config(n): {1: c[1], WIDTH: c[WIDTH]} for n, c in costs.items()}, Config(base)).label
     print(f"routes.choose would run {chosen} by default here")
     doc = {"cpu": cpu_label(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "forward_ms": costs, "greedy_tok_s": tps,

@@ -168,7 +168,17 @@ SLOW_FILES = ("test_compiled.py", "test_load.py", "test_prophet.py", "test_suffi
               "test_consistency.py")
 
 
+# What the kernel libraries compute differently by instruction set (bits by width or key length, which kernel
+# or version wins): `make test` runs these files a second time under AVX2_CAPS, so a developer on an AVX-512
+# or AMX machine sees what an AVX2-only CPU (an AMD EPYC Zen 3) does. `pytest -m kernels` selects them.
+KERNEL_FILES = ("test_bf16_weights.py", "test_fp16_weights.py", "test_gqa_attention.py", "test_kernels.py",
+                "test_kernel_choice.py", "test_routes.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in KERNEL_FILES:
+            item.add_marker(pytest.mark.kernels)
     if WORKERS > 1:                   # one process keeps the plain order
         rank = {name: i for i, name in enumerate(SLOW_FILES)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: a file's order is kept

@@ -22,7 +22,7 @@ from decoding.harness.bench import width_logits
 from decoding.harness.runner import run_comparison
 from decoding.runtime import kernels
 from decoding.runtime.attention import check_mask_support, tree_forward
-from decoding.runtime.gqa_attention import KEY_BLOCK, NAME, ROWS_NAME, layout_of, rows_sdpa_forward
+from decoding.runtime.gqa_attention import KEY_BLOCK, NAME, key_blocks_exact, ROWS_NAME, layout_of, rows_sdpa_forward
 from decoding.runtime.head import PROPHET_DIR, prophet_for, shipped_head
 from decoding.runtime.kvcache import GrowingLayer
 from decoding.runtime.models import ModelLoadError, bundled_file, load_model, load_presets, runs_here, wrap_model
@@ -42,10 +42,13 @@ def _bf16(lm):
     return wrap_model(lm.model, None, name=lm.name + "-bf16w", weights="bf16")
 
 
-def test_cpu_sdpa_gives_a_row_the_same_bits_for_every_key_length_past_its_block():
-    """What the row-exact attention rests on (a newer PyTorch that changed it would fail here first)."""
+def test_cpu_sdpa_gives_a_row_the_same_bits_at_every_key_block_past_its_visible_keys():
+    """What the row-exact attention rests on, measured here: where this CPU's SDPA keeps a row's bits at every
+    multiple of KEY_BLOCK past its visible keys, the probe says so; where it does not (a kernel library that
+    changed), the probe says so and the bfloat16-weight presets do not run. Never assumed from the CPU."""
     gen = torch.Generator().manual_seed(0)
     heads, kv, d = 6, 2, 32
+    holds = True
     for visible in (5, 16, 37, 130):
         total = visible + 300
         q = torch.randn(1, heads, 1, d, generator=gen)
@@ -58,8 +61,28 @@ def test_cpu_sdpa_gives_a_row_the_same_bits_for_every_key_length_past_its_block(
                                                   enable_gqa=True)
         first = -(-visible // KEY_BLOCK) * KEY_BLOCK
         ref = row(first)
-        for length in range(first, total, 7):
-            assert torch.equal(row(length), ref), (visible, length)
+        holds &= all(torch.equal(row(length), ref) for length in range(first, total, KEY_BLOCK))
+    assert key_blocks_exact() == holds
+    if not holds:
+        assert not runs_here(load_presets()[PRESET], "cpu")
+        pytest.skip("this CPU's SDPA changes a row's bits with the key length: no bfloat16-weight presets here")
+
+
+def test_a_key_length_probe_that_fails_keeps_the_bf16_presets_off(monkeypatch):
+    """A CPU whose attention breaks the property (simulated: one key length gives other bits) must not run the
+    bfloat16-weight presets, whatever its linears can do."""
+    from decoding.runtime import gqa_attention
+
+    def drifting(q, k, v, attn_mask=None, enable_gqa=False):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=enable_gqa)
+        return out + (1e-7 if k.shape[2] == 2 * KEY_BLOCK else 0.0)
+    assert gqa_attention._key_block_checks(F.scaled_dot_product_attention) in (True, False)
+    assert not gqa_attention._key_block_checks(drifting)
+    monkeypatch.setattr(gqa_attention, "_KEY_BLOCKS_OK", [False])
+    monkeypatch.setattr(kernels, "_BF16_OK", [True])
+    assert not runs_here(load_presets()[PRESET], "cpu")
+    monkeypatch.setattr(gqa_attention, "_KEY_BLOCKS_OK", [True])
+    assert runs_here(load_presets()[PRESET], "cpu")
 
 
 def test_row_exact_attention_reads_masked_headroom_without_copying_and_ignores_its_values():

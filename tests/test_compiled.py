@@ -167,18 +167,16 @@ def test_models_the_compiler_does_not_take_stay_eager_and_say_why():
         assert "float16" in compiled.why_not(llama)
 
 
-def test_without_a_compiler_the_app_serves_eagerly_and_says_so(monkeypatch):
-    from web.service import Settings, chosen_compiled, ui_default
+def test_without_a_compiler_the_model_runs_eagerly_and_says_why(monkeypatch):
+    from web.service import Settings, ui_default
+    from web.startup import compile_unpublished
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
     assert "C++ compiler" in compiled.compiler_missing()
     model = tiny_causal("llama", seed=3)
-    settings = dataclasses.replace(Settings(), target="tiny")
-    monkeypatch.setattr(Settings, "load", lambda self, name: model)
-    chosen = chosen_compiled(settings)
-    assert not chosen.compiled and "off" in chosen.compiled_note and "C++ compiler" in chosen.compiled_note
+    assert "C++ compiler" in compile_unpublished(model)
     assert compiled.engine(model) is None
     if not torch.cuda.is_available():
-        assert ui_default("greedy", "fast", chosen) is False
+        assert ui_default("greedy", "fast", Settings(compiled=False)) is False
     # the run itself still works, eagerly
     ids = prompt(6, 1)
     assert greedy(ids, ModelPair(model), GreedyParams(fast=True), max_new_tokens=6).token_ids == \
@@ -219,24 +217,6 @@ def test_the_bundled_model_gives_the_same_tokens_compiled_and_eager(bundled):
     assert runs[1].target_forwards < runs[0].target_forwards and runs[2].target_forwards < runs[0].target_forwards
     # every forward after each prefill ran compiled
     assert engine.calls - before == sum(run.target_forwards - 1 for run in runs)
-
-
-def test_where_the_compiler_runs_the_start_serves_a_version_that_compiles(tmp_path, monkeypatch):
-    from decoding.runtime import routes
-    from web import service
-    names = routes.candidates("smollm2-135m-instruct", service.load_presets())
-    half = [n for n in names if service.load_presets()[n].weights == "fp16"]
-    if not half or len(names) < 2:
-        pytest.skip("no float16-weight version runs on this machine")
-    table = {name: {1: 40.0, routes.WIDTH: 70.0} for name in names}
-    table[half[0]] = {1: 30.0, routes.WIDTH: 40.0}                       # cheapest eager, but cannot compile
-    monkeypatch.setattr(service, "clear_model_cache", lambda: None)
-    chosen = service.chosen_target(service.Settings(), measure=table.__getitem__, file=tmp_path / "a.json")
-    assert chosen.target != half[0] and service.load_presets()[chosen.target].weights != "fp16"
-    assert chosen.target_note.startswith(chosen.target) and "cannot be compiled" in chosen.target_note
-    monkeypatch.setattr(compiled, "compiler_missing", lambda: "no C++ compiler on this machine")
-    eager = service.chosen_target(service.Settings(), measure=table.__getitem__, file=tmp_path / "b.json")
-    assert eager.target == half[0]
 
 
 @pytest.mark.parametrize("weights", ["bf16", "packed"])

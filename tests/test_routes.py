@@ -12,7 +12,7 @@ import json
 
 from decoding.runtime import routes
 from decoding.runtime.models import ModelPreset
-from decoding.runtime.routes import WIDTH, candidates, choose, decide
+from decoding.runtime.routes import WIDTH, Config, candidates, choose, decide, versions
 
 BASE = "base"
 
@@ -25,40 +25,60 @@ def _presets(bf16_loads: bool = True) -> dict:
             "other": ModelPreset("other", "org/other")}
 
 
-def test_candidates_are_the_base_and_its_reduced_weight_siblings_that_load_here(monkeypatch):
+E, C = (lambda name: Config(name)), (lambda name: Config(name, True))
+
+
+def test_candidates_are_each_loadable_version_eager_and_where_it_compiles_compiled(monkeypatch):
     monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": preset.weights != "bf16")
-    assert candidates(BASE, _presets()) == [BASE, "base-fp16w"]          # no adapter preset, no other model
+    assert versions(BASE, _presets()) == [BASE, "base-fp16w"]          # no adapter preset, no other model
+    assert candidates(BASE, _presets()) == [E(BASE), E("base-fp16w")]
     monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
-    assert candidates(BASE, _presets()) == [BASE, "base-fp16w", "base-bf16w"]
-    assert candidates(BASE, _presets(), device="cuda") == [BASE]
-    assert candidates("unknown", _presets()) == ["unknown"]
+    assert candidates(BASE, _presets(), can_compile=True) == [
+        E(BASE), E("base-fp16w"), E("base-bf16w"), C(BASE), C("base-bf16w")]   # float16 linears do not compile
+    assert candidates(BASE, _presets(), device="cuda", can_compile=True) == [E(BASE)]
+    assert candidates("unknown", _presets()) == [E("unknown")]
+    assert Config.parse(C(BASE).key) == C(BASE) and Config.parse(E(BASE).key) == E(BASE)
 
 
 def test_the_cheapest_race_step_wins_and_the_wide_forward_counts():
-    costs = {BASE: {1: 39.0, WIDTH: 66.0}, "base-fp16w": {1: 36.0, WIDTH: 54.0}, "base-bf16w": {1: 41.0, WIDTH: 46.0}}
-    assert decide(costs, BASE) == "base-bf16w"          # dearer one-position forward, much cheaper wide one
-    costs["base-bf16w"] = {1: 41.0, WIDTH: 60.0}
-    assert decide(costs, BASE) == "base-fp16w"
-    near = {BASE: {1: 40.0, WIDTH: 60.0}, "base-fp16w": {1: 39.0, WIDTH: 58.0}}
-    assert decide(near, BASE) == BASE                   # 3 % cheaper: within the noise, the base stays
-    dear = {BASE: {1: 20.0, WIDTH: 25.0}, "base-bf16w": {1: 30.0, WIDTH: 31.0}}
-    assert decide(dear, BASE) == BASE
+    costs = {E(BASE): {1: 39.0, WIDTH: 66.0}, E("base-fp16w"): {1: 36.0, WIDTH: 54.0},
+             E("base-bf16w"): {1: 41.0, WIDTH: 46.0}}
+    assert decide(costs, E(BASE)) == E("base-bf16w")    # dearer one-position forward, much cheaper wide one
+    costs[E("base-bf16w")] = {1: 41.0, WIDTH: 60.0}
+    assert decide(costs, E(BASE)) == E("base-fp16w")
+    near = {E(BASE): {1: 40.0, WIDTH: 60.0}, E("base-fp16w"): {1: 39.0, WIDTH: 58.0}}
+    assert decide(near, E(BASE)) == E(BASE)             # 3 % cheaper: within the noise, the base stays
+    dear = {E(BASE): {1: 20.0, WIDTH: 25.0}, C(BASE): {1: 30.0, WIDTH: 31.0}}
+    assert decide(dear, E(BASE)) == E(BASE)             # compiled but dearer: eager serves
+
+
+def test_the_served_config_is_the_fastest_measured_whatever_its_mode(tmp_path, monkeypatch):
+    """Injected race steps: whichever config measures cheapest serves, eager or compiled, float32 or reduced
+    weights (a ranking by a bare forward, or "compiled always wins", fails one of these)."""
+    monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
+    for winner in (E("base-fp16w"), C(BASE), C("base-bf16w"), E(BASE)):
+        table = {c: {1: 80.0, WIDTH: 120.0} for c in candidates(BASE, _presets(), can_compile=True)}
+        table[winner] = {1: 40.0, WIDTH: 60.0}
+        got = choose(BASE, _presets(), measure=table.__getitem__, can_compile=True)
+        assert got.config == winner and got.target == winner.preset, winner
+        assert winner.label in got.reason and got.reason.index(winner.label) < got.reason.index(" 80 + 120")
 
 
 def test_the_decision_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
     timed = []
-    table = {BASE: {1: 39.0, WIDTH: 66.0}, "base-fp16w": {1: 37.0, WIDTH: 55.0}, "base-bf16w": {1: 41.0, WIDTH: 46.0}}
+    table = {E(BASE): {1: 39.0, WIDTH: 66.0}, E("base-fp16w"): {1: 37.0, WIDTH: 55.0},
+             E("base-bf16w"): {1: 41.0, WIDTH: 46.0}}
 
-    def measure(name: str) -> dict:
-        timed.append(name)
-        return table[name]
+    def measure(config: Config) -> dict:
+        timed.append(config)
+        return table[config]
     file = tmp_path / "routes.json"
     said = []
     first = choose(BASE, _presets(), measure=measure, file=file, progress=said.append)
     assert first.target == "base-bf16w" and first.source == "measured" and sorted(timed) == sorted(table)
     assert said and "base-bf16w" in first.reason and "46" in first.reason
-    assert json.loads(file.read_text())["entries"][0]["target"] == "base-bf16w"
+    assert json.loads(file.read_text())["entries"][0]["config"] == E("base-bf16w").key
     again = choose(BASE, _presets(), measure=measure, file=file)
     assert again.target == "base-bf16w" and again.source == "cache" and len(timed) == 3
     assert choose(BASE, _presets(), measure=measure, file=file, remeasure=True).source == "measured"
@@ -69,30 +89,43 @@ def test_the_decision_is_measured_once_per_machine_and_cached(tmp_path, monkeypa
     assert other.source == "measured" and other.target == "base-fp16w" and len(timed) == 8
 
 
+def test_a_cached_choice_is_not_reused_when_only_threads_or_torch_differ(tmp_path, monkeypatch):
+    """The cache key names the threads and the torch version: a decision timed on 2 threads, or under another
+    torch, is timed again (a key without them would serve the other machine's choice)."""
+    monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
+    file, timed = tmp_path / "routes.json", []
+    table = {E(BASE): {1: 39.0, WIDTH: 66.0}, E("base-fp16w"): {1: 20.0, WIDTH: 30.0},
+             E("base-bf16w"): {1: 41.0, WIDTH: 46.0}}
+
+    def measure(config: Config) -> dict:
+        timed.append(config)
+        return table[config]
+    assert choose(BASE, _presets(), measure=measure, file=file).source == "measured"
+    assert choose(BASE, _presets(), measure=measure, file=file).source == "cache"
+    monkeypatch.setattr(routes.torch, "get_num_threads", lambda: 97)
+    assert choose(BASE, _presets(), measure=measure, file=file).source == "measured"
+    monkeypatch.undo()
+    monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
+    monkeypatch.setattr(routes.torch, "__version__", "0.0.1-other")
+    assert choose(BASE, _presets(), measure=measure, file=file).source == "measured"
+    monkeypatch.setattr(routes, "cpu_fingerprint", lambda: "capped-at-avx2")
+    assert choose(BASE, _presets(), measure=measure, file=file).source == "measured"
+    assert len(timed) == 12
+
+
 def test_a_base_without_siblings_is_not_timed():
-    def measure(name: str) -> dict:
+    def measure(config: Config) -> dict:
         raise AssertionError("nothing to choose between")
     only = choose("other", _presets(), measure=measure)
-    assert only.target == "other" and only.source == "only-one" and "only version" in only.reason
+    assert only.target == "other" and only.source == "only-one" and "only way" in only.reason
 
 
-def test_the_app_starts_on_the_chosen_version_and_says_why(tmp_path, monkeypatch):
-    """``chosen_target`` (what ``app.main`` calls before building the page): the measured choice becomes the
-    page's default target, the default request's model and the note under the picker (escaped)."""
+def test_the_page_shows_the_chosen_version_and_says_why(tmp_path, monkeypatch):
+    """The note under the picker is escaped, and the picker shows the chosen target."""
     import app
-    from web import service
-    from web.service import Settings, chosen_target, default_request
-    names = routes.candidates("smollm2-135m-instruct", service.load_presets())
-    cheapest = names[-1]
-    table = {name: {1: 40.0, WIDTH: 70.0} for name in names}
-    table[cheapest] = {1: 40.0, WIDTH: 45.0}
-    cleared = []
-    monkeypatch.setattr(service, "clear_model_cache", lambda: cleared.append(True))
-    settings = chosen_target(Settings(), measure=table.__getitem__, file=tmp_path / "routes.json")
-    assert settings.target == cheapest and settings.default_target() == cheapest
-    assert (cleared == [True]) == (len(names) > 1)         # the candidates timed are not kept loaded
-    assert settings.target_note and (len(names) == 1 or "45" in settings.target_note)
-    assert default_request("Hi", settings).inputs.model == cheapest
+    from web.service import Settings, default_request
+    cheapest = "smollm2-135m-instruct-fp16w"
+    assert default_request("Hi", Settings(target=cheapest)).inputs.model == cheapest
     assert Settings().default_target() == "smollm2-135m-instruct"          # no choice made: the presets' default
     shown = Settings(target=cheapest, target_note="<b>AMX</b> & co")
     demo = app.build_demo(shown)

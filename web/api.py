@@ -69,6 +69,8 @@ def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_
     """A ``/race`` call as the request the page sends: the same checks (ValueError names the parameter), and for
     the same race the same request key, so a call and a page's Run share its computation and its recording.
     ``assistant`` None is the page's default: the target's prophet head when it ships one, else none."""
+    if target is None:                  # the version this machine serves (chosen at start: web/startup.py)
+        target = settings.default_target()
     target = check_model_name(target, "target", load_presets(), settings.allow_any_model)
     if assistant is None:
         assistant = PROPHET if has_prophet(target) else "none"
@@ -104,9 +106,7 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
     """The ``/race`` function of ``app``: its signature is the endpoint's (``gr.api`` reads the
     annotations themselves, the return type's unevaluated, so this module has no ``from __future__ import
     annotations``)."""
-    target_default = app.settings.default_target()
-
-    async def race(prompt: str, strategies: list[str], target: str = target_default,
+    async def race(prompt: str, strategies: list[str], target: Optional[str] = None,
                    assistant: Optional[str] = None, max_new_tokens: int = DEFAULT_MAX_NEW, seed: int = 0,
                    chat: bool = True, params: Optional[dict[str, dict[str, Any]]] = None,
                    versus: Optional[str] = None, request: gr.Request = None) -> dict[str, Any]:
@@ -117,7 +117,8 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
         Args:
             prompt: the prompt text.
             strategies: strategy names, e.g. ["greedy", "prophet", "prompt_lookup"] (greedy is added as the reference).
-            target: the target model's preset name.
+            target: the target model's preset name; default: the version of the default model this machine
+                serves (measured at start).
             assistant: a preset, "prophet" (the target's trained head) or "none"; default: the head if it has one.
             max_new_tokens: tokens each strategy generates (1 to 512).
             seed: the sampling seed (0 to 2147483647).

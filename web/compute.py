@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import statistics
 import threading
 import time
 import uuid
@@ -20,11 +21,13 @@ from typing import Any, Callable, Iterator, Optional
 from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
 from decoding.harness.runner import run_comparison
+from decoding.harness.steps import greedy_steps_ms
 from decoding.runtime.forward_cost import forward_cost
 from visualize.page import chart_views, column_views, drafted, inspector_view, step_figures, step_html, survey
 from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
 from web.playground import PlaygroundApp
+from web.quiet import QuietLimits, RunWindow, baselines_of, decode_step_ms, greedy_result
 from web.crowd import Computation, QueueFull, Recording
 from web.export import render
 from web.gradio_overrides import plot_once
@@ -42,6 +45,7 @@ except ImportError:
         return lambda fn: fn
 
 POLL_S = 0.2          # the live race redraws at least this often while tokens come
+PROBE_TOKENS = 16     # decode steps of the run that measures a quiet baseline (decode_probe)
 
 
 def budget_seconds(app: PlaygroundApp, units: float) -> int:
@@ -108,37 +112,50 @@ class Outcome:
     share: str = ""      # its recording's share id (web/share.py); none when it was not recorded
 
 
-def quiet_timing(req: RunRequest, doc: dict) -> tuple[bool, str]:
-    """Whether greedy's steps in this run cost about what the target's one-position forward costs when the
-    machine is quiet (its calibrated fastest, ``forward_cost``); else the run was timed while something else
-    used the cores, and replaying its timings to every later visitor would misstate every speedup."""
-    greedy = next((r for r in doc["results"] if r["strategy"] == "greedy" and not r["error"]), None)
-    if not req.settings.quiet_recordings or greedy is None or not greedy.get("target_forwards"):
+def decode_probe(req: RunRequest, fast: bool) -> Callable[[], float]:
+    """What seeds (and measures again) the quiet baseline of ``req``'s target in greedy's mode: greedy's own loop
+    run now on a short prompt, its median decode step (``harness/steps.greedy_steps_ms``), the quantity the run
+    is judged by (a bare forward is not: issue 47). A model it cannot run keeps the curve kept on it."""
+    def probe() -> float:
+        lm = req.settings.load(req.inputs.model)
+        try:
+            return statistics.median(greedy_steps_ms(lm, fast, tokens=PROBE_TOKENS, repeats=1))
+        except Exception:  # noqa: BLE001: the curve kept on the model (a stand-in model in the tests)
+            return forward_cost(lm, 1, fast=fast)(1)
+    return probe
+
+
+def quiet_timing(app: PlaygroundApp, req: RunRequest, doc: dict, share: Optional[float]) -> tuple[bool, str]:
+    """Whether this run was timed on a quiet machine (``web/quiet.py``): other processes took little of the cores
+    while greedy ran (``share``, from /proc) and greedy's median decode step cost about what it costs when quiet;
+    else replaying its timings to every later visitor would misstate every speedup. (recorded, note)."""
+    greedy = greedy_result(doc["results"])
+    step = None if greedy is None else decode_step_ms(greedy)
+    if not req.settings.quiet_recordings or step is None:
         return True, ""
-    try:
-        fast = bool((greedy.get("params") or {}).get("fast"))       # the curve of greedy's own mode (compiled)
-        one = forward_cost(req.settings.load(req.inputs.model), 1, fast=fast)(1)
-    except Exception:  # noqa: BLE001: a model whose forwards cannot be timed alone keeps the old behaviour
-        return True, ""
-    step = 1000.0 * greedy["wall_s"] / greedy["target_forwards"]
-    if step <= LIMITS["quiet_slack"] * one + LIMITS["quiet_ms"]:
-        return True, ""
-    return False, (f" Not recorded: greedy took {step:.0f} ms a step against {one:.0f} ms on a quiet machine, so "
-                   f"something else was using the cores; it is recorded when the machine is quiet.")
+    fast = bool((greedy.get("params") or {}).get("fast"))        # the baseline of greedy's own mode (compiled)
+    return baselines_of(app).judge((req.inputs.model, fast), step, share, decode_probe(req, fast),
+                                   QuietLimits.of(LIMITS))
 
 
 def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Callable[[Computation], Outcome]:
     """What the computation thread does for a run: compute, publish live frames, record the result in ``app``'s
     recordings (an example prompt's apart from visitors', ``example``)."""
     def work(comp: Computation) -> Outcome:
+        # a run given the slot while the start still prepares the fastest configuration runs eagerly, and says so
+        eager_note = app.startup.run_note() if app.startup is not None else ""
+        window = RunWindow(baselines_of(app).cpu)       # /proc around greedy's timed run (quiet_timing)
         for item in compute_run(comp.stop, req, budget_seconds(app, req.units)):
             if item[0] == "live":
+                window.watch(item[1])
                 comp.publish((item[1], item[2]))
             else:
                 _, doc, message, outputs = item
+        share = window.share(LIMITS["quiet_window_s"])
+        message += eager_note
         outcome = Outcome(doc, export_trace(doc), message, outputs, draw_views(doc))
         if not req.private and not comp.stop.is_set() and complete(doc):
-            outcome.quiet, note = quiet_timing(req, doc)
+            outcome.quiet, note = quiet_timing(app, req, doc, share)
             if outcome.quiet:
                 rec = Recording(req.key, doc, outcome.text, message, time.time(), device_text(doc),
                                 views=outcome.views)

@@ -14,6 +14,7 @@ runs are recorded and replayed. No Gradio and no torch here.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -24,7 +25,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from web.memory import held_bytes
 from web.share import is_id, new_id
@@ -147,6 +148,22 @@ class Line:
         self._cond = threading.Condition()
         self.started = 0                    # computations given a slot so far (runs, sweeps, exports)
         self._spawn = spawn or _thread
+        self._held = False                  # exclusive(): no computation runs, none starts
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Wait until no computation runs, and keep every one from starting while inside: what changes how runs
+        compute (the start publishing the compiled forward, the served version) never lands mid-race."""
+        with self._cond:
+            while self._running or self._held:
+                self._cond.wait(0.25)
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
 
     def submit(self, comp: Computation) -> None:
         """Put ``comp`` in line and start its thread; QueueFull when the line is full (for visitors)."""
@@ -181,7 +198,7 @@ class Line:
                     self._waiting.remove(comp)
                     self._cond.notify_all()
                     return False
-                if len(self._running) < self.slots and self._next() is comp:
+                if not self._held and len(self._running) < self.slots and self._next() is comp:
                     self._waiting.remove(comp)
                     self._running.append(comp)
                     comp.state, comp.started = "running", time.monotonic()

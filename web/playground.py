@@ -10,7 +10,7 @@ instead of patching globals. Every store is bounded (``LIMITS`` in ``web/service
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from web.crowd import Board, Line, Recordings
 from web.export import ExportFiles
@@ -44,6 +44,8 @@ class PlaygroundApp:
     histories: Histories = dataclasses.field(default_factory=_histories)        # earlier outputs, per session
     exports: ExportFiles = dataclasses.field(                                    # animations made, on disk
         default_factory=lambda: ExportFiles(keep=LIMITS["export_files"], max_bytes=LIMITS["export_bytes"]))
+    startup: Any = None       # web/startup.Startup while the start's choices are made behind the page (None: made)
+    quiet_baselines: Any = None   # web/quiet.QuietBaselines: greedy's quiet decode step per (model, mode)
 
     @classmethod
     def create(cls, settings: Settings = DEFAULT_SETTINGS, recordings_dir: Optional[str] = None) -> "PlaygroundApp":

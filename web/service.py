@@ -28,18 +28,13 @@ import transformers
 
 from decoding.context import RunContext
 from decoding.harness.bench import parse_sweep, sweep_value
-from decoding.harness.pays import default_comparison
 from decoding.harness.runner import encode_prompt, environment, planned_lanes, run_comparison
 from decoding.params import check_max_new_tokens, params_to_dict
 from decoding.processors import GenerationSettings
 from decoding.runtime.kernel_choice import cpu_name
-from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, EXTRA_PRESETS, cache_root, clear_model_cache,
+from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, EXTRA_PRESETS, cache_root,
                                      default_target, load_model, load_presets)
-from decoding.runtime import compiled
-from decoding.runtime.warmup import warm
-from decoding.runtime.routes import WIDTH, choose, decide, measured_costs
 from decoding.runtime.pair import PROPHET, has_prophet, make_pair
-from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
 from web.crowd import request_key
 from web.live import Live
@@ -69,11 +64,17 @@ LIMITS: dict[str, Any] = {
     "history_sessions": 64,       # browser sessions whose suffix-decoding history is kept (least recent dropped)
     "history_tokens": 2048,       # earlier output tokens one session's history keeps (oldest outputs dropped)
     "history_nodes": 1_000_000,   # suffix-tree nodes over all histories (about 300 bytes each)
-    # a run is recorded only if greedy's step cost at most quiet_slack x the target's calibrated one-position
-    # forward + quiet_ms (the prefill and the loop's own work); else the example is recorded again after
-    # quiet_retry_idle x the recorder's idle wait
-    "quiet_slack": 1.35,
+    # a run is recorded only if timed quiet (web/quiet.py): (a) while greedy ran, other processes took at most
+    # quiet_cpu_share of the cores (/proc/stat less this process; a window under quiet_window_s cannot tell), and
+    # (b) greedy's median decode step (prefill excluded) cost at most quiet_slack x its baseline + quiet_ms, the
+    # baseline being the same step measured quiet for that model and mode (measured again after quiet_remeasure
+    # slow verdicts in a row with the cores free); else the example is recorded again after quiet_retry_idle x the
+    # recorder's idle wait
+    "quiet_cpu_share": 0.15,
+    "quiet_window_s": 0.25,
+    "quiet_slack": 1.25,
     "quiet_ms": 3.0,
+    "quiet_remeasure": 3,
     "quiet_retry_idle": 30,
 }
 
@@ -96,7 +97,7 @@ class Settings:
     quiet_recordings: bool = False        # record a run only if timed on a quiet machine (app.main turns it on)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES   # the page's default comparison (chosen_strategies)
     strategies_note: str = ""             # one line per default strategy left out here, and why (from the curve)
-    compiled: bool = False                # the default target's forwards run compiled (chosen_compiled); the page
+    compiled: bool = False                # the default target's forwards run compiled (web/startup.py); the page
     compiled_note: str = ""               # ticks ``fast`` for it, so greedy and every strategy race in that mode
 
     def load(self, name: str) -> Any:
@@ -105,65 +106,6 @@ class Settings:
 
     def default_target(self) -> str:
         return self.target or default_target()
-
-
-def chosen_target(settings: "Settings", *, measure: Optional[Callable[[str], dict]] = None,
-                  file: Optional[Path] = None, progress: Optional[Callable[[str], None]] = None) -> "Settings":
-    """``settings`` with the default target's version this machine runs best (``decoding/runtime/routes.py``:
-    measured once per machine and cached next to the converted models), and the line that says why."""
-    presets = load_presets()
-    choice = choose(default_target(), presets, measure=measure or measured_costs(settings.load),
-                    file=file if file is not None else cache_root().parent / "routes.json", progress=progress)
-    if choice.source == "measured":      # the candidates were loaded to time them: keep only the chosen one
-        clear_model_cache()
-    target, note = choice.target, choice.reason
-    compilable = {name: c for name, c in choice.costs.items()
-                  if name in presets and presets[name].weights != "fp16"}
-    if compiled.compiler_missing() is None and target not in compilable and compilable:
-        # float16 weights (FBGEMM) cannot be compiled; the compiled path outruns every eager version, so the
-        # cheapest version that compiles is served instead (the same measured race step decides among them)
-        target = decide({name: {1: c["c1_ms"], WIDTH: c["cW_ms"]} for name, c in compilable.items()}, choice.base)
-        note = (note.replace(f"{choice.target} runs by default", f"{target} runs by default", 1)
-                + f"; {choice.target} measured cheaper eager, but its float16 weights cannot be compiled")
-    return dataclasses.replace(settings, target=target, target_note=note)
-
-
-def chosen_compiled(settings: "Settings", *, progress: Optional[Callable[[str], None]] = None) -> "Settings":
-    """``settings`` with the default target's compiled CPU forward switched on and compiled ahead of visitors
-    (``decoding/runtime/compiled.py``; inductor's disk cache makes a later start cheap), or the reason it stays
-    eager. Either way the line says so on the page and in the log."""
-    lm = settings.load(settings.default_target())
-    reason = compiled.enable(lm)
-    if reason is not None:
-        return dataclasses.replace(settings, compiled=False, compiled_note=f"compiled CPU forward: off, {reason}")
-    if progress:
-        progress(f"compiling {lm.name}'s forward (about a minute on 2 cores at the first start, seconds later: "
-                 f"inductor's cache in {compiled.cache_dir()})")
-    t0 = time.perf_counter()
-    try:
-        warm(lm, progress=(lambda i, n: progress(f"compiled forward {i}/{n}")) if progress else None)
-    except Exception as exc:             # a compiler that fails here serves the app eagerly
-        compiled.disable(lm)
-        return dataclasses.replace(settings, compiled=False,
-                                   compiled_note=f"compiled CPU forward: off, compiling failed ({type(exc).__name__})")
-    took = time.perf_counter() - t0
-    stats = compiled.engine(lm).stats()
-    return dataclasses.replace(settings, compiled=True, compiled_note=(
-        f"compiled CPU forward: on for {lm.name} (inductor; {stats['graphs']} graphs ready in {took:.0f} s at "
-        f"start; attention: {stats['attention']})"))
-
-
-def chosen_strategies(settings: "Settings", *, curve: Optional[Callable[[float], float]] = None) -> "Settings":
-    """``settings`` with the page's default comparison for this machine (``decoding/harness/pays.py``): the
-    strategies of ``DEFAULT_STRATEGIES`` expected to run at least as fast as greedy on the default target's
-    measured forward-cost curve (timed once per loaded model, ``runtime/widths.machine_curve``; ``curve``:
-    injected), and one line for each one left out, which stays selectable. Without a curve (a GPU): all."""
-    if curve is None:
-        curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
-    if curve is None:
-        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="")
-    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()])
-    return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note)
 
 
 DEFAULT_SETTINGS = Settings()

@@ -11,7 +11,25 @@ positions plus its drafting ``D`` and ``STEP`` of the loop's own work beyond gre
 (``runtime/widths.STEP``: one model for the widths and the verdicts): what the recorded races on the
 default example leave unexplained by the curve ranges from about 0 (prompt lookup on the AMD EPYC) to
 0.17 (the prophet on the Intel Xeon, float32); on the recorded curves and races of BENCHMARKS.md ("How
-widths are chosen") 0.05 gives 12 of 14 verdicts right. A prediction near 1 stays a coin toss.
+widths are chosen") 0.05 gives 12 of 14 verdicts right.
+
+**How sure.** A measured curve carries each width's relative spread (``ForwardCost.spread``: the gap between
+its fastest two timings), so ``c(T) / c(1)`` is known to ``r = spread(T) + spread(1)`` (relative) and the
+prediction to ``± margin = speedup * (c(T) / c(1)) * r / (c(T) / c(1) + D + STEP)`` (its first-order change).
+The verdict (``Verdict.call``) is
+
+    pays               speedup - margin >= 1      ticked
+    does not pay       speedup + margin <  1      left out
+    too close to call  otherwise                  left out: the rule is "tick only what the curve says pays";
+                                                  a noisy start never ticks a strategy that may run slower
+
+so two starts whose curves each lie within their measured spread of the machine's own never call one strategy
+"pays" at one and "does not pay" at the other (to first order: ``tests/test_pays_margin.py`` checks it with
+noise of half the spread), and a prediction inside the band is left out at both. A start whose load differs
+from the next one's can move the curve by more than either start's spread: the margin does not cover that.
+On a curve without a spread (injected) the margin is 0 and the verdict is the sign of ``speedup - 1`` (1
+itself pays), and the line says the curve has no measured spread.
+Every line says how sure it is: ``predicted 0.89× greedy, ±0.06 from the curve's spread``.
 
 What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
 
@@ -36,8 +54,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from decoding.runtime.widths import (STEP, WidthChoice, choose_block, choose_window, jacobi_forward_ms,
-                                     jacobi_tokens, lookahead_paths, lookahead_positions, lookahead_tokens,
-                                     tree_ms)
+                                     jacobi_forward_spread, jacobi_tokens, lookahead_paths, lookahead_positions,
+                                     lookahead_tokens, ratio_spread, spread_known, tree_ms)
 from decoding.strategies import registry
 
 Cost = Callable[[float], float]
@@ -51,6 +69,7 @@ class Expectation:
     drafting: float = 0.0
     source: str = ""
     forward_ratio: Optional[float] = None   # the forward's cost / c(1) where not c(positions) / c(1) (Jacobi)
+    forward_spread: float = 0.0             # relative spread of forward_ratio, where it is given
     paths: float = 2.0                      # root-to-leaf paths of its tree (row-exact attention pays per path)
 
     def __post_init__(self) -> None:
@@ -82,10 +101,31 @@ class Verdict:
     forward: float = 0.0              # c(T) / c(1): the verify forward alone
     drafting: float = 0.0             # D
     width: Optional[WidthChoice] = None    # lookahead's window or Jacobi's block it was judged at
+    margin: Optional[float] = None    # ± on speedup from the curve's measured spread; None: the curve has none
+
+    PAYS, SLOWER, CLOSE = "pays", "does not pay", "too close to call"
+
+    @property
+    def call(self) -> str:
+        """pays | does not pay | too close to call (the prediction's band straddles 1; see the module docstring)."""
+        if self.speedup is None:
+            return self.PAYS
+        m = self.margin or 0.0
+        if self.speedup - m >= 1.0:
+            return self.PAYS
+        return self.SLOWER if self.speedup + m < 1.0 else self.CLOSE
 
     @property
     def pays(self) -> bool:
-        return self.speedup is None or self.speedup >= 1.0
+        """Ticked by default: no model, or the curve says it pays beyond its noise (too close: not ticked)."""
+        return self.call == self.PAYS
+
+    @property
+    def certainty(self) -> str:
+        """``±0.06 from the curve's spread``, or that the curve says nothing about how sure it is."""
+        if self.margin is None:
+            return "the curve has no measured spread"
+        return f"±{self.margin:.2f} from the curve's spread"
 
     @property
     def reason(self) -> str:
@@ -96,11 +136,11 @@ class Verdict:
         if self.strategy == "greedy":
             return "greedy: the reference, one position per token"
         at = f" (at {self.width.shown})" if self.width is not None else ""
-        verb = "pays" if self.pays else "does not pay"
+        verb = "too close to call, left out" if self.call == self.CLOSE else self.call
         return (f"{self.strategy}{at}: a {self.positions:.0f}-position forward costs {self.forward:.2f}× one "
                 f"position here; with its {'drafting and ' if self.drafting else ''}loop it needs ≥ "
                 f"{self.cost_ratio:.2f} tokens per forward and makes ~{self.tokens:.2f}: {verb} "
-                f"(predicted {self.speedup:.2f}× greedy)")
+                f"(predicted {self.speedup:.2f}× greedy, {self.certainty})")
 
 
 def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional[Expectation], Optional[WidthChoice]]:
@@ -120,7 +160,7 @@ def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional
              else choose_block(cost, params.variant))
         positions, ms = jacobi_forward_ms(b.value, params.variant, cost)     # the mean forward of a block
         return Expectation(jacobi_tokens(b.value, params.variant), positions, 0.0, "runtime/widths.py",
-                           ms / float(cost(1))), b
+                           ms / float(cost(1)), jacobi_forward_spread(b.value, params.variant, cost, True)), b
     if strategy == "prophet":
         return PROPHET, None
     if strategy == "prompt_lookup":
@@ -133,11 +173,15 @@ def verdict(strategy: str, cost: Cost, params: Any = None) -> Verdict:
     model, width = expectation(strategy, cost, params)
     if model is None:
         return Verdict(strategy, None)
-    forward = (model.forward_ratio if model.forward_ratio is not None
-               else tree_ms(cost, model.positions, model.paths) / float(cost(1)))
+    if model.forward_ratio is not None:
+        forward, rel = model.forward_ratio, model.forward_spread
+    else:
+        ms = tree_ms(cost, model.positions, model.paths)       # its per-path part counts as sure
+        forward, rel = ms / float(cost(1)), ratio_spread(cost, model.positions) * float(cost(model.positions)) / ms
     ratio = forward + model.drafting + (STEP if strategy != "greedy" else 0.0)
-    return Verdict(strategy, model.tokens / ratio, model.tokens, model.positions, ratio, forward, model.drafting,
-                   width)
+    speedup = model.tokens / ratio
+    margin = speedup * forward * rel / ratio if spread_known(cost) else None
+    return Verdict(strategy, speedup, model.tokens, model.positions, ratio, forward, model.drafting, width, margin)
 
 
 def verdicts(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None) -> list[Verdict]:
@@ -159,7 +203,8 @@ class Comparison:
 
 def default_comparison(cost: Cost, strategies: Sequence[str],
                        params: Optional[Mapping[str, Any]] = None) -> Comparison:
-    """``strategies`` less those not expected to pay on ``cost`` (greedy, the reference, always stays)."""
+    """``strategies`` less those not expected to pay on ``cost`` beyond its noise (``Verdict.call``: one too
+    close to call is left out too, and its line says so); greedy, the reference, always stays."""
     judged = verdicts(cost, strategies, params)
     kept = tuple(v.strategy for v in judged if v.pays or v.strategy == "greedy")
     out = tuple(v for v in judged if v.strategy not in kept)

@@ -33,13 +33,14 @@ the tiny random Llama of the tests); :func:`why_not` names what keeps any other 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -52,13 +53,47 @@ ENV_SWITCH = "DECODING_COMPILE"                # "0" keeps every forward eager
 _COMPILE_LOCK = threading.Lock()               # one compilation at a time (dynamo is not re-entrant)
 
 
-def cache_dir() -> Path:
-    """Where inductor keeps compiled graphs across restarts (``TORCHINDUCTOR_CACHE_DIR`` wins)."""
+PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
+
+
+def _operator_inductor_dir() -> Optional[str]:
+    """``TORCHINDUCTOR_CACHE_DIR`` when the operator set it. Inductor writes its own default (under the system's
+    temporary folder) into that variable the first time anything asks for its folder (importing some of
+    transformers' models does), so a value equal to that default is inductor's, not the operator's."""
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen:
+        return None
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        if os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+            return None
+    except Exception:  # noqa: BLE001: a PyTorch without that helper: take the variable as set
+        pass
+    return chosen
+
+
+def cache_dir() -> Path:
+    """Where inductor keeps compiled graphs across restarts: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
+    ``inductor`` under ``DECODING_CACHE_DIR``, else under a Space's persistent ``/data`` (a Space's temporary
+    folders go at every restart), else under the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``), beside the
+    converted models. Never inductor's default (the system's temporary folder)."""
+    chosen = _operator_inductor_dir()
     if chosen:
         return Path(chosen)
-    root = Path(os.environ.get("DECODING_CACHE_DIR") or Path.home() / ".cache" / "decoding-playground")
-    return root / "inductor"
+    root = os.environ.get("DECODING_CACHE_DIR")
+    if not root and PERSISTENT.is_dir() and os.access(PERSISTENT, os.W_OK):
+        root = str(PERSISTENT / "decoding-playground")
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                            "decoding-playground")
+    return Path(root) / "inductor"
+
+
+def use_cache_dir() -> Path:
+    """Point inductor at :func:`cache_dir` (it reads the variable at every lookup), whatever set it before."""
+    folder = cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return folder
 
 
 def compiler_missing() -> Optional[str]:
@@ -107,7 +142,9 @@ class Engine:
 
     def __init__(self, lm: Any) -> None:
         self.lm = lm
+        use_cache_dir()
         self.calls = 0                     # forwards that ran compiled (the tests' counter)
+        self.published = True              # seen by every thread's fast path (enable(publish=False): not yet)
         self.compile_s: dict[Any, float] = {}
         self._graphs: dict[Any, Callable] = {}
         self._joined: Optional[list] = None
@@ -166,7 +203,7 @@ class Engine:
                 self.calls += 1
                 logits, states = ready(*args[:-1])
                 return logits, (states if hidden else None)
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
+            use_cache_dir()
             import torch._dynamo.config as dynamo_config
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 16)
             dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 256)
@@ -353,18 +390,52 @@ def _forward_fn(engine: Engine, hidden: Any) -> Callable:
 
 # --------------------------------------------------------------------------- per model
 
+_BUILDING = threading.local()        # the engine this thread compiles and times before it is published
+
+
 def engine(lm: Any) -> Optional[Engine]:
-    """``lm``'s engine when its compiled path is switched on (:func:`enable`), else None."""
-    return lm.state.compiled if isinstance(lm.state.compiled, Engine) else None
+    """``lm``'s engine when its compiled path is switched on (:func:`enable`) and published, else None. An engine
+    enabled unpublished (``enable(lm, publish=False)``: the app compiles it in the background) is seen only by the
+    thread inside :func:`building`; every other thread's forwards stay eager until :func:`publish`."""
+    found = lm.state.compiled
+    if not isinstance(found, Engine):
+        return None
+    return found if found.published or getattr(_BUILDING, "engine", None) is found else None
 
 
-def enable(lm: Any) -> Optional[str]:
-    """Switch ``lm``'s fast path to compiled forwards; the reason it stays eager, or None when switched on."""
+def enable(lm: Any, publish: bool = True) -> Optional[str]:
+    """Switch ``lm``'s fast path to compiled forwards; the reason it stays eager, or None when switched on.
+    ``publish=False``: the engine exists, but only :func:`building` sees it until :func:`publish`."""
     reason = why_not(lm)
-    if reason is None and engine(lm) is None:
+    if reason is None and not isinstance(lm.state.compiled, Engine):
         lm.state.compiled = Engine(lm)
+        lm.state.compiled.published = publish
     return reason
 
 
+@contextlib.contextmanager
+def building(lm: Any) -> Iterator[Optional[Engine]]:
+    """In this thread only, ``lm``'s unpublished engine runs its fast path (to compile and time it)."""
+    found = lm.state.compiled if isinstance(lm.state.compiled, Engine) else None
+    before, _BUILDING.engine = getattr(_BUILDING, "engine", None), found
+    try:
+        yield found
+    finally:
+        _BUILDING.engine = before
+
+
+def publish(lm: Any) -> bool:
+    """Every thread's fast path on ``lm`` runs compiled from now on (whether an engine was there to publish).
+    Curves timed on the fast path before (eager) are dropped: they are the other mode's."""
+    found = lm.state.compiled
+    if not isinstance(found, Engine):
+        return False
+    found.published = True
+    lm.state.forward_cost.pop(True, None)
+    return True
+
+
 def disable(lm: Any) -> None:
+    if isinstance(lm.state.compiled, Engine):
+        lm.state.forward_cost.pop(True, None)
     lm.state.compiled = None

@@ -13,13 +13,23 @@ prefill of ``CONTEXT`` tokens, for the widths of ``GRID`` up to ``max_width``
 (both sides of every CPU kernel bucket edge, so interpolation never straddles a
 kernel switch). One warm-up pass, then ``REPEATS`` passes with the widths in
 rotating order; each width keeps its fastest time (a busy machine only adds
-time). On CUDA every timed forward sits between synchronisations. A few seconds
-on the CPU for a 135M model, once: the curve hangs on the loaded model
+time). Adaptive: a width whose fastest two times disagree by more than
+``AGREE`` (relative) is timed again, interleaved with the other unsettled
+widths, until they agree or it has been timed ``MAX_REPEATS`` times, or the
+extra passes have cost ``EXTRA_COST`` times the first ones; a quiet machine
+settles at ``REPEATS`` and pays nothing more. The gap between a width's
+fastest two times (at least ``SPREAD_FLOOR``) is kept as its ``spread``: how far
+the fastest time may be from another start's, so that a caller (the verdicts of
+``harness/pays.py``, the auto widths of ``runtime/widths.py``) knows how sure the
+curve is. On CUDA every timed forward sits between synchronisations. A few
+seconds on the CPU for a 135M model, once: the curve hangs on the loaded model
 (``LoadedModel.state.forward_cost``, per fast-path flag) and dies with it.
 A curve that covers fewer widths than asked is measured again, wider.
 
 ``ForwardCost`` is the curve itself: milliseconds at the measured widths,
-linear in between, flat beyond the ends. Tests inject their own.
+linear in between, flat beyond the ends, with each width's relative spread
+(none for an injected curve unless given: then every margin built on it is 0).
+Tests inject their own.
 """
 
 from __future__ import annotations
@@ -42,7 +52,12 @@ GRID = (1, 2, 3, 4, 6, 9, 10, 13, 17, 18, 25, 33, 48, 64, 65)
 CONTEXT = 128            # cached positions before the timed forward: a prompt plus some answer
 PROBE_PATHS = 2          # root-to-leaf paths of the probe trees (``_probe_tree``: a root branching in two)
 STAR = 9                 # width of the star tree (the root and STAR - 1 leaves) that times the cost of a path
-REPEATS = 3
+REPEATS = 3              # passes every width gets
+MAX_REPEATS = 10         # the most a width is timed while its fastest two disagree (the start's cost cap)
+AGREE = 0.03             # a width is settled when its fastest two times agree within this fraction
+EXTRA_COST = 1.0         # the extra passes together cost at most this times the first REPEATS passes' timed ms
+SPREAD_FLOOR = 0.02      # the least spread a measured width reports: two fastest-of-few can agree by chance
+                         # more closely than two starts do (clock, frequency, placement)
 
 Timer = Callable[[Callable[[], Any]], float]
 
@@ -58,8 +73,13 @@ class ForwardCost:
     # rows cost what a chain's do; row-exact attention (bfloat16 weights, gqa_attention.rows_sdpa_forward) lays
     # out each path's keys apart and pays per path. Measured with a star tree (``calibrate``).
     per_path_ms: float = 0.0
+    # relative spread of each measured width's time: (second fastest - fastest) / fastest, at least SPREAD_FLOOR
+    # (``calibrate``); empty where unknown (an injected curve, or one width timed once): margins on it are 0
+    spread: Mapping[int, float] = field(default_factory=dict)
+    samples: Mapping[int, int] = field(default_factory=dict)     # how many times each width was timed
     _xs: tuple = field(init=False, repr=False, compare=False)
     _ys: tuple = field(init=False, repr=False, compare=False)
+    _ss: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -73,8 +93,16 @@ class ForwardCost:
             raise ValueError(f"forward costs must be positive finite ms, got {bad[0][1]!r} at T={bad[0][0]}")
         if not (math.isfinite(self.per_path_ms) and self.per_path_ms >= 0):
             raise ValueError(f"per_path_ms must be a finite number >= 0, got {self.per_path_ms!r}")
+        stray = sorted(set(int(t) for t in self.spread) - set(xs))
+        if stray:
+            raise ValueError(f"a spread needs a measured width, got one at T={stray[0]}")
+        ss = tuple(float(self.spread.get(t, 0.0)) for t in xs)
+        bad = [(t, v) for t, v in zip(xs, ss) if not (math.isfinite(v) and v >= 0)]
+        if bad:
+            raise ValueError(f"a spread must be a finite fraction >= 0, got {bad[0][1]!r} at T={bad[0][0]}")
         object.__setattr__(self, "_xs", xs)
         object.__setattr__(self, "_ys", ys)
+        object.__setattr__(self, "_ss", ss)
 
     @property
     def max_width(self) -> int:
@@ -90,6 +118,22 @@ class ForwardCost:
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (width - x0) / (x1 - x0)
 
+    @property
+    def spread_known(self) -> bool:
+        """Whether the curve says how sure it is (a measured spread), so a margin of 0 means sure, not unknown."""
+        return bool(self.spread)
+
+    def spread_at(self, width: float) -> float:
+        """Relative spread of ``self(width)``: a measured width's own; between two, the wider of theirs (an
+        interpolation is as unsure as its less sure end); beyond the ends, the end's. 0 where unknown."""
+        xs, ss = self._xs, self._ss
+        if width <= xs[0]:
+            return ss[0]
+        if width >= xs[-1]:
+            return ss[-1]
+        i = bisect.bisect_left(xs, width)
+        return ss[i] if xs[i] == width else max(ss[i - 1], ss[i])
+
     def tree(self, width: float, paths: float) -> float:
         """ms of a verify forward of ``width`` positions whose tree has ``paths`` root-to-leaf paths."""
         return self(width) + max(0.0, paths - PROBE_PATHS) * self.per_path_ms
@@ -97,7 +141,7 @@ class ForwardCost:
     def record(self) -> dict:
         """Flat and JSON-friendly (a run's stats hold flat mappings of scalars)."""
         return {**{f"c{t}_ms": round(y, 3) for t, y in zip(self._xs, self._ys)},
-                "per_path_ms": round(self.per_path_ms, 3)}
+                "per_path_ms": round(self.per_path_ms, 3), "max_spread": round(max(self._ss), 4)}
 
 
 def widths_up_to(max_width: int) -> list[int]:
@@ -125,12 +169,60 @@ def _probe_tree(nodes: int, branching: bool) -> TokenTree:
     return TokenTree(tuple(range(nodes)), (-1, -1) + tuple(range(1, nodes - 1)))
 
 
-def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CONTEXT, repeats: int = REPEATS,
+def _settled(times: list[float], agree: float) -> bool:
+    """Whether the fastest two of ``times`` agree within ``agree`` (relative to the fastest)."""
+    if len(times) < 2:
+        return False
+    a, b = sorted(times)[:2]
+    return b - a <= agree * a
+
+
+def _spread(times: list[float]) -> Optional[float]:
+    """(second fastest - fastest) / fastest, at least SPREAD_FLOOR; None for a width timed once."""
+    if len(times) < 2:
+        return None
+    a, b = sorted(times)[:2]
+    return max(SPREAD_FLOOR, (b - a) / a if a > 0 else 0.0)
+
+
+def repeat_bounds(repeats: Optional[int], max_repeats: Optional[int]) -> tuple[int, int]:
+    """(passes every width gets, the most a width gets): ``repeats`` alone fixes the count (as before the
+    adaptive repeats); neither: REPEATS up to MAX_REPEATS."""
+    lo = max(1, int(repeats if repeats is not None else REPEATS))
+    cap = max_repeats if max_repeats is not None else (lo if repeats is not None else MAX_REPEATS)
+    return lo, max(lo, int(cap))
+
+
+def time_until_settled(keys: list, run: Callable[[Any], float], lo: int, hi: int, agree: float = AGREE,
+                       extra_cost: float = EXTRA_COST) -> dict[Any, list[float]]:
+    """Every key's times: ``lo`` passes over all keys, then passes over the keys whose fastest two disagree by
+    more than ``agree`` until they agree or have ``hi`` times, or the extra passes have timed ``extra_cost``
+    times the ms of the first ``lo`` (a busy machine's start stays bounded: at most about twice the fixed
+    passes' cost). Each pass starts one key further on (a slow moment does not always land on the same key)."""
+    times: dict[Any, list[float]] = {k: [] for k in keys}
+    spent = [0.0, 0.0]                                 # ms timed in the first lo passes, in the extra ones
+    for rnd in range(hi):
+        todo = [k for k in keys if len(times[k]) < lo or not _settled(times[k], agree)]
+        if not todo or (rnd >= lo and spent[1] >= extra_cost * spent[0]):
+            break
+        shift = rnd % len(todo)
+        for k in todo[shift:] + todo[:shift]:
+            ms = run(k)
+            times[k].append(ms)
+            spent[rnd >= lo] += ms
+    return times
+
+
+def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CONTEXT,
+              repeats: Optional[int] = None, max_repeats: Optional[int] = None, agree: float = AGREE,
               hidden: bool = True, timer: Optional[Timer] = None) -> ForwardCost:
-    """Time ``lm``'s verify forward for the widths up to ``max_width`` (see the module docstring)."""
+    """Time ``lm``'s verify forward for the widths up to ``max_width`` (see the module docstring). ``repeats``
+    alone: exactly that many passes (tests); else REPEATS passes, and more (up to ``max_repeats``, default
+    MAX_REPEATS) for the widths whose fastest two times disagree by more than ``agree``."""
     if lm.is_encoder_decoder:
         raise ValueError("the measured tree budget times decoder-only verify forwards")
     t_start = time.perf_counter()
+    lo, hi = repeat_bounds(repeats, max_repeats)
     widths = widths_up_to(max_width)
     limit = getattr(lm.model.config, "max_position_embeddings", None) or getattr(lm.model.config, "n_positions",
                                                                                   None)
@@ -149,25 +241,21 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
         tree_forward(session, root, tree, hidden=hidden)
         session.crop(base)
 
-    def forward(t: int) -> None:
-        verify(trees[t])
-
     for t in widths:                                   # warm-up (and, with fast, the graph captures)
-        forward(t)
-    best = {t: math.inf for t in widths}
-    for rep in range(max(1, repeats)):
-        shift = rep % len(widths)
-        for t in widths[shift:] + widths[:shift]:
-            best[t] = min(best[t], timer(lambda: forward(t)))
+        verify(trees[t])
+    times = time_until_settled(widths, lambda t: timer(lambda: verify(trees[t])), lo, hi, agree)
+    best = {t: min(ms) for t, ms in times.items()}
+    spread = {t: s for t, s in ((t, _spread(ms)) for t, ms in times.items()) if s is not None}
     floor = 1e-6                                       # a clock too coarse for a tiny model still gives > 0
     per_path = 0.0
     if branching and STAR in best:                     # the same width in STAR - 1 paths instead of two
         star = TokenTree(tuple(range(STAR - 1)), (-1,) * (STAR - 1))
         verify(star)
-        star_ms = min(timer(lambda: verify(star)) for _ in range(max(1, repeats)))
+        star_ms = min(time_until_settled(["star"], lambda _: timer(lambda: verify(star)), lo, hi, agree)["star"])
         per_path = max(0.0, (star_ms - best[STAR]) / (STAR - 1 - PROBE_PATHS))
     return ForwardCost({t: max(ms, floor) for t, ms in best.items()}, source="measured",
-                       seconds=time.perf_counter() - t_start, context=context, per_path_ms=per_path)
+                       seconds=time.perf_counter() - t_start, context=context, per_path_ms=per_path,
+                       spread=spread, samples={t: len(ms) for t, ms in times.items()})
 
 
 def forward_cost(lm: Any, max_width: int, *, fast: bool = False,

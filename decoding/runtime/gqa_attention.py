@@ -62,8 +62,40 @@ def gqa_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value:
 # --------------------------------------------------------------------------- row-exact attention
 
 ROWS_NAME = "sdpa_rows_cpu"
-KEY_BLOCK = 16     # PyTorch's CPU SDPA gives a row the same bits for every key length >= its visible keys
-                   # rounded up to this (measured; tests/test_bf16_weights.py pins it)
+KEY_BLOCK = 16     # the row-exact attention pads every key length to a multiple of this; PyTorch's CPU SDPA
+                   # must then give a row the same bits at every such length (measured: key_blocks_exact)
+_KEY_BLOCKS_OK: list = []
+
+
+def key_blocks_exact() -> bool:
+    """Whether this CPU's SDPA gives a row the same bits at every key length that is a multiple of
+    :data:`KEY_BLOCK` past its visible keys (the masked tail zero-weighted): what the row-exact attention rests on.
+
+    Measured once per process, never assumed from the CPU: the kernel library's reductions differ by instruction
+    set. On an Intel Xeon (AVX-512) a row's bits hold at *every* key length past its block; on an AMD EPYC Zen 3
+    (AVX2) only at lengths that are multiples of 4, so a multiple of ``KEY_BLOCK`` works on both. Where it fails,
+    the bfloat16-weight presets do not run (``models.runs_here``), since their exactness needs it."""
+    if not _KEY_BLOCKS_OK:
+        _KEY_BLOCKS_OK.append(_key_block_checks())
+    return _KEY_BLOCKS_OK[0]
+
+
+def _key_block_checks(sdpa: Any = None) -> bool:
+    sdpa = sdpa or F.scaled_dot_product_attention
+    gen = torch.Generator().manual_seed(0)
+    for heads, kv, d, t in ((6, 2, 32, 1), (9, 3, 64, 3)):
+        for visible in (1, 5, 16, 37, 130):
+            total = -(-visible // KEY_BLOCK) * KEY_BLOCK + 4 * KEY_BLOCK
+            q = torch.randn(1, heads, t, d, generator=gen)
+            k, v = torch.randn(1, kv, total, d, generator=gen), torch.randn(1, kv, total, d, generator=gen)
+            rows = []
+            for length in range(-(-visible // KEY_BLOCK) * KEY_BLOCK, total + 1, KEY_BLOCK):
+                mask = torch.zeros(1, 1, t, length, dtype=torch.bool)
+                mask[..., :visible] = True
+                rows.append(sdpa(q, k[:, :, :length], v[:, :, :length], attn_mask=mask, enable_gqa=True))
+            if not all(torch.equal(row, rows[0]) for row in rows[1:]):
+                return False
+    return True
 
 
 def _row_exact(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -85,15 +85,37 @@ def cpu_label() -> str:
            else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
     family, model = _cpuinfo("cpu family"), _cpuinfo("model")
     detail = "; ".join(x for x in (f"family {family} model {model}" if family else "", isa) if x)
+    capped = kernel_isa().split(",")[0]
+    if isa and isa != "AVX2" and capped.upper() in ("AVX2", "DEFAULT"):
+        detail += f", kernels capped at {capped.upper()}"
     return f"{cpu_name()} ({detail})" if detail else cpu_name()
+
+
+CAPS_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def kernel_isa() -> str:
+    """The instruction set PyTorch's kernels run here, and any cap put on oneDNN or MKL (``make test`` runs the
+    kernel-sensitive tests under AVX2 caps): part of every cached measurement's key, since a capped AVX-512
+    machine computes and times like an AVX2 one."""
+    try:
+        isa = str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        isa = "?"
+    caps = [f"{name}={os.environ[name]}" for name in CAPS_ENV[1:] if os.environ.get(name)]
+    return ",".join([isa, *caps])
+
+
+def cpu_fingerprint() -> str:
+    """A short hash of the CPU's flags and the kernels' instruction set (:func:`kernel_isa`)."""
+    return hashlib.sha1((_cpuinfo("flags") + "|" + kernel_isa()).encode()).hexdigest()[:16]
 
 
 def machine_key(model: nn.Module, name: str) -> dict:
     counts: dict[tuple, int] = {}
     for _, _, layer in kernels.linear_layers(model):
         counts[shape_of(layer)] = counts.get(shape_of(layer), 0) + 1
-    key = {"version": VERSION, "cpu": cpu_name(),
-           "cpu_flags": hashlib.sha1(_cpuinfo("flags").encode()).hexdigest()[:16],
+    key = {"version": VERSION, "cpu": cpu_name(), "cpu_flags": cpu_fingerprint(),
            "threads": torch.get_num_threads(), "torch": torch.__version__, "model": name,
            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
            "shapes": sorted([i, o, n] for (i, o), n in counts.items()),

@@ -31,7 +31,7 @@ import yaml
 
 from decoding.runtime import kernels
 from decoding.runtime.adapter import merge_adapter
-from decoding.runtime.gqa_attention import use_gqa_attention
+from decoding.runtime.gqa_attention import key_blocks_exact, use_gqa_attention
 from decoding.runtime.kernel_choice import cache_file, configure
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"   # decoding/runtime/ -> the repository
@@ -55,8 +55,10 @@ WEIGHTS = ("full", "fp16", "bf16")
 # What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
 _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_linears,
                             "fp16-weights"),
-                   "bf16": ("oneDNN bfloat16 kernels whose rows do not depend on the width (checked on this CPU)",
-                            kernels.bf16_available, kernels.bf16_linears, "bf16-weights")}
+                   "bf16": ("oneDNN bfloat16 kernels whose rows do not depend on the width, and an attention whose "
+                            "rows do not depend on the key length past its block (both checked on this CPU)",
+                            lambda: kernels.bf16_available() and key_blocks_exact(), kernels.bf16_linears,
+                            "bf16-weights")}
 
 
 class ModelLoadError(RuntimeError):
@@ -558,3 +560,11 @@ def load_model(spec: str, *, device: str | None = None, dtype: str | torch.dtype
 def clear_model_cache() -> None:
     with _cache_lock:
         _cache.clear()
+
+
+def forget_models(keep: tuple = ()) -> list[str]:
+    """Drop every cached model not named in ``keep`` (what the start timed but does not serve); their names."""
+    with _cache_lock:
+        dropped = [key for key, m in _cache.items() if m.name not in keep]
+        names = [_cache.pop(key).name for key in dropped]
+    return names

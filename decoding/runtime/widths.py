@@ -29,6 +29,12 @@ commits 1 token per ``c(1)``. The models of ``E`` and ``T`` are simple, stated a
   ``sliding`` at block 8). ``sliding`` feeds its whole window every forward: ``T(n) = n``. ``jacobi``
   (PJ) has no block (its block is the whole length budget).
 
+**Noise.** A measured curve says how sure each width's time is (``ForwardCost.spread``: the gap between its
+fastest two timings). Two widths whose values differ by less than their forwards' spreads together are a
+coin toss that another start of the same machine may call the other way, so the choice is the *narrowest*
+width whose value is within that noise of the best one's (``_best``): a wider width must win by more than the
+noise. On a curve without a spread (injected) that is the plain best, ties going to the narrower.
+
 ``lookahead_window`` and ``jacobi_block`` resolve a run's width: a value the user gave (anything but 0)
 always wins; 0 (the default) means *auto*: on a CPU the choice above on the loaded model's curve (timed
 once per model and kept on it, ``forward_cost``); on any other device, or where no curve can be timed
@@ -114,6 +120,22 @@ def tree_ms(cost: Cost, width: float, paths: float) -> float:
     return float(tree(width, paths)) if callable(tree) else float(cost(width))
 
 
+def spread(cost: Cost, width: float) -> float:
+    """Relative spread of ``cost(width)`` as measured (``ForwardCost.spread_at``); 0 for a curve without one."""
+    at = getattr(cost, "spread_at", None)
+    return float(at(width)) if callable(at) else 0.0
+
+
+def spread_known(cost: Cost) -> bool:
+    """Whether ``cost`` carries a measured spread (a margin of 0 on it means sure, not unknown)."""
+    return bool(getattr(cost, "spread_known", False))
+
+
+def ratio_spread(cost: Cost, width: float) -> float:
+    """Relative spread of ``c(width) / c(1)``: both ends' (0 at one position, where the ratio is 1 exactly)."""
+    return 0.0 if width <= 1 else spread(cost, width) + spread(cost, 1)
+
+
 def jacobi_tokens(block: int, variant: str) -> float:
     """E(n): tokens a Jacobi forward is expected to commit; exactly 1 for a block of 1 (greedy)."""
     return 1.0 + JACOBI_GAIN.get(variant, JACOBI_GAIN["hybrid"]) * math.log2(block)
@@ -126,24 +148,36 @@ def jacobi_forward_ms(block: int, variant: str, cost: Cost) -> tuple[float, floa
     return (block + 1) / 2, sum(float(cost(w)) for w in range(1, block + 1)) / block
 
 
+def jacobi_forward_spread(block: int, variant: str, cost: Cost, ratio: bool = False) -> float:
+    """Relative spread of ``jacobi_forward_ms``'s mean ms (``ratio``: of that mean over ``c(1)``): each width's
+    own, weighted by its ms."""
+    one = ratio_spread if ratio else spread
+    widths = [block] if variant == "sliding" else list(range(1, block + 1))
+    ms = [float(cost(w)) for w in widths]
+    return sum(m * one(cost, w) for m, w in zip(ms, widths)) / sum(ms)
+
+
 # --------------------------------------------------------------------------- the choice
 
-def _best(name: str, options: Iterable[int], score: Callable[[int], tuple[float, float, float]],
+def _best(name: str, options: Iterable[int], score: Callable[[int], tuple[float, float, float, float]],
           one_ms: float) -> WidthChoice:
-    """The option with the most tokens per ms (ties: the narrower); ``score(x)`` = (E, positions, forward ms);
-    each step also costs ``STEP * one_ms``."""
-    best: Optional[tuple[int, float, float, float, float]] = None     # x, E, positions, step ms, forward ms
+    """The narrowest option whose tokens per ms is within the noise of the best one's; ``score(x)`` = (E,
+    positions, forward ms, relative spread of that ms); each step also costs ``STEP * one_ms``. Noise between
+    two options: the sum of their step ms' spreads (``x`` loses to the best ``b`` only when ``value(x) * (1 +
+    noise(x) + noise(b)) < value(b)``). Without spreads: the best, ties going to the narrower."""
+    rows = []                                  # x, E, positions, step ms, forward ms, relative spread of step ms
     for x in sorted(options):
-        tokens, positions, forward_ms = score(x)
+        tokens, positions, forward_ms, rel = score(x)
         if not (math.isfinite(forward_ms) and forward_ms > 0):
             raise ValueError(f"the forward-cost curve gave {forward_ms!r} ms at {positions:g} positions; "
                              f"it must be positive")
         ms = forward_ms + STEP * one_ms
-        if best is None or tokens * best[3] > best[1] * ms:      # tokens / ms > best, without dividing
-            best = (x, tokens, positions, ms, forward_ms)
-    if best is None:
+        rows.append((x, tokens, positions, ms, forward_ms, rel * forward_ms / ms))
+    if not rows:
         raise ValueError(f"{name}: no width to choose from")
-    x, tokens, positions, ms, forward_ms = best
+    top = max(rows, key=lambda r: r[1] / r[3])                    # the first of the best: the narrowest
+    x, tokens, positions, ms, forward_ms, _ = next(
+        r for r in rows if r is top or r[1] / r[3] * (1 + r[5] + top[5]) >= top[1] / top[3])
     return WidthChoice(name, x, "curve", tokens, positions, forward_ms / one_ms, tokens * one_ms / ms)
 
 
@@ -155,9 +189,10 @@ def choose_window(cost: Cost, ngram: int = 4, guess_set: int = 4, windows: Itera
     windows = sorted(windows)
     windows = [w for w in windows if lookahead_positions(w, ngram, guess_set) <= widest] or windows[:1]
 
-    def score(w: int) -> tuple[float, float, float]:
+    def score(w: int) -> tuple[float, float, float, float]:
         t = lookahead_positions(w, ngram, guess_set)
-        return lookahead_tokens(w, ngram), t, tree_ms(cost, t, lookahead_paths(w))
+        ms = tree_ms(cost, t, lookahead_paths(w))
+        return lookahead_tokens(w, ngram), t, ms, spread(cost, t) * float(cost(t)) / ms
     return _best("window", windows, score, one)
 
 
@@ -168,9 +203,9 @@ def choose_block(cost: Cost, variant: str = "hybrid", blocks: Iterable[int] = BL
     blocks = sorted(blocks)
     blocks = [n for n in blocks if n <= widest] or blocks[:1]
 
-    def score(n: int) -> tuple[float, float, float]:
+    def score(n: int) -> tuple[float, float, float, float]:
         positions, ms = jacobi_forward_ms(n, variant, cost)
-        return jacobi_tokens(n, variant), positions, ms
+        return jacobi_tokens(n, variant), positions, ms, jacobi_forward_spread(n, variant, cost)
     return _best("block_size", blocks, score, one)
 
 

@@ -1,0 +1,168 @@
+"""The CPU table of BENCHMARKS.md: one row per (CPU, config of the default model), every figure measured here.
+
+    python benchmarks/bench_cpu_table.py [--repeats 3] [--unseen 4] [--json benchmarks/results/cpu-table.json]
+
+For every config the app can serve on this machine (``runtime/routes.candidates``: each version of the default
+model that loads here, eager, and compiled where a C++ compiler exists and its linears compile), in one process:
+
+* forward cost by width: a verify forward over 1, 4 and 16 positions (``forward_cost``, the curve the app times),
+  and the 16-position forward's cost in one-position forwards;
+* greedy as the race runs it: tokens/s and its median decode step (``harness/steps``), and transformers'
+  ``generate`` on the same loaded model (greedy / ``generate``: above 1, ours is faster);
+* the prophet's step in greedy steps (its wall time per target forward / greedy's), on the default example;
+* the default race: every default strategy on the default example, median speed-up over ``--repeats`` runs
+  (each against greedy in the same run and the same mode), and whether each equals greedy;
+* with ``--unseen N``: the prophet's median speed-up on N prompts of each category of presets/bench_unseen.yaml.
+
+The rows of the JSON are keyed by CPU label and config; a run replaces this CPU's rows and keeps every other
+CPU's (the table keeps the CPUs no longer reached). It prints the whole table as Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from common import ROOT  # first: repository root on sys.path
+
+import torch
+
+from decoding.harness.bench import load_prompt_set
+from decoding.harness.runner import encode_prompt, run_comparison
+from decoding.harness.steps import greedy_steps_ms
+from decoding.runtime import compiled, routes
+from decoding.runtime.forward_cost import forward_cost
+from decoding.runtime.head import prophet_for
+from decoding.runtime.kernel_choice import cpu_label
+from decoding.runtime.models import PRESETS_DIR, default_target, load_model, load_presets
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.warmup import warm
+from web.service import DEFAULT_STRATEGIES
+
+PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+WIDTHS = (1, 4, 16)
+
+
+def _race(lm, fast: bool, strategies: list[str], repeats: int, max_new: int, prompt: str = PROMPT) -> dict:
+    pair = ModelPair(lm, prophet=prophet_for(lm))
+    ids = encode_prompt(lm.tokenizer, prompt, chat=True)
+    plan = [(name, {"fast": fast}) for name in strategies]
+    run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=True, trace=False)
+    speed: dict = {name: [] for name in strategies}
+    same, step, tok_s = {}, {name: [] for name in strategies}, []
+    for _ in range(repeats):
+        results = run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=False, trace=False)
+        greedy = results[0]
+        tok_s.append(len(greedy.token_ids) / greedy.wall_s)
+        for r in results[1:]:
+            speed[r.strategy].append(greedy.wall_s / r.wall_s)
+            step[r.strategy].append((r.wall_s / r.target_forwards) / (greedy.wall_s / greedy.target_forwards))
+            same[r.strategy] = bool(r.matches_greedy)
+    return {"speedup": {k: statistics.median(v) for k, v in speed.items() if v},
+            "step_in_greedy_steps": {k: statistics.median(v) for k, v in step.items() if v},
+            "greedy_tok_s": statistics.median(tok_s), "equal_greedy": same}
+
+
+def _generate_ratio(lm, fast: bool, repeats: int, max_new: int) -> float:
+    pair, ids = ModelPair(lm), encode_prompt(lm.tokenizer, PROMPT, chat=True)
+    plan = [("greedy", {"fast": fast}), ("hf_greedy", {})]
+    run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=True, trace=False)
+    ratios = []
+    for _ in range(repeats):
+        ours, hf = run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=False, trace=False)
+        ratios.append(hf.wall_s / ours.wall_s)
+    return statistics.median(ratios)
+
+
+def _unseen(lm, fast: bool, per_category: int, max_new: int) -> dict:
+    chosen = [text for _, text in load_prompt_set(PRESETS_DIR / "bench_unseen.yaml", per_category=per_category)]
+    speedups, same = [], 0
+    for text in chosen:
+        got = _race(lm, fast, ["prophet"], 1, max_new, prompt=text)
+        speedups.append(got["speedup"]["prophet"])
+        same += int(got["equal_greedy"]["prophet"])
+    return {"prompts": len(chosen), "median": statistics.median(speedups), "equal_greedy": same}
+
+
+def measure(config: routes.Config, args: argparse.Namespace) -> dict:
+    lm = load_model(config.preset)
+    t0 = time.perf_counter()
+    if config.compiled:
+        reason = compiled.enable(lm)
+        if reason is not None:
+            return {"error": reason}
+        warm(lm)
+    compile_s = time.perf_counter() - t0
+    fast = config.compiled
+    curve = forward_cost(lm, max(WIDTHS), fast=fast)
+    strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
+    steps = greedy_steps_ms(lm, fast)
+    row = {"cpu": cpu_label(), "config": config.key, "label": config.label, "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "compile_s": round(compile_s, 1),
+           "forward_ms": {str(w): round(curve(w), 2) for w in WIDTHS},
+           "forward_16_over_1": round(curve(16) / curve(1), 3),
+           "greedy_step_ms": round(statistics.median(steps), 2),
+           "greedy_over_generate": round(_generate_ratio(lm, fast, args.repeats, args.max_new_tokens), 3),
+           **_race(lm, fast, strategies, args.repeats, args.max_new_tokens),
+           "measured_at": time.strftime("%Y-%m-%d")}
+    if args.unseen:
+        row["prophet_unseen"] = _unseen(lm, fast, args.unseen, args.max_new_tokens)
+    if config.compiled:
+        compiled.disable(lm)
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
+    head = ("| CPU | config | c(1) ms | c(4) | c(16) | c(16)/c(1) | greedy tok/s | greedy/generate | "
+            "prophet step (greedy steps) | " + " | ".join(f"{s} (default example)" for s in strategies)
+            + " | prophet, unseen |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if "error" in r:
+            continue
+        f = r["forward_ms"]
+        race = " | ".join(f"{r['speedup'].get(s, float('nan')):.2f}×" + ("" if r["equal_greedy"].get(s, True)
+                                                                           else " (differs)") for s in strategies)
+        unseen = r.get("prophet_unseen")
+        lines.append(f"| {r['cpu']} | {r['label']} | {f['1']:.1f} | {f['4']:.1f} | {f['16']:.1f} | "
+                     f"{r['forward_16_over_1']:.2f} | {r['greedy_tok_s']:.1f} | {r['greedy_over_generate']:.2f} | "
+                     f"{r['step_in_greedy_steps'].get('prophet', float('nan')):.2f} | {race} | "
+                     + (f"{unseen['median']:.2f}× ({unseen['prompts']} prompts)" if unseen else "–") + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--unseen", type=int, default=0, help="prompts per category of bench_unseen.yaml (0: none)")
+    ap.add_argument("--config", action="append", default=None, help="only these configs (PRESET|eager, ...)")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "cpu-table.json"))
+    args = ap.parse_args(argv)
+    configs = routes.candidates(default_target(), load_presets(), can_compile=compiled.compiler_missing() is None)
+    if args.config:
+        configs = [routes.Config.parse(k) for k in args.config]
+    path = Path(args.json)
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    label = cpu_label()
+    print(f"CPU: {label}; {torch.get_num_threads()} threads; configs: {', '.join(c.label for c in configs)}",
+          flush=True)
+    fresh = []
+    for config in configs:
+        row = measure(config, args)
+        print(json.dumps(row), flush=True)
+        fresh.append(row)
+    keys = {(r["cpu"], r["config"]) for r in fresh}
+    rows = [r for r in rows if (r.get("cpu"), r.get("config")) not in keys] + fresh
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    print(markdown(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

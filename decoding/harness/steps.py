@@ -1,0 +1,76 @@
+"""What a race's step costs: read from a run's events, or measured by running the race's own loop.
+
+A bare forward is not what a visitor's race pays. On an AMD EPYC Zen 3 the float16-weight version's bare
+one-position forward timed 50 ms against 82 ms for float32, yet through the app's race both ran greedy at about
+80 ms a token: the loop's own work, its cache and its kernels' row buckets are part of the step. So:
+
+* :func:`decode_steps_ms` reads a finished run's decode steps from its events and their times (the runner stamps
+  every event, ``RunResult.times_ms``): the gaps between consecutive target forwards, so the prefill, however
+  long the prompt, is never a step;
+* :func:`race_costs` runs the race's greedy loop itself (the registered strategy, in the mode the race will run
+  it: eager, or ``fast`` on the compiled forward) on a short chat prompt, warm-up first, and returns its median
+  decode step beside a ``width``-position verify forward in the same mode (``runtime/forward_cost``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional, Sequence
+
+from decoding.events import ForwardPass
+from decoding.harness.runner import HookTracer, encode_prompt, run_one
+from decoding.params import GreedyParams
+from decoding.runtime.forward_cost import forward_cost
+from decoding.runtime.pair import ModelPair
+from decoding.strategies import get_strategy
+
+PROMPT = "What are three good habits for getting better sleep?"   # the page's default example
+TOKENS = 24            # decode steps per timed run
+REPEATS = 3
+
+
+def _is_target_forward(event: Any) -> bool:
+    if isinstance(event, dict):
+        return event.get("type") == "ForwardPass" and event.get("model") == "target"
+    return isinstance(event, ForwardPass) and event.model == "target"
+
+
+def decode_steps_ms(events: Sequence[Any], times_ms: Sequence[float]) -> list[float]:
+    """The run's decode steps in ms: the gaps between consecutive target forwards' event times (each gap is one
+    forward and the loop's work around it). The first stamp ends the prefill, so the prefill is no step.
+    ``events``: event objects or their dicts (a trace document's)."""
+    stamps = [float(t) for e, t in zip(events, times_ms) if _is_target_forward(e)]
+    return [b - a for a, b in zip(stamps, stamps[1:]) if b >= a]
+
+
+def median_step_ms(events: Sequence[Any], times_ms: Sequence[float]) -> Optional[float]:
+    """The median decode step of a run (None: fewer than two target forwards, or no times)."""
+    steps = decode_steps_ms(events, times_ms)
+    return statistics.median(steps) if steps else None
+
+
+def _prompt_ids(lm: Any) -> list[int]:
+    if lm.tokenizer is None:
+        return [(17 * i + 3) % lm.vocab_size for i in range(24)]
+    return list(encode_prompt(lm.tokenizer, PROMPT, chat=bool(getattr(lm.tokenizer, "chat_template", None))))
+
+
+def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int = REPEATS) -> list[float]:
+    """Every decode step of ``repeats`` timed greedy runs of ``tokens`` tokens, as the race runs greedy (after an
+    untimed warm-up run: caches allocated, graphs compiled or read from disk)."""
+    strategy, pair, ids = get_strategy("greedy"), ModelPair(lm), _prompt_ids(lm)
+    params = GreedyParams(fast=fast)
+    run_one(strategy, params, ids, pair, max_new_tokens=min(tokens, 8), trace=False)
+    steps: list[float] = []
+    for _ in range(max(1, repeats)):
+        tracer = HookTracer()
+        run_one(strategy, params, ids, pair, max_new_tokens=tokens, tracer=tracer)
+        steps += decode_steps_ms(tracer.events, tracer.times)
+    return steps
+
+
+def race_costs(lm: Any, fast: bool, *, width: int, tokens: int = TOKENS, repeats: int = REPEATS) -> dict:
+    """``{1: greedy's median decode step, width: a width-position verify forward}`` in ms, in the race's mode."""
+    steps = greedy_steps_ms(lm, fast, tokens=tokens, repeats=repeats)
+    return {1: statistics.median(steps), width: forward_cost(lm, width, fast=fast)(width)}
+

@@ -1,0 +1,203 @@
+"""The start's choices made behind the page (web/startup.py), with injected race steps and compiles.
+
+What would break it: the page waiting for the compile (the eager choice not served first), a run during the
+compile that runs compiled or does not say it ran eagerly, the compiled forward published while a race
+computes, serving compiled when the eager config measured cheaper (or the reverse), a failed compile that
+takes the app down, and a cached decision timed again. Also the race's own step: "quiet" and the version
+choice read decode steps from the run's events, never the prefill.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from decoding.events import ForwardPass
+from decoding.harness.steps import decode_steps_ms, median_step_ms
+from decoding.runtime import compiled, routes
+from decoding.runtime.models import ModelPreset
+from decoding.runtime.routes import WIDTH, Config
+from web import startup
+from web.crowd import Computation, Line
+from web.playground import PlaygroundApp
+from web.service import Settings
+
+from tiny_models import tiny_causal
+
+BASE = "base"
+needs_compiler = pytest.mark.skipif(compiled.compiler_missing() is not None,
+                                    reason=f"no compiled path here: {compiled.compiler_missing()}")
+
+
+def _presets() -> dict:
+    return {BASE: ModelPreset(BASE, "org/base", network=False),
+            "base-fp16w": ModelPreset("base-fp16w", "org/base", network=False, base=BASE, weights="fp16")}
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    """An app whose default target has two versions (tiny llamas), strategies chosen without timing."""
+    models = {BASE: tiny_causal("llama", seed=1), "base-fp16w": tiny_causal("llama", seed=2)}
+    monkeypatch.setattr(startup, "load_presets", _presets)
+    monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
+    monkeypatch.setattr(Settings, "load", lambda self, name: models[name])
+    monkeypatch.setattr(startup, "chosen_strategies", lambda settings: settings)
+    monkeypatch.setattr(startup, "forget_models", lambda keep=(): [])
+    app = PlaygroundApp(Settings(target=BASE))
+    yield app, models, tmp_path / "routes.json"
+    for lm in models.values():
+        compiled.disable(lm)
+
+
+def _table(**steps: float) -> dict:
+    """Injected race steps: config label -> step ms (split 40/60 between c(1) and c(WIDTH))."""
+    return {Config.parse(k.replace("__", "|").replace("_", "-")): {1: 0.4 * v, WIDTH: 0.6 * v}
+            for k, v in steps.items()}
+
+
+@needs_compiler
+def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_ready(world):
+    app, models, file = world
+    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0)
+    gate, inside, seen = threading.Event(), threading.Event(), []
+
+    def compile_fn(lm, log):            # what compile_unpublished does, held until the test lets it finish
+        reason = compiled.enable(lm, publish=False)
+        seen.append(compiled.engine(lm))    # not published: even this thread sees none outside building()
+        inside.set()
+        gate.wait(60)
+        return reason
+    start = startup.Startup(app, measure=table.__getitem__, compile_fn=compile_fn, file=file)
+    thread = start.start()
+    assert inside.wait(60) and start.phase == "compiling"
+    # the page serves the cheapest eager version while the compile runs, and says runs go eagerly
+    assert app.settings.target == "base-fp16w" and not app.settings.compiled
+    assert "eagerly" in app.settings.compiled_note and "Ran eagerly" in start.run_note()
+    assert seen == [None] and compiled.engine(models[BASE]) is None
+    gate.set()
+    thread.join(60)
+    assert start.done.is_set() and start.run_note() == ""
+    # compiled float32 measured cheapest of all: it serves, published, and the page ticks fast for it
+    assert app.settings.target == BASE and app.settings.compiled
+    assert compiled.engine(models[BASE]) is not None and "on for" in app.settings.compiled_note
+    assert "base (compiled)" in app.settings.target_note
+
+
+@needs_compiler
+def test_an_eager_config_that_measures_cheaper_keeps_the_forward_eager(world):
+    app, models, file = world
+    table = _table(base__eager=200.0, base_fp16w__eager=90.0, base__compiled=100.0)
+    start = startup.Startup(app, measure=table.__getitem__,
+                            compile_fn=lambda lm, log: compiled.enable(lm, publish=False), file=file)
+    start.run()
+    assert app.settings.target == "base-fp16w" and not app.settings.compiled
+    assert "eager version measured cheaper" in app.settings.compiled_note
+    assert compiled.engine(models[BASE]) is None and not isinstance(models[BASE].state.compiled, compiled.Engine)
+    # the decision is cached: the next start times nothing and serves the same
+    again = PlaygroundApp(Settings(target=BASE))
+    startup.Startup(again, measure=lambda config: pytest.fail(f"timed {config} again"),
+                    compile_fn=lambda lm, log: pytest.fail("compiled a config that does not serve"), file=file).run()
+    assert again.settings.target == "base-fp16w" and not again.settings.compiled
+
+
+def test_a_failed_compile_serves_eagerly_and_says_why(world, monkeypatch):
+    app, models, file = world
+    monkeypatch.setattr(compiled, "compiler_missing", lambda: None)
+    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0)
+    start = startup.Startup(app, measure=table.__getitem__,
+                            compile_fn=lambda lm, log: "compiling failed (CalledProcessError)", file=file)
+    start.run()
+    assert start.done.is_set() and start.error is None
+    assert app.settings.target == "base-fp16w" and not app.settings.compiled
+    assert "compiling failed" in app.settings.compiled_note
+    assert not file.exists()        # an incomplete ranking is not cached: the next start tries again
+
+
+def test_without_a_compiler_only_eager_configs_are_timed(world, monkeypatch):
+    app, models, file = world
+    monkeypatch.setattr(compiled, "compiler_missing", lambda: "no C++ compiler on this machine")
+    timed = []
+    table = _table(base__eager=100.0, base_fp16w__eager=150.0)
+    start = startup.Startup(app, measure=lambda c: timed.append(c) or table[c],
+                            compile_fn=lambda lm, log: pytest.fail("no compiler"), file=file)
+    start.run()
+    assert sorted(timed) == sorted(table) and app.settings.target == BASE and not app.settings.compiled
+    assert "C++ compiler" in app.settings.compiled_note
+
+
+def test_publishing_waits_for_the_running_race_and_holds_the_next():
+    """``Line.exclusive``: the start publishes the compiled forward only between races."""
+    line = Line(slots=1)
+    release, order = threading.Event(), []
+
+    def racing(comp):
+        order.append("race starts")
+        release.wait(10)
+        order.append("race ends")
+    first = Computation("a", racing)
+    line.submit(first)
+    for _ in range(200):
+        if order:
+            break
+        time.sleep(0.01)
+    held = threading.Event()
+
+    def publisher():
+        with line.exclusive():
+            order.append("published")
+            held.set()
+            time.sleep(0.2)
+        order.append("released")
+    threading.Thread(target=publisher, daemon=True).start()
+    time.sleep(0.2)
+    assert order == ["race starts"]           # the publisher waits for the running race
+    release.set()
+    assert held.wait(10)
+    second = Computation("b", lambda comp: order.append("next race"))
+    line.submit(second)
+    assert second.done.wait(10) and first.done.wait(10)
+    assert order == ["race starts", "race ends", "published", "released", "next race"]
+
+
+def _events(prefill_ms: float, steps: list[float]) -> tuple[list, list]:
+    events, times, t = [], [], 0.0
+    t += prefill_ms
+    events.append(ForwardPass(0, "target", 400, prefill_ms, "prefill"))
+    times.append(t)
+    for i, step in enumerate(steps):
+        events.append(ForwardPass(i + 1, "target", 1, step * 0.9, "decode"))
+        t += step
+        times.append(t)
+    return events, times
+
+
+def test_a_runs_decode_steps_exclude_the_prefill_however_long():
+    events, times = _events(2000.0, [80.0, 82.0, 79.0, 81.0])
+    assert decode_steps_ms(events, times) == pytest.approx([80.0, 82.0, 79.0, 81.0])
+    assert median_step_ms(events, times) == pytest.approx(80.5)
+    as_dicts = [{"type": type(e).__name__, **e.__dict__} for e in events]
+    assert median_step_ms(as_dicts, times) == pytest.approx(80.5)
+    assert median_step_ms(events[:1], times[:1]) is None
+
+
+def test_inductor_caches_where_the_readme_says_not_in_the_temporary_folder(monkeypatch, tmp_path):
+    """Importing some of transformers' models makes inductor write its default folder (under /tmp, lost at every
+    restart of a Space) into TORCHINDUCTOR_CACHE_DIR: that value is not taken for the operator's choice."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    monkeypatch.setattr(compiled, "PERSISTENT", tmp_path / "no-such-data")
+    monkeypatch.delenv("DECODING_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert compiled.cache_dir() == tmp_path / "xdg" / "decoding-playground" / "inductor"
+    assert compiled.use_cache_dir() == compiled.cache_dir()
+    import os
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(compiled.cache_dir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "operator"))       # the operator's own
+    assert compiled.cache_dir() == tmp_path / "operator"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setattr(compiled, "PERSISTENT", data)                               # a Space's /data
+    assert compiled.cache_dir() == data / "decoding-playground" / "inductor"

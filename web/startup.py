@@ -1,0 +1,257 @@
+"""The start's choices, made behind the page: the version and mode that serve the default target, and the
+strategies the page ticks by default. No Gradio here.
+
+The page is served first. :class:`Startup` then works in a background thread of the app (``app.main``):
+
+1. the eager configs of the default target (``runtime/routes.py``: each version, eager) are timed as the race runs
+   them (``harness/steps.race_costs``) and the cheapest serves at once; an earlier start's decision on this
+   machine (cached per CPU, threads, torch and candidates) skips the timing;
+2. where a C++ compiler exists, each version that compiles gets its forward compiled, *unpublished*: only this
+   thread's forwards use it (``compiled.building``), to time it; visitors' runs stay eager meanwhile, and the page
+   and each run's message say so;
+3. the cheapest config of all serves: its compiled forward is published while no run computes
+   (``Line.exclusive``: no race switches mode half-way), the page ticks ``fast`` for it;
+4. the default comparison is chosen on that config's measured forward-cost curve (``harness/pays.py``).
+
+Each step replaces ``app.settings`` (a frozen :class:`~web.service.Settings`) whole; a page opened later shows the
+new defaults (``app.py`` refreshes them on load), and every request reads the settings it was made under.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from decoding.harness.pays import default_comparison
+from decoding.harness.steps import greedy_steps_ms, race_costs
+from decoding.runtime import compiled, routes
+from decoding.runtime.models import cache_root, forget_models, load_presets
+from decoding.runtime.routes import WIDTH, Config, RouteChoice
+from decoding.runtime.warmup import warm
+from decoding.runtime.widths import machine_curve
+from decoding.strategies import registry
+from web.quiet import QuietLimits, baselines_of
+from web.service import DEFAULT_STRATEGIES, LIMITS, Settings
+
+Log = Callable[[str], None]
+ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
+
+
+def routes_file() -> Path:
+    return cache_root().parent / "routes.json"
+
+
+def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], float]] = None) -> Settings:
+    """``settings`` with the page's default comparison for this machine (``decoding/harness/pays.py``): the
+    strategies of ``DEFAULT_STRATEGIES`` expected to run at least as fast as greedy on the default target's
+    measured forward-cost curve in its served mode (``runtime/widths.machine_curve``; ``curve``: injected), and
+    one line for each one left out, which stays selectable. Without a curve (a GPU): all."""
+    if curve is None:
+        curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
+    if curve is None:
+        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="")
+    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()])
+    return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note)
+
+
+def compile_unpublished(lm: Any, log: Optional[Log] = None) -> Optional[str]:
+    """Compile ``lm``'s forward for this thread only (``compiled.enable(publish=False)`` + ``warm``); the reason
+    it stays eager, or None. Inductor's disk cache (``compiled.cache_dir``) makes a later start's compile cheap."""
+    reason = compiled.enable(lm, publish=False)
+    if reason is not None:
+        return reason
+    if log:
+        log(f"compiling {lm.name}'s forward in the background (a minute or two on 2 cores at the first start, "
+            f"seconds later: inductor's cache in {compiled.cache_dir()})")
+    try:
+        with compiled.building(lm):
+            warm(lm, progress=(lambda i, n: log(f"compiled forward {i}/{n}")) if log else None)
+    except Exception as exc:            # a compiler that fails here leaves the version eager
+        compiled.disable(lm)
+        return f"compiling failed ({type(exc).__name__})"
+    return None
+
+
+def timed_in_race(load: Callable[[str], Any]) -> routes.Measure:
+    """The app's ``Measure``: a config's race step, its compiled configs timed inside ``compiled.building``."""
+    def measure(config: Config) -> dict:
+        lm = load(config.preset)
+        with compiled.building(lm):
+            return race_costs(lm, config.compiled, width=WIDTH)
+    return measure
+
+
+class Startup:
+    """One app's background start (see the module docstring). ``measure`` and ``compile`` are injectable (tests);
+    ``pinned``: the operator named the target (``--target``), so only its modes are compared."""
+
+    def __init__(self, app: Any, *, compile: bool = True, pinned: Optional[str] = None,
+                 measure: Optional[routes.Measure] = None, compile_fn: Optional[Callable[..., Optional[str]]] = None,
+                 file: Optional[Path] = None, log: Optional[Log] = None) -> None:
+        self.app, self.compile, self.pinned = app, compile, pinned
+        self.measure = measure or timed_in_race(app.settings.load)
+        self.compile_fn = compile_fn or compile_unpublished
+        self.file, self.log = file, log or (lambda msg: None)
+        self.phase = "starting"            # starting -> timing -> compiling -> ready
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.reasons: dict = {}            # compiled configs that stayed eager -> why
+        # what the page says until the first choice is made
+        self._set(target_note=("the fastest version and mode of this model on this CPU are being timed in the "
+                               "background (once per machine); runs go eagerly meanwhile"),
+                  compiled_note="" if compile else "compiled CPU forward: off, turned off at start (--no-compile)")
+
+    # ------------------------------------------------------------------ what the page and runs are told
+    def run_note(self) -> str:
+        """What a run made before the start finished is told (empty once it has)."""
+        if self.done.is_set() or self.phase not in ("compiling", "timing", "starting"):
+            return ""
+        took = time.monotonic() - self.started
+        return (f" Ran eagerly: this machine's fastest configuration is still being {'compiled' if self.phase == 'compiling' else 'timed'} "
+                f"({took:.0f} s since the start); later runs use it once it is ready.")
+
+    def _set(self, **changes: Any) -> Settings:
+        self.app.settings = dataclasses.replace(self.app.settings, **changes)
+        return self.app.settings
+
+    # ------------------------------------------------------------------ the work
+    def start(self, then: Optional[Callable[[], None]] = None) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(then,), name="startup", daemon=True)
+        thread.start()
+        return thread
+
+    def run(self, then: Optional[Callable[[], None]] = None) -> None:
+        try:
+            self._choose()
+        except Exception as exc:       # noqa: BLE001: the page keeps serving its eager defaults
+            self.error = exc
+            self.log(f"start-up choices failed ({type(exc).__name__}: {exc}); serving eagerly")
+            self._set(compiled=False, compiled_note=f"compiled CPU forward: off, the start failed "
+                                                    f"({type(exc).__name__})")
+        finally:
+            self.phase = "ready"
+            self.done.set()
+        if then is not None:
+            then()
+
+    def _configs(self) -> tuple[str, list[Config]]:
+        can = self.compile and compiled.compiler_missing() is None
+        if self.pinned:
+            configs = [Config(self.pinned)] + ([Config(self.pinned, True)] if can else [])
+            return self.pinned, configs
+        base = self.app.settings.default_target()
+        return base, routes.candidates(base, load_presets(), can_compile=can)
+
+    def _choose(self) -> None:
+        base, configs = self._configs()
+        hit = routes.cached(base, configs, self.file) if len(configs) > 1 and not self.pinned else None
+        eager = [c for c in configs if not c.compiled]
+        if hit is not None:
+            choice = hit
+            self._serve_eager(hit.config if not hit.config.compiled else Config(hit.config.preset), hit)
+        elif len(configs) == 1:
+            choice = RouteChoice(configs[0], base, "only-one")
+        else:
+            self.phase = "timing"
+            final = len(eager) == len(configs)
+            choice = routes.rank(base, eager, measure=self.measure, progress=self.log, final=final)
+            self._serve_eager(choice.config, choice)
+            if final:
+                routes.remember(self.file, configs, choice)
+        to_compile = [c for c in configs if c.compiled and (hit is None or c == hit.config)]
+        if to_compile:
+            choice = self._compiled_stage(base, configs, to_compile, choice, timed=hit is None)
+        self._serve(choice, configs)
+        self._seed_quiet()
+        chosen = chosen_strategies(self.app.settings)
+        self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
+        for line in self.app.settings.strategies_note.splitlines():
+            self.log(f"not ticked by default here: {line}")
+
+    def _seed_quiet(self) -> None:
+        """The served config's quiet baseline (``web/quiet.py``), taken now rather than after a visitor's run."""
+        if not self.app.settings.quiet_recordings:
+            return
+        settings = self.app.settings
+        lm, fast = settings.load(settings.default_target()), settings.compiled
+        found = baselines_of(self.app).seed((settings.default_target(), fast),
+                                            lambda: statistics.median(greedy_steps_ms(lm, fast, tokens=16,
+                                                                                      repeats=1)),
+                                            QuietLimits.of(LIMITS))
+        if found is not None:
+            self.log(f"greedy's decode step here: {found.ms:.0f} ms" + (
+                "" if found.share is None else f" (others used {found.share:.0%} of the cores"
+                + (": not trusted, measured again after a run)" if found.share > QuietLimits.of(LIMITS).cpu_share
+                   else ")")))
+
+    def _serve_eager(self, config: Config, choice: RouteChoice) -> None:
+        compiling = self.compile and compiled.compiler_missing() is None
+        self._set(target=config.preset, target_note=choice.reason, compiled=False,
+                  compiled_note=("compiled CPU forward: being prepared in the background; runs go eagerly until it "
+                                 "is ready" if compiling else self.app.settings.compiled_note))
+        self.log(choice.reason)
+
+    def _compiled_stage(self, base: str, configs: list[Config], to_compile: list[Config], choice: RouteChoice,
+                        timed: bool) -> RouteChoice:
+        self.phase = "compiling"
+        costs, reasons = dict(choice.costs), {}
+        for config in to_compile:
+            reason = self.compile_fn(self.app.settings.load(config.preset), self.log)
+            if reason is not None:
+                reasons[config] = reason
+                self.log(f"{config.label}: stays eager, {reason}")
+        self.reasons.update(reasons)
+        if timed:
+            # every config timed again, interleaved with the compiled ones, each keeping its cheapest figures: the
+            # eager ones were timed earlier, under other conditions (a start loads, converts and measures kernels)
+            ready = [c for c in configs if not (c.compiled and c in reasons)]
+            for round_ in range(ROUNDS):
+                for config in (ready if round_ % 2 else ready[::-1]):
+                    self.log(f"timing {config.label}'s race step on this CPU")
+                    c = self.measure(config)
+                    old = costs.get(config.key)
+                    c1, cw = (c[1], c[WIDTH]) if old is None else (min(c[1], old["c1_ms"]), min(c[WIDTH], old["cW_ms"]))
+                    costs[config.key] = {"c1_ms": round(c1, 2), "cW_ms": round(cw, 2), "step_ms": round(c1 + cw, 2)}
+        if not timed:                       # the cached decision stands if its compile worked
+            return choice if choice.config not in reasons else RouteChoice(Config(choice.config.preset), base,
+                                                                            "cache", choice.costs)
+        measured = [c for c in configs if c.key in costs]
+        final = routes.rank(base, measured, measure=self.measure, earlier=costs)
+        if not reasons:
+            routes.remember(self.file, configs, final)
+        return final
+
+    def _serve(self, choice: RouteChoice, configs: list[Config]) -> None:
+        """Publish the chosen config's compiled forward while no run computes; drop the other engines."""
+        winner = choice.config
+        for config in configs:
+            if config.compiled and config != winner:
+                lm = self.app.settings.load(config.preset)
+                if compiled.engine(lm) is None:       # never published: drop the unused graphs
+                    compiled.disable(lm)
+        reasons = self.reasons
+        lm = self.app.settings.load(winner.preset)
+        with self.app.line.exclusive():
+            if winner.compiled and compiled.publish(lm):
+                stats = compiled.engine(lm).stats()
+                note = (f"compiled CPU forward: on for {lm.name} (inductor; {stats['graphs']} graphs, compiled in "
+                        f"{stats['compile_s']:.0f} s; attention: {stats['attention']}); it measured the cheapest "
+                        f"race step here")
+                self._set(target=winner.preset, target_note=choice.reason, compiled=True, compiled_note=note)
+            else:
+                why = next(iter(reasons.values()), None) if reasons else None
+                if not self.compile:
+                    why = "turned off at start (--no-compile)"
+                elif any(c.compiled for c in configs) and why is None:
+                    why = "the eager version measured cheaper here"
+                note = "compiled CPU forward: off, " + (why or compiled.why_not(lm) or "this model stays eager")
+                self._set(target=winner.preset, target_note=choice.reason, compiled=False, compiled_note=note)
+        if choice.source in ("measured", "partial"):
+            forget_models(keep=(winner.preset,))    # the versions timed but not served are not kept loaded
+        self.log(choice.reason)
+        self.log(self.app.settings.compiled_note)
