@@ -161,10 +161,12 @@ def test_models_the_compiler_does_not_take_stay_eager_and_say_why():
     session.forward(session.tensor([[3]]))
     assert session.runner.engine is None and session.runner.compiled_forwards == ran == 0
     from decoding.runtime.kernels import HalfLinear, half_available
-    if half_available():
+    if half_available():           # FBGEMM's float16 weights stay eager; the project's kernel's compile
         llama = tiny_causal("llama", seed=0)
         llama.model.lm_head = HalfLinear(llama.model.lm_head)
         assert "float16" in compiled.why_not(llama)
+        llama.model.lm_head = HalfLinear(llama.model.lm_head.unpacked(), own=True)
+        assert compiled.why_not(llama) is None
 
 
 def test_without_a_compiler_the_model_runs_eagerly_and_says_why(monkeypatch):
@@ -219,29 +221,45 @@ def test_the_bundled_model_gives_the_same_tokens_compiled_and_eager(bundled):
     assert engine.calls - before == sum(run.target_forwards - 1 for run in runs)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "packed"])
+@pytest.mark.parametrize("weights", ["bf16", "packed", "fp16"])
 def test_joined_projections_are_used_and_keep_every_strategys_tokens(weights):
     """q/k/v and gate/up run as one product each in the compiled graph (runtime/compiled._Joined): on a model
     whose linears allow it, every layer is joined, and every lossless strategy still gives eager greedy's tokens
-    (a join that split its output in the wrong order, or dropped a bias, would not)."""
-    from decoding.runtime import kernels
+    (a join that split its output in the wrong order, or dropped a bias, would not). ``fp16``: a float16-weight
+    target on the project's kernel (``kernels.half_target_linears``): compiled, every lossless strategy gives the
+    compiled greedy's tokens, and the kernel is the one that ran (its calls counted)."""
+    from decoding.runtime import attention_kernels, kernels
     if weights == "bf16" and not kernels.bf16_available():
         pytest.skip("no bfloat16-weight linears on this machine")
+    if weights == "fp16" and not kernels.half_available():
+        pytest.skip("no float16-weight linears on this machine")
     if not kernels.available():
         pytest.skip("no oneDNN linears in this PyTorch")
     model = tiny_causal("llama", seed=3, scale=8.0, dtype=torch.float32)
-    swapped = kernels.bf16_linears(model.model) if weights == "bf16" else kernels.pack_linears(model.model)
-    assert swapped > 0
+    swap = {"bf16": kernels.bf16_linears, "packed": kernels.pack_linears, "fp16": kernels.half_target_linears}
+    assert swap[weights](model.model) > 0
+    if weights == "fp16":
+        assert attention_kernels.ready() and all(m.own for m in model.model.modules()
+                                                 if isinstance(m, kernels.HalfLinear))
     assert compiled.enable(model) is None
     try:
         engine = compiled.engine(model)
         assert all(qkv is not None and gate_up is not None for qkv, gate_up in engine.joined())
         assert engine.joined()[0][0].sizes == [64, 32, 32] and engine.joined()[0][1].sizes == [128, 128]
         for ids in (prompt(7, 1), _repetitive(model)):
-            want = greedy(ids, ModelPair(model), GreedyParams(), max_new_tokens=36).token_ids
+            want = greedy(ids, ModelPair(model), GreedyParams(fast=weights == "fp16"), max_new_tokens=36).token_ids
+            if weights == "fp16":       # and eager greedy on the same kernel agrees here too
+                assert greedy(ids, ModelPair(model), GreedyParams(), max_new_tokens=36).token_ids == want
             for name, run in _runs(ids, model, fast=True).items():
                 assert run().token_ids == want, name
         assert engine.entries() == 1
+        # the project's float16 kernel is what runs, eager and compiled
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            greedy(prompt(7, 1), ModelPair(model), GreedyParams(fast=True), max_new_tokens=3)
+        calls = sum(e.count for e in prof.key_averages() if e.key == "decoding_attention::half_linear")
+        layers = len(model.model.model.layers)
+        # the eager prefill's 7 products a layer and the head, then 2 compiled forwards of 4 (joined) and the head
+        assert calls == ((7 * layers + 1) + 2 * (4 * layers + 1) if weights == "fp16" else 0), calls
     finally:
         compiled.disable(model)
 

@@ -1,7 +1,7 @@
 """Float16-weight presets (``weights: fp16``): another model, and every strategy exact against its own greedy.
 
-The preset keeps float32 activations and reads float16 copies of the linear layers' weights (FBGEMM,
-``kernels.HalfLinear``). What would break it: loading it as the float32 model (no layer swapped), a verify
+The preset keeps float32 activations and reads float16 copies of the linear layers' weights (``kernels.HalfLinear``:
+the project's kernel where it builds, whose rows are the same bits at any width, else FBGEMM's). What would break it: loading it as the float32 model (no layer swapped), a verify
 forward whose rows depend on how many are computed together (as a bfloat16 model's do), a preset that
 loads on a device it cannot run on, or a prophet head looked up under a name nothing ships.
 """
@@ -41,6 +41,34 @@ def test_rows_do_not_depend_on_how_many_are_computed_together():
         wide, narrow = width_logits(lm.model, torch.tensor([prompt(12, seed=1)]), torch.tensor([prompt(10, seed=2)]))
     assert torch.allclose(wide, narrow, atol=1e-4, rtol=1e-4)
     assert torch.equal(wide.argmax(-1), narrow.argmax(-1))
+
+
+@needs_half
+def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
+    """The float16-weight target's linears (``kernels.half_target_linears``) run on the project's kernel where it
+    builds: every row of a product over M rows is the bits of the same row alone (FBGEMM's differ for every M > 1
+    on an AMD EPYC Zen 3), so a verify forward's row is the one-position forward's product for product."""
+    from decoding.runtime import attention_kernels
+    if attention_kernels.load_default() is not None:
+        pytest.skip(f"the project's kernel does not build here: {attention_kernels.load_default()}")
+    gen = torch.Generator().manual_seed(0)
+    for n, k in ((96, 64), (200, 576), (1536, 576), (576, 1536)):
+        layer = torch.nn.Linear(k, n)
+        half = kernels.HalfLinear(layer, own=True)
+        assert half.own
+        x = torch.randn(40, k, generator=gen)
+        with torch.inference_mode():
+            alone = torch.cat([half(x[i:i + 1]) for i in range(40)])
+            for m in (2, 3, 4, 7, 10, 17, 40):
+                assert torch.equal(half(x[:m]), alone[:m]), (n, k, m)
+            want = torch.nn.functional.linear(x.double(), layer.weight.half().double(), layer.bias.double())
+        assert torch.allclose(alone.double(), want, atol=1e-5, rtol=1e-5)
+    lm = tiny_causal("llama", seed=3, scale=4.0)
+    assert kernels.half_target_linears(lm.model) > 0
+    assert all(m.own for m in lm.model.modules() if isinstance(m, kernels.HalfLinear))
+    with torch.inference_mode():
+        wide, narrow = width_logits(lm.model, torch.tensor([prompt(12, seed=1)]), torch.tensor([prompt(10, seed=2)]))
+    assert torch.allclose(wide, narrow, atol=1e-5, rtol=1e-5) and torch.equal(wide.argmax(-1), narrow.argmax(-1))
 
 
 @needs_half

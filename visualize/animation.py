@@ -126,7 +126,7 @@ def plan(doc: dict, mode: str, max_frames: int = MAX_FRAMES) -> list[tuple[float
 
 
 def check_mode(mode: Any) -> str:
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:      # a list or a dict would not hash: a refusal by name
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES)} (real time or target forward "
                          f"passes), got {str(mode)[:40]!r}")
     return mode

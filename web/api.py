@@ -22,9 +22,21 @@ from decoding.strategies import registry
 from web.playground import PlaygroundApp
 from web.handlers import Finished, follow_run, job, user_error
 from web.service import (DEFAULT_MAX_NEW, DEFAULT_SETTINGS, GENERATION_FIELDS, RunRequest, Settings, build_plan,
-                         check_model_name, cli_document, run_request, ui_default)
+                         check_model_name, cli_document, field_kind, run_request, ui_default)
 
 PARAMS_EXAMPLE = '{"prophet": {"tree_nodes": 8}}'
+
+
+def _check_json_types(strategy: str, cls: type, given: dict) -> None:
+    """A number or a boolean parameter must come as one in the JSON, never as text: ``{"tree_nodes": "8"}`` and
+    ``{"fast": "yes"}`` are refused by name, as the CLI refuses ``--set fast=maybe`` (the page's fields send
+    typed values; only an API client can send text)."""
+    for key, value in given.items():
+        kind = field_kind(cls, key)
+        if kind is bool and not isinstance(value, bool) and value is not None:
+            raise ValueError(f"params.{strategy}.{key} must be true or false, got {str(value)[:40]!r}")
+        if kind in (int, float) and (isinstance(value, (str, bool))):
+            raise ValueError(f"params.{strategy}.{key} must be a number, got {str(value)[:40]!r}")
 
 
 def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETTINGS) -> dict[tuple[str, str], Any]:
@@ -51,6 +63,7 @@ def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETT
         if unknown:
             raise ValueError(f"params.{name}: unknown parameter {unknown[0]!r}; its parameters: "
                              f"{', '.join(fields) or 'none'}")
+        _check_json_types(name, reg[name].params_cls, given)
     values: dict[tuple[str, str], Any] = {}
     for name in chosen:
         raw = {f.name: ui_default(name, f.name, settings) for f in dataclasses.fields(reg[name].params_cls)}

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 from decoding.harness.pays import default_comparison
 from decoding.harness.steps import greedy_steps_ms, race_costs
 from decoding.runtime import compiled, routes
-from decoding.runtime.models import cache_root, forget_models, load_presets
+from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
 from decoding.runtime.routes import WIDTH, Config, RouteChoice
 from decoding.runtime.warmup import warm
 from decoding.runtime.widths import machine_curve
@@ -145,11 +145,11 @@ class Startup:
             configs = [Config(self.pinned)] + ([Config(self.pinned, True)] if can else [])
             return self.pinned, configs
         base = self.app.settings.default_target()
-        return base, routes.candidates(base, load_presets(), can_compile=can)
+        return base, routes.candidates(base, load_presets(), device=pick_device().type, can_compile=can)
 
     def _choose(self) -> None:
         base, configs = self._configs()
-        hit = routes.cached(base, configs, self.file) if len(configs) > 1 and not self.pinned else None
+        hit = routes.cached(base, configs, self.file) if len(configs) > 1 else None
         eager = [c for c in configs if not c.compiled]
         if hit is not None:
             choice = hit

@@ -24,6 +24,42 @@ import torch
 
 from decoding import verify
 
+PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
+
+
+def _operator_inductor_dir() -> Optional[str]:
+    """``TORCHINDUCTOR_CACHE_DIR`` when the operator set it. Inductor writes its own default (under the system's
+    temporary folder) into that variable the first time anything asks for its folder (importing some of
+    transformers' models does), so a value equal to that default is inductor's, not the operator's."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen:
+        return None
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        if os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+            return None
+    except Exception:  # noqa: BLE001: a PyTorch without that helper: take the variable as set
+        pass
+    return chosen
+
+
+def cache_dir() -> Path:
+    """Where inductor keeps compiled graphs across restarts: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
+    ``inductor`` under ``DECODING_CACHE_DIR``, else under a Space's persistent ``/data`` (a Space's temporary
+    folders go at every restart), else under the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``), beside the
+    converted models. Never inductor's default (the system's temporary folder)."""
+    chosen = _operator_inductor_dir()
+    if chosen:
+        return Path(chosen)
+    root = os.environ.get("DECODING_CACHE_DIR")
+    if not root and PERSISTENT.is_dir() and os.access(PERSISTENT, os.W_OK):
+        root = str(PERSISTENT / "decoding-playground")
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                            "decoding-playground")
+    return Path(root) / "inductor"
+
+
 SOURCE = Path(__file__).with_name("attention_kernels.cpp")
 ENV_SWITCH = "DECODING_ATTENTION_KERNEL"       # "0": inductor's loops instead
 _LOCK = threading.Lock()
@@ -93,6 +129,26 @@ def load(cache: Path) -> Optional[str]:
         return reason
 
 
+def load_default() -> Optional[str]:
+    """:func:`load` from this machine's build folder (``cache_dir() / "decoding-attention"``)."""
+    return load(cache_dir() / "decoding-attention")
+
+
+def pack_half(weight: torch.Tensor) -> torch.Tensor:
+    """A ``[N, K]`` weight (N a multiple of 4, K of 8) as :func:`half_linear` reads it: float16, ``[N / 4, K / 8,
+    4, 8]`` (each tile of 4 outputs one contiguous run). Packs of two weights concatenate along dim 0."""
+    n, k = weight.shape
+    if n % 4 or k % 8:
+        raise ValueError(f"pack_half takes [N, K] with N a multiple of 4 and K of 8, got {tuple(weight.shape)}")
+    return weight.detach().half().reshape(n // 4, 4, k // 8, 8).transpose(1, 2).contiguous()
+
+
+def half_linear(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[M, K]`` float32 rows times a :func:`pack_half` weight (+ bias) -> ``[M, N]`` float32, each row's bits the
+    same at any M (``half_linear`` in attention_kernels.cpp). The kernel must be loaded."""
+    return torch.ops.decoding_attention.half_linear(rows, packed, bias)
+
+
 def ready() -> bool:
     return _STATE.get("reason", "not loaded") is None
 
@@ -109,6 +165,10 @@ _argmax_op = None          # tests put a counting wrapper here
 
 
 def _register_fakes() -> None:
+    @torch.library.register_fake("decoding_attention::half_linear")
+    def _(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return x.new_empty(x.shape[0], w.shape[0] * 4)
+
     @torch.library.register_fake("decoding_attention::scores")
     def _(rows: torch.Tensor, keys_t: torch.Tensor, span: int) -> torch.Tensor:
         kv, d = keys_t.shape[0], keys_t.shape[1]

@@ -53,40 +53,7 @@ ENV_SWITCH = "DECODING_COMPILE"                # "0" keeps every forward eager
 _COMPILE_LOCK = threading.Lock()               # one compilation at a time (dynamo is not re-entrant)
 
 
-PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
-
-
-def _operator_inductor_dir() -> Optional[str]:
-    """``TORCHINDUCTOR_CACHE_DIR`` when the operator set it. Inductor writes its own default (under the system's
-    temporary folder) into that variable the first time anything asks for its folder (importing some of
-    transformers' models does), so a value equal to that default is inductor's, not the operator's."""
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not chosen:
-        return None
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        if os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
-            return None
-    except Exception:  # noqa: BLE001: a PyTorch without that helper: take the variable as set
-        pass
-    return chosen
-
-
-def cache_dir() -> Path:
-    """Where inductor keeps compiled graphs across restarts: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``inductor`` under ``DECODING_CACHE_DIR``, else under a Space's persistent ``/data`` (a Space's temporary
-    folders go at every restart), else under the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``), beside the
-    converted models. Never inductor's default (the system's temporary folder)."""
-    chosen = _operator_inductor_dir()
-    if chosen:
-        return Path(chosen)
-    root = os.environ.get("DECODING_CACHE_DIR")
-    if not root and PERSISTENT.is_dir() and os.access(PERSISTENT, os.W_OK):
-        root = str(PERSISTENT / "decoding-playground")
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-                            "decoding-playground")
-    return Path(root) / "inductor"
+cache_dir = attention_kernels.cache_dir        # where inductor and the project's kernels keep their builds
 
 
 def use_cache_dir() -> Path:
@@ -132,8 +99,9 @@ def why_not(lm: Any) -> Optional[str]:
     attn = layers[0].self_attn
     if hasattr(attn, "q_norm") or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return "an unexpected attention layout"
-    if any(isinstance(m, HalfLinear) for m in lm.model.modules()):
-        return "float16-weight linears (FBGEMM's prepacked weights are opaque to the compiler)"
+    if any(isinstance(m, HalfLinear) and not m.own for m in lm.model.modules()):
+        return ("float16-weight linears on FBGEMM (its prepacked weights are opaque to the compiler, and its rows "
+                "change with the width; the project's kernel did not build here)")
     return None
 
 
@@ -249,6 +217,11 @@ class _Joined:
 
     @classmethod
     def of(cls, layers: list) -> Optional["_Joined"]:
+        if all(type(m) is HalfLinear and m.own for m in layers):       # float16 weights on the project's kernel
+            biases = [m.packed_bias for m in layers]
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)])
+            return cls(torch.cat([m.packed for m in layers]), bias, [m.out_features for m in layers], "half")
         if all(type(m) is kernels.Bf16Linear for m in layers):
             reduced, dtype = True, torch.bfloat16
         elif all(type(m) is kernels.PackedLinear and m._packed_at[1] and m.packed.dtype == torch.float32
@@ -266,6 +239,8 @@ class _Joined:
         return cls(packed, bias, [m.out_features for m in layers], reduced)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.reduced == "half":  # as HalfLinear.reduced on the project's kernel: each output its own sum
+            return attention_kernels.half_linear(rows, self.packed, self.bias)
         if self.reduced:            # as Bf16Linear.reduced: bfloat16 in, float32 accumulation, bfloat16 out
             return kernels.onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
         return kernels.onednn_linear(rows, self.packed, self.bias, self.out_features)

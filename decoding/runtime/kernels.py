@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decoding.runtime import attention_kernels
+
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 KINDS = ("default", "packed")
 # Row-count buckets (first, last; None = no limit): 1 is a greedy step, 2-9 a verify
@@ -364,12 +366,22 @@ class HalfLinear(_ReducedLinear):
     gradients are needed or the input is not a float32 CPU tensor.
     """
 
-    def __init__(self, linear: nn.Module) -> None:
+    def __init__(self, linear: nn.Module, own: bool = False) -> None:
         super().__init__(linear)
-        object.__setattr__(self, "packed", torch.ops.quantized.linear_prepack_fp16(
-            linear.weight.detach().float(), None if linear.bias is None else linear.bias.detach().float()))
+        weight = linear.weight.detach().float()
+        # ``own``: the project's kernel (attention_kernels.half_linear: a row's bits the same at any row count, which
+        # FBGEMM's are not on an AVX2 CPU; what a float16-weight *target* needs, compiled or not), else FBGEMM's
+        self.own = bool(own) and weight.shape[0] % 4 == 0 and weight.shape[1] % 8 == 0
+        if self.own:
+            object.__setattr__(self, "packed", attention_kernels.pack_half(weight))
+            object.__setattr__(self, "packed_bias", None if linear.bias is None else linear.bias.detach().float())
+        else:
+            object.__setattr__(self, "packed", torch.ops.quantized.linear_prepack_fp16(
+                weight, None if linear.bias is None else linear.bias.detach().float()))
 
     def reduced(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.own:
+            return attention_kernels.half_linear(rows, self.packed, self.packed_bias)
         return torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)
 
 
@@ -399,6 +411,15 @@ def half_linears(model: nn.Module) -> int:
     afterwards.
     """
     return _swap_float32_linears(model, HalfLinear) if half_available() else 0
+
+
+def half_target_linears(model: nn.Module) -> int:
+    """``half_linears`` for a float16-weight *target* (``weights: fp16``): on the project's kernel where it builds
+    here (rows independent of the width: exact against its own greedy, and compilable), else on FBGEMM's."""
+    if not half_available():
+        return 0
+    own = attention_kernels.load_default() is None
+    return _swap_float32_linears(model, lambda linear: HalfLinear(linear, own=own))
 
 
 def _swap_float32_linears(model: nn.Module, wrap: Callable[[nn.Module], nn.Module]) -> int:

@@ -1,0 +1,32 @@
+"""Edges of the API a hostile probe found (issue 48 item 10): each is a refusal by name, never Gradio's generic
+"upstream app raised an exception"."""
+
+from __future__ import annotations
+
+import pytest
+
+from visualize.animation import check_mode
+from web.api import param_values
+
+
+@pytest.mark.parametrize("mode", [["time"], {"time": 1}, None, 3, "frames"])
+def test_an_export_mode_that_is_not_one_of_the_two_names_is_refused_by_name(mode):
+    with pytest.raises(ValueError, match="mode must be one of 'time', 'steps'"):
+        check_mode(mode)
+    assert check_mode("time") == "time" and check_mode("steps") == "steps"
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"prophet": {"tree_nodes": "8"}}, r"params\.prophet\.tree_nodes must be a number, got '8'"),
+    ({"prophet": {"fast": "yes"}}, r"params\.prophet\.fast must be true or false, got 'yes'"),
+    ({"prophet": {"fast": 1}}, r"params\.prophet\.fast must be true or false"),
+    ({"prophet": {"tree_nodes": True}}, r"params\.prophet\.tree_nodes must be a number"),
+])
+def test_race_refuses_text_where_a_number_or_a_boolean_belongs(params, message):
+    with pytest.raises(ValueError, match=message):
+        param_values(["prophet"], params)
+
+
+def test_race_takes_typed_numbers_and_booleans():
+    values = param_values(["prophet"], {"prophet": {"tree_nodes": 8, "fast": True}})
+    assert values[("prophet", "tree_nodes")] == 8 and values[("prophet", "fast")] is True
