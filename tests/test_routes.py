@@ -34,7 +34,9 @@ def test_candidates_are_each_loadable_version_eager_and_where_it_compiles_compil
     assert candidates(BASE, _presets()) == [E(BASE), E("base-fp16w")]
     monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
     assert candidates(BASE, _presets(), can_compile=True) == [
-        E(BASE), E("base-fp16w"), E("base-bf16w"), C(BASE), C("base-bf16w")]   # float16 linears do not compile
+        E(BASE), E("base-fp16w"), E("base-bf16w"), C(BASE), C("base-fp16w"), C("base-bf16w")]
+    monkeypatch.setattr(routes, "COMPILED_WEIGHTS", ("full", "bf16"))      # a weight kind that cannot compile
+    assert C("base-fp16w") not in candidates(BASE, _presets(), can_compile=True)
     assert candidates(BASE, _presets(), device="cuda", can_compile=True) == [E(BASE)]
     assert candidates("unknown", _presets()) == [E("unknown")]
     assert Config.parse(C(BASE).key) == C(BASE) and Config.parse(E(BASE).key) == E(BASE)

@@ -60,7 +60,7 @@ def _table(**steps: float) -> dict:
 @needs_compiler
 def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_ready(world):
     app, models, file = world
-    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0)
+    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0, base_fp16w__compiled=120.0)
     gate, inside, seen = threading.Event(), threading.Event(), []
 
     def compile_fn(lm, log):            # what compile_unpublished does, held until the test lets it finish
@@ -88,7 +88,7 @@ def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_read
 @needs_compiler
 def test_an_eager_config_that_measures_cheaper_keeps_the_forward_eager(world):
     app, models, file = world
-    table = _table(base__eager=200.0, base_fp16w__eager=90.0, base__compiled=100.0)
+    table = _table(base__eager=200.0, base_fp16w__eager=90.0, base__compiled=100.0, base_fp16w__compiled=95.0)
     start = startup.Startup(app, measure=table.__getitem__,
                             compile_fn=lambda lm, log: compiled.enable(lm, publish=False), file=file)
     start.run()
@@ -105,7 +105,7 @@ def test_an_eager_config_that_measures_cheaper_keeps_the_forward_eager(world):
 def test_a_failed_compile_serves_eagerly_and_says_why(world, monkeypatch):
     app, models, file = world
     monkeypatch.setattr(compiled, "compiler_missing", lambda: None)
-    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0)
+    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0, base_fp16w__compiled=90.0)
     start = startup.Startup(app, measure=table.__getitem__,
                             compile_fn=lambda lm, log: "compiling failed (CalledProcessError)", file=file)
     start.run()
@@ -186,7 +186,8 @@ def test_inductor_caches_where_the_readme_says_not_in_the_temporary_folder(monke
     """Importing some of transformers' models makes inductor write its default folder (under /tmp, lost at every
     restart of a Space) into TORCHINDUCTOR_CACHE_DIR: that value is not taken for the operator's choice."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    monkeypatch.setattr(compiled, "PERSISTENT", tmp_path / "no-such-data")
+    from decoding.runtime import attention_kernels
+    monkeypatch.setattr(attention_kernels, "PERSISTENT", tmp_path / "no-such-data")
     monkeypatch.delenv("DECODING_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
@@ -199,5 +200,5 @@ def test_inductor_caches_where_the_readme_says_not_in_the_temporary_folder(monke
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     data = tmp_path / "data"
     data.mkdir()
-    monkeypatch.setattr(compiled, "PERSISTENT", data)                               # a Space's /data
+    monkeypatch.setattr(attention_kernels, "PERSISTENT", data)                      # a Space's /data
     assert compiled.cache_dir() == data / "decoding-playground" / "inductor"

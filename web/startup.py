@@ -34,7 +34,7 @@ from decoding.runtime.routes import WIDTH, Config, RouteChoice
 from decoding.runtime.warmup import warm
 from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
-from web.quiet import QuietLimits, baselines_of
+from web.quiet import QuietLimits, baselines_of, others_share, read_proc
 from web.service import DEFAULT_STRATEGIES, LIMITS, Settings
 
 Log = Callable[[str], None]
@@ -93,7 +93,8 @@ class Startup:
                  measure: Optional[routes.Measure] = None, compile_fn: Optional[Callable[..., Optional[str]]] = None,
                  file: Optional[Path] = None, log: Optional[Log] = None) -> None:
         self.app, self.compile, self.pinned = app, compile, pinned
-        self.measure = measure or timed_in_race(app.settings.load)
+        self._measure = measure or timed_in_race(app.settings.load)
+        self.busy: list[str] = []          # configs timed while other processes held the cores (not cached)
         self.compile_fn = compile_fn or compile_unpublished
         self.file, self.log = file, log or (lambda msg: None)
         self.phase = "starting"            # starting -> timing -> compiling -> ready
@@ -105,6 +106,25 @@ class Startup:
         self._set(target_note=("the fastest version and mode of this model on this CPU are being timed in the "
                                "background (once per machine); runs go eagerly meanwhile"),
                   compiled_note="" if compile else "compiled CPU forward: off, turned off at start (--no-compile)")
+
+    def measure(self, config: Config) -> dict:
+        """One config's race step, timed while no visitor's run computes (``Line.exclusive``: a run would slow it,
+        and it the run), and while /proc watches the other processes (``web/quiet.py``)."""
+        limits = QuietLimits.of(LIMITS)
+        with self.app.line.exclusive():
+            before = read_proc()
+            costs = self._measure(config)
+            share = others_share(before, read_proc(), limits.window_s)
+        if share is not None and share > limits.cpu_share:
+            self.busy.append(f"{config.label} (others used {share:.0%} of the cores)")
+        return costs
+
+    def _remember(self, configs: list[Config], choice: RouteChoice) -> None:
+        """Cache the decision, unless a timing was made while the machine was busy (then the next start times again)."""
+        if self.busy:
+            self.log(f"not cached: timed while the machine was busy: {'; '.join(self.busy)}")
+            return
+        routes.remember(self.file, configs, choice)
 
     # ------------------------------------------------------------------ what the page and runs are told
     def run_note(self) -> str:
@@ -162,7 +182,7 @@ class Startup:
             choice = routes.rank(base, eager, measure=self.measure, progress=self.log, final=final)
             self._serve_eager(choice.config, choice)
             if final:
-                routes.remember(self.file, configs, choice)
+                self._remember(configs, choice)
         to_compile = [c for c in configs if c.compiled and (hit is None or c == hit.config)]
         if to_compile:
             choice = self._compiled_stage(base, configs, to_compile, choice, timed=hit is None)
@@ -223,7 +243,7 @@ class Startup:
         measured = [c for c in configs if c.key in costs]
         final = routes.rank(base, measured, measure=self.measure, earlier=costs)
         if not reasons:
-            routes.remember(self.file, configs, final)
+            self._remember(configs, final)
         return final
 
     def _serve(self, choice: RouteChoice, configs: list[Config]) -> None:
