@@ -26,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ROOT  # first: repository root on sys.path
+from common import ROOT, default_race  # first: repository root on sys.path
 
 import torch
 
@@ -35,7 +35,6 @@ from decoding.harness.runner import encode_prompt, run_comparison
 from decoding.harness.steps import greedy_steps_ms
 from decoding.runtime import compiled, routes
 from decoding.runtime.forward_cost import forward_cost
-from decoding.runtime.head import prophet_for
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import PRESETS_DIR, default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
@@ -47,23 +46,9 @@ WIDTHS = (1, 4, 16)
 
 
 def _race(lm, fast: bool, strategies: list[str], repeats: int, max_new: int, prompt: str = PROMPT) -> dict:
-    pair = ModelPair(lm, prophet=prophet_for(lm))
-    ids = encode_prompt(lm.tokenizer, prompt, chat=True)
-    plan = [(name, {"fast": fast}) for name in strategies]
-    run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=True, trace=False)
-    speed: dict = {name: [] for name in strategies}
-    same, step, tok_s = {}, {name: [] for name in strategies}, []
-    for _ in range(repeats):
-        results = run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=False, trace=False)
-        greedy = results[0]
-        tok_s.append(len(greedy.token_ids) / greedy.wall_s)
-        for r in results[1:]:
-            speed[r.strategy].append(greedy.wall_s / r.wall_s)
-            step[r.strategy].append((r.wall_s / r.target_forwards) / (greedy.wall_s / greedy.target_forwards))
-            same[r.strategy] = bool(r.matches_greedy)
-    return {"speedup": {k: statistics.median(v) for k, v in speed.items() if v},
-            "step_in_greedy_steps": {k: statistics.median(v) for k, v in step.items() if v},
-            "greedy_tok_s": statistics.median(tok_s), "equal_greedy": same}
+    got = default_race(lm, [(name, {"fast": fast}) for name in strategies], repeats, max_new, prompt=prompt)
+    return {"speedup": got["speedup"], "prophet_step_in_greedy_steps": got["prophet_step_over_greedy_step"],
+            "greedy_tok_s": got["greedy_tok_s"], "equal_greedy": got["equal_greedy"]}
 
 
 def _generate_ratio(lm, fast: bool, repeats: int, max_new: int) -> float:
@@ -115,6 +100,11 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
     return row
 
 
+def _prophet_step(row: dict) -> float:
+    step = row.get("prophet_step_in_greedy_steps") or (row.get("step_in_greedy_steps") or {}).get("prophet")
+    return float("nan") if step is None else step
+
+
 def markdown(rows: list[dict]) -> str:
     strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
     head = ("| CPU | config | c(1) ms | c(4) | c(16) | c(16)/c(1) | greedy tok/s | greedy/generate | "
@@ -130,7 +120,7 @@ def markdown(rows: list[dict]) -> str:
         unseen = r.get("prophet_unseen")
         lines.append(f"| {r['cpu']} | {r['label']} | {f['1']:.1f} | {f['4']:.1f} | {f['16']:.1f} | "
                      f"{r['forward_16_over_1']:.2f} | {r['greedy_tok_s']:.1f} | {r['greedy_over_generate']:.2f} | "
-                     f"{r['step_in_greedy_steps'].get('prophet', float('nan')):.2f} | {race} | "
+                     f"{_prophet_step(r):.2f} | {race} | "
                      + (f"{unseen['median']:.2f}× ({unseen['prompts']} prompts)" if unseen else "–") + " |")
     return "\n".join(lines)
 
@@ -148,18 +138,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         configs = [routes.Config.parse(k) for k in args.config]
     path = Path(args.json)
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    label = cpu_label()
-    print(f"CPU: {label}; {torch.get_num_threads()} threads; configs: {', '.join(c.label for c in configs)}",
+    print(f"CPU: {cpu_label()}; {torch.get_num_threads()} threads; configs: {', '.join(c.label for c in configs)}",
           flush=True)
-    fresh = []
+    path.parent.mkdir(parents=True, exist_ok=True)
     for config in configs:
         row = measure(config, args)
         print(json.dumps(row), flush=True)
-        fresh.append(row)
-    keys = {(r["cpu"], r["config"]) for r in fresh}
-    rows = [r for r in rows if (r.get("cpu"), r.get("config")) not in keys] + fresh
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        rows = [r for r in rows if (r.get("cpu"), r.get("config")) != (row["cpu"], row["config"])] + [row]
+        path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")       # each row kept as soon as measured
     print(markdown(rows))
     return rows
 
