@@ -30,3 +30,14 @@ def test_race_refuses_text_where_a_number_or_a_boolean_belongs(params, message):
 def test_race_takes_typed_numbers_and_booleans():
     values = param_values(["prophet"], {"prophet": {"tree_nodes": 8, "fast": True}})
     assert values[("prophet", "tree_nodes")] == 8 and values[("prophet", "fast")] is True
+
+
+def test_race_without_a_target_races_the_version_the_start_chose():
+    """``/race``'s target defaults to what ``app.settings`` serves when the call is made (web/startup.py chooses it
+    after the page is up), not to the default the endpoint had when it was built."""
+    from web.api import race_request
+    from web.service import Settings
+    chosen = Settings(target="smollm2-135m-instruct-fp16w")
+    req = race_request("Hi", ["greedy"], None, None, 8, 0, True, None, settings=chosen)
+    assert req.inputs.model == "smollm2-135m-instruct-fp16w"
+    assert race_request("Hi", ["greedy"], None, None, 8, 0, True, None).inputs.model == "smollm2-135m-instruct"
