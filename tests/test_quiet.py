@@ -75,7 +75,10 @@ class Machine:
         monkeypatch.setattr(type(QUIET), "load", lambda settings, name: object())
         monkeypatch.setattr(compute, "forward_cost", lambda lm, width, fast=False: ForwardCost({1: start_ms}))
 
+        self.contexts = []
+
         def probe(lm, fast, **kw):
+            self.contexts.append(kw.get("context"))
             ms, others = self.probes.pop(0)
             self.proc.others = others                      # the load while the probe ran
             self.probed.append(ms)
@@ -223,3 +226,20 @@ def test_the_decode_step_leaves_the_prefill_out():
     assert decode_step_ms(result) == 61.0
     assert decode_step_ms({"events": [], "target_forwards": 4, "wall_s": 0.4}) == 100.0     # no events: wall
     assert decode_step_ms(greedy_doc([])["results"][0]) is None        # one token: nothing to judge
+
+
+def test_a_long_prompts_steps_are_judged_against_a_baseline_at_its_own_context(monkeypatch):
+    """Kills: one baseline for every context. After a 600-token prompt a decode step attends over ten times the keys
+    of the default example's, so it costs more on a quiet machine (here 31 ms against 22): judged against the short
+    prompts' baseline it would never be recorded (a 424-word prompt was not, on an AMD EPYC Zen 3). Its baseline
+    is probed at its own context bucket (1024 tokens), and a short prompt's stays its own."""
+    machine = Machine(monkeypatch, probes=[(22.0, 0.05), (32.0, 0.05)], start_ms=22.0)
+    assert machine.run(greedy_doc([23.0] * 20), others=0.05)[0]
+    long_doc = dict(greedy_doc([31.0] * 20, prefill_ms=900.0, prompt_tokens=600), prompt_ids=list(range(600)))
+    recorded, message = machine.run(long_doc, others=0.05)
+    assert recorded, message
+    assert machine.contexts == [None, 1024]
+    assert machine.app.quiet_baselines.get((QUIET.default_target(), False, 1024)) == 31.0    # lowered by the run
+    assert machine.baseline() == 22.0
+    assert not machine.run(dict(greedy_doc([60.0] * 20, prompt_tokens=600), prompt_ids=list(range(600))),
+                           others=0.05)[0]                                   # and slow steps there still refused

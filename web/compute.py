@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
 from decoding.harness.runner import run_comparison
-from decoding.harness.steps import greedy_steps_ms
+from decoding.harness.steps import context_bucket, greedy_steps_ms
 from decoding.runtime.forward_cost import forward_cost
 from visualize.page import chart_views, column_views, drafted, inspector_view, step_figures, step_html, survey
 from visualize.race import clock_html, race_length_ms
@@ -112,14 +112,15 @@ class Outcome:
     share: str = ""      # its recording's share id (web/share.py); none when it was not recorded
 
 
-def decode_probe(req: RunRequest, fast: bool) -> Callable[[], float]:
+def decode_probe(req: RunRequest, fast: bool, context: Optional[int] = None) -> Callable[[], float]:
     """What seeds (and measures again) the quiet baseline of ``req``'s target in greedy's mode: greedy's own loop
-    run now on a short prompt, its median decode step (``harness/steps.greedy_steps_ms``), the quantity the run
-    is judged by (a bare forward is not: issue 47). A model it cannot run keeps the curve kept on it."""
+    run now after a prompt of ``context`` tokens (the run's context bucket; None: the default example), its median
+    decode step (``harness/steps.greedy_steps_ms``), the quantity the run is judged by (a bare forward is not:
+    issue 47). A model it cannot run keeps the curve kept on it."""
     def probe() -> float:
         lm = req.settings.load(req.inputs.model)
         try:
-            return statistics.median(greedy_steps_ms(lm, fast, tokens=PROBE_TOKENS, repeats=1))
+            return statistics.median(greedy_steps_ms(lm, fast, tokens=PROBE_TOKENS, repeats=1, context=context))
         except Exception:  # noqa: BLE001: the curve kept on the model (a stand-in model in the tests)
             return forward_cost(lm, 1, fast=fast)(1)
     return probe
@@ -134,7 +135,10 @@ def quiet_timing(app: PlaygroundApp, req: RunRequest, doc: dict, share: Optional
     if not req.settings.quiet_recordings or step is None:
         return True, ""
     fast = bool((greedy.get("params") or {}).get("fast"))        # the baseline of greedy's own mode (compiled)
-    return baselines_of(app).judge((req.inputs.model, fast), step, share, decode_probe(req, fast),
+    # and of its context: a step after a 400-word prompt attends over ~10x the keys of the default example's
+    bucket = context_bucket(len(doc.get("prompt_ids") or ()))
+    key = (req.inputs.model, fast) if bucket == context_bucket(0) else (req.inputs.model, fast, bucket)
+    return baselines_of(app).judge(key, step, share, decode_probe(req, fast, None if len(key) == 2 else bucket),
                                    QuietLimits.of(LIMITS))
 
 

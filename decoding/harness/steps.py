@@ -55,10 +55,19 @@ def _prompt_ids(lm: Any) -> list[int]:
     return list(encode_prompt(lm.tokenizer, PROMPT, chat=bool(getattr(lm.tokenizer, "chat_template", None))))
 
 
-def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int = REPEATS) -> list[float]:
+def context_bucket(prompt_tokens: int) -> int:
+    """The context a decode step is timed at for a prompt of ``prompt_tokens``: the next power of two, at least 64
+    (attention grows with the context: a step after 600 prompt tokens costs more than one after 20)."""
+    return max(64, 1 << max(0, int(prompt_tokens) - 1).bit_length())
+
+
+def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int = REPEATS,
+                    context: Optional[int] = None) -> list[float]:
     """Every decode step of ``repeats`` timed greedy runs of ``tokens`` tokens, as the race runs greedy (after an
-    untimed warm-up run: caches allocated, graphs compiled or read from disk)."""
-    strategy, pair, ids = get_strategy("greedy"), ModelPair(lm), _prompt_ids(lm)
+    untimed warm-up run: caches allocated, graphs compiled or read from disk). ``context``: a prompt of that many
+    tokens instead of the default example (filler ids: only its length matters to a step's cost)."""
+    strategy, pair = get_strategy("greedy"), ModelPair(lm)
+    ids = _prompt_ids(lm) if context is None else [(17 * i + 3) % lm.vocab_size for i in range(int(context))]
     params = GreedyParams(fast=fast)
     run_one(strategy, params, ids, pair, max_new_tokens=min(tokens, 8), trace=False)
     steps: list[float] = []
