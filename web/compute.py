@@ -112,13 +112,15 @@ class Outcome:
     share: str = ""      # its recording's share id (web/share.py); none when it was not recorded
 
 
-def decode_probe(req: RunRequest, fast: bool, context: Optional[int] = None) -> Callable[[], float]:
-    """What seeds (and measures again) the quiet baseline of ``req``'s target in greedy's mode: greedy's own loop
+def decode_probe(load: Callable[[str], Any], model: str, fast: bool,
+                 context: Optional[int] = None) -> Callable[[], float]:
+    """What seeds (and measures again) the quiet baseline of ``model`` in greedy's mode (the start seeds the served
+    one's, ``web/startup.py``; a run's judgement measures again; ``load``: the app's loader): greedy's own loop
     run now after a prompt of ``context`` tokens (the run's context bucket; None: the default example), its median
     decode step (``harness/steps.greedy_steps_ms``), the quantity the run is judged by (a bare forward is not:
     issue 47). A model it cannot run keeps the curve kept on it."""
     def probe() -> float:
-        lm = req.settings.load(req.inputs.model)
+        lm = load(model)
         try:
             return statistics.median(greedy_steps_ms(lm, fast, tokens=PROBE_TOKENS, repeats=1, context=context))
         except Exception:  # noqa: BLE001: the curve kept on the model (a stand-in model in the tests)
@@ -138,8 +140,8 @@ def quiet_timing(app: PlaygroundApp, req: RunRequest, doc: dict, share: Optional
     # and of its context: a step after a 400-word prompt attends over ~10x the keys of the default example's
     bucket = context_bucket(len(doc.get("prompt_ids") or ()))
     key = (req.inputs.model, fast) if bucket == context_bucket(0) else (req.inputs.model, fast, bucket)
-    return baselines_of(app).judge(key, step, share, decode_probe(req, fast, None if len(key) == 2 else bucket),
-                                   QuietLimits.of(LIMITS))
+    probe = decode_probe(req.settings.load, req.inputs.model, fast, None if len(key) == 2 else bucket)
+    return baselines_of(app).judge(key, step, share, probe, QuietLimits.of(LIMITS))
 
 
 def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Callable[[Computation], Outcome]:

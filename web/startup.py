@@ -20,20 +20,20 @@ new defaults (``app.py`` refreshes them on load), and every request reads the se
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from decoding.harness.pays import default_comparison
-from decoding.harness.steps import greedy_steps_ms, race_costs
+from decoding.harness.steps import race_costs
 from decoding.runtime import compiled, routes
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
 from decoding.runtime.routes import WIDTH, Config, RouteChoice
 from decoding.runtime.warmup import warm
 from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
+from web.compute import decode_probe
 from web.quiet import QuietLimits, baselines_of, others_share, read_proc
 from web.service import DEFAULT_STRATEGIES, LIMITS, Settings
 
@@ -198,10 +198,8 @@ class Startup:
         if not self.app.settings.quiet_recordings:
             return
         settings = self.app.settings
-        lm, fast = settings.load(settings.default_target()), settings.compiled
-        found = baselines_of(self.app).seed((settings.default_target(), fast),
-                                            lambda: statistics.median(greedy_steps_ms(lm, fast, tokens=16,
-                                                                                      repeats=1)),
+        model, fast = settings.default_target(), settings.compiled
+        found = baselines_of(self.app).seed((model, fast), decode_probe(settings.load, model, fast),
                                             QuietLimits.of(LIMITS))
         if found is not None:
             self.log(f"greedy's decode step here: {found.ms:.0f} ms" + (
@@ -236,7 +234,7 @@ class Startup:
                     c = self.measure(config)
                     old = costs.get(config.key)
                     c1, cw = (c[1], c[WIDTH]) if old is None else (min(c[1], old["c1_ms"]), min(c[WIDTH], old["cW_ms"]))
-                    costs[config.key] = {"c1_ms": round(c1, 2), "cW_ms": round(cw, 2), "step_ms": round(c1 + cw, 2)}
+                    costs[config.key] = routes.cost_entry(c1, cw)
         if not timed:                       # the cached decision stands if its compile worked
             return choice if choice.config not in reasons else RouteChoice(Config(choice.config.preset), base,
                                                                             "cache", choice.costs)

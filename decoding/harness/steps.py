@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 from decoding.events import ForwardPass
 from decoding.harness.runner import HookTracer, encode_prompt, run_one
 from decoding.params import GreedyParams
-from decoding.runtime.forward_cost import forward_cost
+from decoding.runtime.forward_cost import filler_ids, forward_cost
 from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
 
@@ -51,7 +51,7 @@ def median_step_ms(events: Sequence[Any], times_ms: Sequence[float]) -> Optional
 
 def _prompt_ids(lm: Any) -> list[int]:
     if lm.tokenizer is None:
-        return [(17 * i + 3) % lm.vocab_size for i in range(24)]
+        return filler_ids(lm.vocab_size, 24)
     return list(encode_prompt(lm.tokenizer, PROMPT, chat=bool(getattr(lm.tokenizer, "chat_template", None))))
 
 
@@ -67,7 +67,7 @@ def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int =
     untimed warm-up run: caches allocated, graphs compiled or read from disk). ``context``: a prompt of that many
     tokens instead of the default example (filler ids: only its length matters to a step's cost)."""
     strategy, pair = get_strategy("greedy"), ModelPair(lm)
-    ids = _prompt_ids(lm) if context is None else [(17 * i + 3) % lm.vocab_size for i in range(int(context))]
+    ids = _prompt_ids(lm) if context is None else filler_ids(lm.vocab_size, context)
     params = GreedyParams(fast=fast)
     run_one(strategy, params, ids, pair, max_new_tokens=min(tokens, 8), trace=False)
     steps: list[float] = []

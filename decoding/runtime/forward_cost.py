@@ -62,6 +62,12 @@ SPREAD_FLOOR = 0.02      # the least spread a measured width reports: two fastes
 Timer = Callable[[Callable[[], Any]], float]
 
 
+def filler_ids(vocab: int, n: int) -> list[int]:
+    """``n`` token ids spread over a vocabulary of ``vocab``: a context to time forwards after (only its length
+    matters to a forward's cost)."""
+    return [(17 * i + 3) % vocab for i in range(int(n))]
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     """c(T) in ms: ``points`` maps measured widths to ms; linear in between, flat beyond the ends."""
@@ -230,7 +236,7 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
         context = max(1, min(context, int(limit) - widths[-1] - 1))
     vocab = lm.vocab_size
     session = Session(lm, "calibration", fast=fast, max_len=context + widths[-1] + 1)
-    session.prefill([(17 * i + 3) % vocab for i in range(context)])
+    session.prefill(filler_ids(vocab, context))
     base = session.length
     branching = supports_trees(lm)
     trees = {t: _probe_tree(t - 1, branching) for t in widths}

@@ -138,6 +138,11 @@ def _write(path: Path, key: dict, choice: RouteChoice) -> None:
     write_entries(path, VERSION, entries, KEEP_ENTRIES)
 
 
+def cost_entry(c1: float, cw: float) -> dict:
+    """A config's cached costs: a greedy step, a ``WIDTH``-position verify forward, and their sum (ms)."""
+    return {"c1_ms": round(c1, 2), "cW_ms": round(cw, 2), "step_ms": round(c1 + cw, 2)}
+
+
 def rank(base: str, configs: Sequence[Config], *, measure: Measure, earlier: Optional[dict] = None,
          progress: Optional[Callable[[str], None]] = None, final: bool = True) -> RouteChoice:
     """Measure each config of ``configs`` not in ``earlier`` (config key -> costs already measured) and pick."""
@@ -149,7 +154,7 @@ def rank(base: str, configs: Sequence[Config], *, measure: Measure, earlier: Opt
         if progress:
             progress(f"timing {config.label}'s race step on this CPU")
         c = measure(config)
-        costs[config.key] = {"c1_ms": round(c[1], 2), "cW_ms": round(c[WIDTH], 2), "step_ms": round(c[1] + c[WIDTH], 2)}
+        costs[config.key] = cost_entry(c[1], c[WIDTH])
     raw = {Config.parse(k): {1: c["c1_ms"], WIDTH: c["cW_ms"]} for k, c in costs.items()}
     chosen = decide(raw, Config(base))
     return RouteChoice(chosen, base, "measured" if final else "partial", costs, time.perf_counter() - t0)
