@@ -13,10 +13,21 @@
 - :class:`LeanSessionState`: a session's state without the copies of every component's config that Gradio keeps
   for deep links (this app offers none): a fresh session costs kilobytes, not 0.4 MB (issue 39).
 
+Why it stays (no public setting does the job in gradio 6.31; each is a subclass, none patches Gradio globally):
+
+- ``GuardedBlocks.postprocess_data``: Gradio has no way to skip the rebuild of outputs a handler leaves out;
+- ``LeanSessionState``/``LeanStateHolder``: no setting turns off the deep-link copies, and the holder is made by
+  Gradio's app, so the Blocks' setter is the only place to give it the lean class;
+- ``SnapshotSet``: ``delete_cache`` is public but its cleaner walks live sets and dies of a concurrent add;
+- ``api_endpoint``: ``gr.api`` takes no ``validator=``, and an event listener would lose the typed signature;
+- ``plot_once``: ``gr.Plot`` serializes per visitor; a ``PlotData`` is the only value it passes through;
+- the queue guard: Gradio's session table evicts sessions still waiting, and nothing public bounds it otherwise.
+
 Each was written against ``GRADIO_VERSION`` by reading that Gradio's source; ``SUPPORTED`` is the range they are
 known to fit (``tests/test_gradio_overrides.py`` fails on any other Gradio, and checks that the Space's
-``sdk_version`` in README.md is in it). Moving to another Gradio: read the lines each override names again,
-then widen ``SUPPORTED``.
+``sdk_version`` in README.md is in it). ``tests/test_gradio_contracts.py`` checks what each override assumes of the
+installed Gradio, whatever its version: it fails on the Gradio that breaks one, and says when one is no longer
+needed. Moving to another Gradio: run it, read the lines each override names again, then widen ``SUPPORTED``.
 """
 
 from __future__ import annotations
