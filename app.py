@@ -360,7 +360,7 @@ def _tabs(ui: Views) -> None:
                                        type="filepath", elem_id="trace-upload")
 
 
-_REDUCED = {"fp16": "float16", "bf16": "bfloat16"}
+_REDUCED = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
 
 def target_choices(presets: dict) -> list:

@@ -36,6 +36,7 @@ model whose logits decide a committed token.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -524,3 +525,90 @@ def bf16_linears(model: nn.Module) -> int:
     Does nothing on other devices or dtypes, or where ``bf16_available`` fails. The model must stay frozen.
     """
     return _swap_float32_linears(model, Bf16Linear) if bf16_available() else 0
+
+
+# --------------------------------------------------------------------------- int8 weights for a target
+
+class Int8Linear(_ReducedLinear):
+    """``nn.Linear`` on int8 weights, one float32 scale per output (symmetric, the row's largest magnitude over
+    127), float32 in and out: PyTorch's weight-only int8 product (``torch._weight_int8pack_mm``).
+
+    A quarter of float32's weight bytes, half of float16's: where a one-position forward is memory-bound (every
+    CPU here), greedy streams less. Rounding the weights makes it another model, its own reference (a
+    ``weights: int8`` preset). Its rows must not depend on how many are computed together, which is a property
+    of the CPU's kernels: :func:`int8_available` measures it on this machine before any preset uses it."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__(linear)
+        weight = linear.weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        object.__setattr__(self, "q", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        object.__setattr__(self, "scales", scales.contiguous())
+        object.__setattr__(self, "bias32", None if linear.bias is None else linear.bias.detach().float())
+
+    def reduced(self, rows: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(rows.contiguous(), self.q, self.scales)
+        return y if self.bias32 is None else y + self.bias32
+
+
+_INT8_OK: list = []
+INT8_CHECK_WIDTHS = (*range(2, 18), 24, 31, 32, 33, 48, EXACT_WIDTH)
+
+
+def int8_available() -> bool:
+    """Whether the int8-weight product runs here and keeps each row's bits at every width up to ``EXACT_WIDTH``,
+    checked once on random layers (the property the lossless strategies rest on; measured, not assumed), and
+    agrees with ``F.linear`` on the dequantized weights."""
+    if not _INT8_OK:
+        _INT8_OK.append(_int8_checks())
+    return _INT8_OK[0]
+
+
+def _int8_checks() -> bool:
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for width, out in ((576, 1536), (1536, 576), (576, 4096), (96, 200)):
+            layer = nn.Linear(width, out)
+            fast = Int8Linear(layer)
+            x = torch.randn(EXACT_WIDTH, width, generator=gen)
+            with torch.inference_mode():
+                rows = torch.cat([fast(x[i:i + 1]) for i in range(EXACT_WIDTH)])
+                if any(not torch.equal(fast(x[:n]), rows[:n]) for n in INT8_CHECK_WIDTHS):
+                    return False
+                want = F.linear(x, fast.q.float() * fast.scales[:, None], layer.bias)
+            if not torch.allclose(rows, want, atol=1e-3, rtol=1e-3):
+                return False
+        return True
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):
+        return False
+
+
+_INT8_FAST: list = []
+
+
+def int8_fast() -> bool:
+    """Whether this CPU's int8 product is a vectorized one: one row through a 1536 x 576 layer takes no longer
+    than float32's ``F.linear`` (a quarter of the bytes; PyTorch 2.13 vectorizes it for AVX-512 only, and on an
+    AVX2 Zen 3 it measured ~45x float16's time). Measured once (minimum of 5); the start only times an int8
+    version where this holds, so a scalar kernel never costs a start its seconds."""
+    if not _INT8_FAST:
+        layer = nn.Linear(576, 1536)
+        fast, x = Int8Linear(layer), torch.randn(1, 576)
+
+        def best(fn: Callable[[], Any]) -> float:
+            fn()
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return min(times)
+        with torch.inference_mode():
+            _INT8_FAST.append(int8_available() and best(lambda: fast(x)) <= best(lambda: F.linear(x, layer.weight)))
+    return _INT8_FAST[0]
+
+
+def int8_linears(model: nn.Module) -> int:
+    """Every float32 CPU linear layer of ``model`` on int8 weights (``Int8Linear``); how many were swapped. For a
+    target only as a preset that says so (``weights: int8``). Nothing where ``int8_available`` fails."""
+    return _swap_float32_linears(model, Int8Linear) if int8_available() else 0

@@ -51,14 +51,19 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # linear rounded to bfloat16, float32 everywhere else (kernels.Bf16Linear): another model again, whose rows are
 # checked on the machine to be width-independent (kernels.bf16_available), and whose forward over up to 32
 # positions costs about what one costs where AMX runs it. BENCHMARKS.md, "Bfloat16 weights on AMX".
-WEIGHTS = ("full", "fp16", "bf16")
+# "int8": int8 weights, one scale per output, on PyTorch's weight-only int8 product (kernels.Int8Linear), float32
+# activations: a quarter of float32's bytes; another model again, whose rows are checked on the machine to be
+# width-independent (kernels.int8_available).
+WEIGHTS = ("full", "fp16", "bf16", "int8")
 # What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
 _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_target_linears,
                             "fp16-weights"),
                    "bf16": ("oneDNN bfloat16 kernels whose rows do not depend on the width, and an attention whose "
                             "rows do not depend on the key length past its block (both checked on this CPU)",
                             lambda: kernels.bf16_available() and key_blocks_exact(), kernels.bf16_linears,
-                            "bf16-weights")}
+                            "bf16-weights"),
+                   "int8": ("PyTorch's weight-only int8 product whose rows do not depend on the width (checked on "
+                            "this CPU)", kernels.int8_available, kernels.int8_linears, "int8-weights")}
 
 
 class ModelLoadError(RuntimeError):
@@ -455,7 +460,7 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     stem = preset.base if preset and preset.base else name      # whose converted cache and kernel choice
     weights = preset.weights if preset else "full"
     if weights != "full":
-        what = {"fp16": "float16", "bf16": "bfloat16"}[weights]
+        what = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8"}[weights]
         needs, works = _WEIGHT_KERNELS[weights][:2]
         if device.type != "cpu" or dtype != torch.float32:
             raise ModelLoadError(f"{name} reads {what} weights with float32 activations, a CPU option; it "

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from decoding.runtime import kernels
 from decoding.runtime.kernel_choice import cpu_fingerprint, cpu_label, cpu_name, read_entries, write_entries
 from decoding.runtime.models import ModelPreset, runs_here
 
@@ -32,7 +33,7 @@ WIDTH = 10            # a typical verify forward: the prophet's 8-node tree with
 MARGIN = 0.05         # another config must make the race step this much cheaper to replace the base, eager
 VERSION = 2           # 2: configs (version x mode) ranked by the race's own step
 KEEP_ENTRIES = 8
-COMPILED_WEIGHTS = ("full", "bf16", "fp16")   # weights the compiled forward can take (compiled.why_not has the word)
+COMPILED_WEIGHTS = ("full", "bf16", "fp16", "int8")   # weights the compiled forward can take (compiled.why_not has the word)
 
 
 @dataclass(frozen=True, order=True)
@@ -91,7 +92,8 @@ def versions(base: str, presets: dict[str, ModelPreset], device: str = "cpu") ->
     if base not in presets or torch.device(device).type != "cpu":
         return [base]
     return [base] + [name for name, p in presets.items()
-                     if p.base == base and p.weights != "full" and not p.adapter and runs_here(p, device)]
+                     if p.base == base and p.weights != "full" and not p.adapter and runs_here(p, device)
+                     and (p.weights != "int8" or kernels.int8_fast())]    # a scalar int8 kernel: never worth timing
 
 
 def candidates(base: str, presets: dict[str, ModelPreset], device: str = "cpu", *,
