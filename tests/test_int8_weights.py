@@ -22,6 +22,8 @@ from tiny_models import prompt, tiny_causal
 PRESET = "smollm2-135m-instruct-int8w"
 needs_int8 = pytest.mark.skipif(not kernels.int8_available(),
                                 reason="this CPU's int8 product gives a row other bits at another width")
+needs_preset = pytest.mark.skipif(not runs_here(load_presets()[PRESET]),
+                                  reason="this CPU's int8 product is not vectorized (kernels.int8_fast)")
 
 
 def _rows_exact_here() -> bool:
@@ -109,14 +111,14 @@ def test_compiled_int8_gives_eager_greedys_tokens_for_every_lossless_strategy():
         compiled.disable(model)
 
 
-def test_a_scalar_int8_kernel_is_never_timed_at_start(monkeypatch):
-    """The start times every version it may serve (runtime/routes.versions); an int8 version only where this CPU's
-    int8 product is vectorized (``kernels.int8_fast``, measured), since a scalar one costs seconds a forward."""
+def test_a_scalar_int8_kernel_keeps_the_preset_off_the_start_and_the_page(monkeypatch):
+    """An int8 version loads, is timed at start (runtime/routes.versions) and offered only where this CPU's int8
+    product is vectorized (``kernels.int8_fast``, measured), since a scalar one costs seconds a forward."""
     from decoding.runtime import routes
     presets = load_presets()
-    monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
     for fast in (False, True):
         monkeypatch.setattr(kernels, "_INT8_FAST", [fast])
+        assert runs_here(presets[PRESET]) is fast
         assert (PRESET in routes.versions("smollm2-135m-instruct", presets)) is fast
 
 
@@ -130,7 +132,7 @@ def test_int8_fast_is_a_measurement(monkeypatch):
     assert kernels.int8_fast() is True
 
 
-@needs_int8
+@needs_preset
 @pytest.mark.bundled
 def test_the_shipped_int8_preset_is_its_own_model():
     lm = models.load_model(PRESET)

@@ -589,8 +589,8 @@ _INT8_FAST: list = []
 def int8_fast() -> bool:
     """Whether this CPU's int8 product is a vectorized one: one row through a 1536 x 576 layer takes no longer
     than float32's ``F.linear`` (a quarter of the bytes; PyTorch 2.13 vectorizes it for AVX-512 only, and on an
-    AVX2 Zen 3 it measured ~45x float16's time). Measured once (minimum of 5); the start only times an int8
-    version where this holds, so a scalar kernel never costs a start its seconds."""
+    AVX2 Zen 3 it measured ~45x float16's time). Measured once (minimum of 5); an int8 preset loads (and the
+    start times it, and the page offers it) only where this holds: a scalar kernel costs seconds a forward."""
     if not _INT8_FAST:
         layer = nn.Linear(576, 1536)
         fast, x = Int8Linear(layer), torch.randn(1, 576)

@@ -62,8 +62,9 @@ _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_
                             "rows do not depend on the key length past its block (both checked on this CPU)",
                             lambda: kernels.bf16_available() and key_blocks_exact(), kernels.bf16_linears,
                             "bf16-weights"),
-                   "int8": ("PyTorch's weight-only int8 product whose rows do not depend on the width (checked on "
-                            "this CPU)", kernels.int8_available, kernels.int8_linears, "int8-weights")}
+                   "int8": ("PyTorch's weight-only int8 product, vectorized on this CPU and with rows that do not "
+                            "depend on the width (both measured here)", kernels.int8_fast, kernels.int8_linears,
+                            "int8-weights")}
 
 
 class ModelLoadError(RuntimeError):

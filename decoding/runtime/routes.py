@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from decoding.runtime import kernels
 from decoding.runtime.kernel_choice import cpu_fingerprint, cpu_label, cpu_name, read_entries, write_entries
 from decoding.runtime.models import ModelPreset, runs_here
 
@@ -92,8 +91,7 @@ def versions(base: str, presets: dict[str, ModelPreset], device: str = "cpu") ->
     if base not in presets or torch.device(device).type != "cpu":
         return [base]
     return [base] + [name for name, p in presets.items()
-                     if p.base == base and p.weights != "full" and not p.adapter and runs_here(p, device)
-                     and (p.weights != "int8" or kernels.int8_fast())]    # a scalar int8 kernel: never worth timing
+                     if p.base == base and p.weights != "full" and not p.adapter and runs_here(p, device)]
 
 
 def candidates(base: str, presets: dict[str, ModelPreset], device: str = "cpu", *,
