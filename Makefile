@@ -53,7 +53,7 @@ TEST_WORKERS ?= 2
 # turned off in PyTorch, oneDNN and MKL, so an AVX-512/AMX machine shows what an AVX2-only CPU computes.
 AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 test: setup browser compiler
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 	HF_HUB_OFFLINE=1 $(AVX2_CAPS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m kernels \
 	    -o cache_dir=build/pytest-avx2
 
