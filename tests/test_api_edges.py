@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from visualize.animation import check_mode
-from web.api import param_values
+from web.requests import param_values
 
 
 @pytest.mark.parametrize("mode", [["time"], {"time": 1}, None, 3, "frames"])
@@ -35,8 +35,8 @@ def test_race_takes_typed_numbers_and_booleans():
 def test_race_without_a_target_races_the_version_the_start_chose():
     """``/race``'s target defaults to what ``app.settings`` serves when the call is made (web/startup.py chooses it
     after the page is up), not to the default the endpoint had when it was built."""
-    from web.api import race_request
-    from web.service import Settings
+    from web.requests import race_request
+    from web.settings import Settings
     chosen = Settings(target="smollm2-135m-instruct-fp16w")
     req = race_request("Hi", ["greedy"], None, None, 8, 0, True, None, settings=chosen)
     assert req.inputs.model == "smollm2-135m-instruct-fp16w"

@@ -22,7 +22,7 @@ from web.playground import PlaygroundApp
 from web.crowd import Board, Line, Recordings
 from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
-from web.service import Jobs
+from web.jobs import Jobs
 
 BUNDLED = "smollm2-135m-instruct"
 STORES = (Jobs, Line, Board, Recordings, TraceStore, TraceFiles, Histories, ExportFiles, PlaygroundApp)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from web import service
+from web import settings as service_settings
 from web.crowd import Recording, Recordings
 
 
@@ -51,8 +51,8 @@ def test_the_pinned_folder_has_its_own_bound(tmp_path):
 
 def test_recordings_go_to_persistent_storage_where_a_space_has_it(tmp_path, monkeypatch):
     data = tmp_path / "data"
-    monkeypatch.setattr(service, "PERSISTENT", data)
-    assert not str(service.recordings_dir()).startswith(str(data))      # no /data: the user's cache
+    monkeypatch.setattr(service_settings, "PERSISTENT", data)
+    assert not str(service_settings.recordings_dir()).startswith(str(data))      # no /data: the user's cache
     data.mkdir()
-    folder = service.recordings_dir()
+    folder = service_settings.recordings_dir()
     assert folder.startswith(str(data / "decoding-playground" / "recordings"))

@@ -4,94 +4,21 @@
     doc = Client(url).predict(prompt="Name three rivers.", strategies=["greedy", "prophet"], api_name="/race")
 
 A call is the page's Run by another door: its values become the request the page would send (the same checks in
-``web/service.py``, the page's defaults for whatever is left out), and it goes through the same queue admission
+``web/validation.py``, ``web/requests.race_request``: the page's defaults for whatever is left out), and it goes through the same queue admission
 (a Stop ticket, a few jobs per session), the same compute line, the same shared identical runs and recordings,
 and the same per-session history (``web/handlers.follow_run``). Only the answer differs: the document
-``python -m decoding run --json`` writes (``web/service.cli_document``) instead of the page's views.
+``python -m decoding run --json`` writes (``web/documents.cli_document``) instead of the page's views.
 """
 
 import contextlib
-import dataclasses
 from typing import Any, Callable, Optional
 
 import gradio as gr
 
-from decoding.runtime.models import load_presets
-from decoding.runtime.pair import PROPHET, has_prophet
-from decoding.strategies import registry
-from web.playground import PlaygroundApp
+from web.documents import cli_document
 from web.handlers import Finished, follow_run, job, user_error
-from web.service import (DEFAULT_MAX_NEW, DEFAULT_SETTINGS, GENERATION_FIELDS, RunRequest, Settings, build_plan,
-                         check_model_name, cli_document, field_kind, run_request, ui_default)
-
-PARAMS_EXAMPLE = '{"prophet": {"tree_nodes": 8}}'
-
-
-def _check_json_types(strategy: str, cls: type, given: dict) -> None:
-    """A number or a boolean parameter must come as one in the JSON, never as text: ``{"tree_nodes": "8"}`` and
-    ``{"fast": "yes"}`` are refused by name, as the CLI refuses ``--set fast=maybe`` (the page's fields send
-    typed values; only an API client can send text)."""
-    for key, value in given.items():
-        kind = field_kind(cls, key)
-        if kind is bool and not isinstance(value, bool) and value is not None:
-            raise ValueError(f"params.{strategy}.{key} must be true or false, got {str(value)[:40]!r}")
-        if kind in (int, float) and (isinstance(value, (str, bool))):
-            raise ValueError(f"params.{strategy}.{key} must be a number, got {str(value)[:40]!r}")
-
-
-def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETTINGS) -> dict[tuple[str, str], Any]:
-    """``params`` (strategy -> {parameter: value}) as the page sends its parameter fields: (strategy, parameter)
-    -> value for every parameter of every chosen strategy, the page's default where ``params`` gives none.
-
-    ValueError names the parameter: ``params.beam: num_beams must be in [1, 16], got 0``."""
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise ValueError(f"params must be a mapping of strategy name to {{parameter: value}}, e.g. {PARAMS_EXAMPLE}")
-    reg = registry()
-    listed = isinstance(strategies, list) and all(isinstance(name, str) for name in strategies)
-    chosen = [name for name in dict.fromkeys(strategies) if name in reg] if listed else []
-    for name, given in params.items():
-        if name not in reg:
-            raise ValueError(f"params: unknown strategy {str(name)[:40]!r}")
-        if name not in chosen:
-            raise ValueError(f"params: {name!r} is not one of the strategies asked for ({', '.join(chosen)})")
-        if not isinstance(given, dict):
-            raise ValueError(f"params.{name} must be a mapping of parameter name to value, e.g. {PARAMS_EXAMPLE}")
-        fields = [f.name for f in dataclasses.fields(reg[name].params_cls)]
-        unknown = [str(key)[:40] for key in given if key not in fields]
-        if unknown:
-            raise ValueError(f"params.{name}: unknown parameter {unknown[0]!r}; its parameters: "
-                             f"{', '.join(fields) or 'none'}")
-        _check_json_types(name, reg[name].params_cls, given)
-    values: dict[tuple[str, str], Any] = {}
-    for name in chosen:
-        raw = {f.name: ui_default(name, f.name, settings) for f in dataclasses.fields(reg[name].params_cls)}
-        raw.update(params.get(name) or {})
-        try:        # parsed here too, for a message that says where the value was given
-            reg[name].parse({k: v for k, v in raw.items() if v is not None and v != ""})
-        except ValueError as exc:
-            raise ValueError(f"params.{name}: {exc}") from None
-        values.update({(name, field): value for field, value in raw.items()})
-    return values
-
-
-def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
-                 chat: Any, params: Any, history: Optional[list] = None,
-                 settings: Settings = DEFAULT_SETTINGS, versus: Any = None) -> RunRequest:
-    """A ``/race`` call as the request the page sends: the same checks (ValueError names the parameter), and for
-    the same race the same request key, so a call and a page's Run share its computation and its recording.
-    ``assistant`` None is the page's default: the target's prophet head when it ships one, else none."""
-    if target is None:                  # the version this machine serves (chosen at start: web/startup.py)
-        target = settings.default_target()
-    target = check_model_name(target, "target", load_presets(), settings.allow_any_model)
-    if assistant is None:
-        assistant = PROPHET if has_prophet(target) else "none"
-    build_plan(strategies, {})          # the strategies' own messages come before their parameters'
-    values = param_values(strategies, params, settings)
-    return run_request(target, assistant, strategies, prompt, chat, max_new_tokens, seed, values,
-                       [None] * len(GENERATION_FIELDS), history, settings, versus)
-
+from web.playground import PlaygroundApp
+from web.requests import DEFAULT_MAX_NEW, race_request
 
 async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
                    chat: Any, params: Any, request: Any = None, versus: Any = None) -> dict:
