@@ -19,7 +19,8 @@ import app
 import web
 from web import compute, handlers
 from web.playground import PlaygroundApp
-from web.crowd import Board, Line, Recordings
+from web.crowd import Board, Line
+from web.recordings import Recordings
 from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
 from web.jobs import Jobs

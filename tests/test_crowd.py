@@ -16,7 +16,8 @@ from gradio_client import Client
 
 from web import compute, handlers
 from web.playground import PlaygroundApp
-from web.crowd import Board, Computation, Estimator, Line, QueueFull, Recording, Recordings, request_key
+from web.crowd import Board, Computation, Estimator, Line, QueueFull, request_key
+from web.recordings import Recording, Recordings
 from web.requests import default_request, run_request
 
 import app

@@ -24,7 +24,8 @@ from visualize.checks import MAX_ENV_NODES
 from visualize.traces import import_trace
 from web import compute, handlers
 from web.playground import PlaygroundApp
-from web.crowd import Computation, Recording, Recordings
+from web.crowd import Computation
+from web.recordings import Recording, Recordings
 from web.gradio_overrides import LeanStateHolder
 from web.guards import TraceStore
 from web.memory import held_bytes

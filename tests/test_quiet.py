@@ -20,7 +20,7 @@ import pytest
 
 from decoding.runtime.forward_cost import ForwardCost
 from web import compute
-from web.crowd import Recordings
+from web.recordings import Recordings
 from web.playground import PlaygroundApp
 from web.quiet import CpuTimes, QuietBaselines, RunWindow, decode_step_ms, others_share, read_proc
 from web.limits import DEFAULT_LIMITS

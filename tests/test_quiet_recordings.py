@@ -14,7 +14,7 @@ import threading
 
 from web import compute
 from web.playground import PlaygroundApp
-from web.crowd import Recordings
+from web.recordings import Recordings
 from web.requests import default_request
 from web.settings import DEFAULT_SETTINGS
 

@@ -11,7 +11,7 @@ import json
 import time
 
 from web import settings as service_settings
-from web.crowd import Recording, Recordings
+from web.recordings import Recording, Recordings
 
 
 def _rec(key: str, size: int = 200) -> Recording:
@@ -56,3 +56,4 @@ def test_recordings_go_to_persistent_storage_where_a_space_has_it(tmp_path, monk
     data.mkdir()
     folder = service_settings.recordings_dir()
     assert folder.startswith(str(data / "decoding-playground" / "recordings"))
+

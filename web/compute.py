@@ -28,7 +28,8 @@ from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
 from web.playground import PlaygroundApp
 from web.quiet import RunWindow, baselines_of, decode_step_ms, greedy_result
-from web.crowd import Computation, QueueFull, Recording
+from web.crowd import Computation, QueueFull
+from web.recordings import Recording
 from web.export import render
 from web.gradio_overrides import plot_once
 from web.guards import history_from

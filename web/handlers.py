@@ -25,7 +25,8 @@ from visualize.charts import sweep_figure
 from visualize.page import drafted, survey, top_step
 from visualize.race import live_columns_html, live_status, race_length_ms
 from web.compute import Outcome, draw_views, submit_export, submit_import, submit_run, submit_sweep
-from web.crowd import Computation, QueueFull, Recording
+from web.crowd import Computation, QueueFull
+from web.recordings import Recording
 from web.documents import history_outputs
 from web.export import caption, check_format
 from web.jobs import SESSION_FALLBACK

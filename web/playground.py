@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from web.crowd import Board, Line, Recordings
+from web.crowd import Board, Line
+from web.recordings import Recordings
 from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
 from web.jobs import SESSION_FALLBACK, Jobs
