@@ -23,6 +23,7 @@ import gradio as gr
 import yaml
 from starlette.middleware import Middleware
 
+from decoding.harness.document import GENERATION_LABELS
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets,
                                      runs_here)
@@ -225,15 +226,6 @@ def _param_inputs(reg: dict, settings: Settings) -> dict[tuple[str, str], Any]:
                     for f in fields:
                         inputs[(s.name, f.name)] = _param_component(s, f, settings)
     return inputs
-
-
-GENERATION_LABELS = {
-    "repetition_penalty": ("repetition_penalty (1 = off)", "divides the logits of tokens already in the context"),
-    "no_repeat_ngram_size": ("no_repeat_ngram_size (0 = off)", "forbids repeating an n-gram of this size"),
-    "min_new_tokens": ("min_new_tokens (0 = off)", "no EOS before this many new tokens"),
-    "forced_bos_token_id": ("forced_bos_token_id (-1 = off)", "forces the first new token"),
-    "forced_eos_token_id": ("forced_eos_token_id (-1 = off)", "forces this token at the length limit"),
-}
 
 
 def _generation_inputs() -> dict[str, Any]:

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+
 import pytest
 
 from visualize.animation import check_mode
-from web.requests import param_values
+from web.requests import generation_values, param_values, race_request
 
 
 @pytest.mark.parametrize("mode", [["time"], {"time": 1}, None, 3, "frames"])
@@ -41,3 +42,25 @@ def test_race_without_a_target_races_the_version_the_start_chose():
     req = race_request("Hi", ["greedy"], None, None, 8, 0, True, None, settings=chosen)
     assert req.inputs.model == "smollm2-135m-instruct-fp16w"
     assert race_request("Hi", ["greedy"], None, None, 8, 0, True, None).inputs.model == "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize("generation, message", [
+    ({"repetition_penalty": "1.2"}, r"generation\.repetition_penalty must be a number, got '1\.2'"),
+    ({"min_new_tokens": True}, r"generation\.min_new_tokens must be a number"),
+    ({"top_k": 5}, r"generation: unknown setting 'top_k'; the settings: repetition_penalty, "),
+    ([1.2], r"generation must be a mapping of setting to value"),
+])
+def test_race_refuses_generation_settings_by_name(generation, message):
+    with pytest.raises(ValueError, match=message):
+        generation_values(generation)
+
+
+def test_race_applies_the_generation_settings_and_keys_the_request_by_them():
+    plain = race_request("Hi", ["greedy"], None, None, 8, 0, True, None)
+    given = race_request("Hi", ["greedy"], None, None, 8, 0, True, None,
+                         generation={"repetition_penalty": 1.5, "no_repeat_ngram_size": 3.0})
+    assert given.generation.repetition_penalty == 1.5 and given.generation.no_repeat_ngram_size == 3
+    assert not plain.generation.active and given.key != plain.key      # never served the other's recording
+    with pytest.raises(ValueError, match=r"generation settings: min_new_tokens must be in \[0, 1024\]"):
+        race_request("Hi", ["greedy"], None, None, 8, 0, True, None, generation={"min_new_tokens": 5000})
+

@@ -242,7 +242,7 @@ def test_the_cli_races_two_models_and_refuses_the_target_as_its_own_rival(test_p
     assert [(r["strategy"], r["model"], r["matches_greedy"]) for r in rows] == [
         ("greedy", BASE, True), ("jacobi", BASE, True), ("greedy", PRESET, True), ("jacobi", PRESET, True)]
     assert cli.main(["run", "--prompt", "x", "--versus", BASE, "--quiet"]) == 2
-    assert "--versus 'smollm2-135m-instruct' is the target already" in capsys.readouterr().err
+    assert "--versus: 'smollm2-135m-instruct' is the target model already" in capsys.readouterr().err
 
 
 def test_the_inspector_tells_the_two_models_drafting_runs_apart():

@@ -21,7 +21,7 @@ from web.playground import PlaygroundApp
 from web.requests import DEFAULT_MAX_NEW, race_request
 
 async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
-                   chat: Any, params: Any, request: Any = None, versus: Any = None) -> dict:
+                   chat: Any, params: Any, request: Any = None, versus: Any = None, generation: Any = None) -> dict:
     """Check, queue (or join, or replay) and wait for one race; its CLI document. gr.Error on a bad value, a
     full line, a failed run, or a Stop from the same session before the run finished."""
     with job(app, request) as (_, stop):
@@ -30,7 +30,7 @@ async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any
         session = getattr(request, "session_hash", None)
         try:
             req = race_request(prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
-                               app.histories.items(session), app.settings, versus)
+                               app.histories.items(session), app.settings, versus, generation)
         except ValueError as exc:
             raise user_error(exc) from None
         status = "Stopped."
@@ -49,7 +49,8 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
     async def race(prompt: str, strategies: list[str], target: Optional[str] = None,
                    assistant: Optional[str] = None, max_new_tokens: int = DEFAULT_MAX_NEW, seed: int = 0,
                    chat: bool = True, params: Optional[dict[str, dict[str, Any]]] = None,
-                   versus: Optional[str] = None, request: gr.Request = None) -> dict[str, Any]:
+                   versus: Optional[str] = None, generation: Optional[dict[str, float]] = None,
+                   request: gr.Request = None) -> dict[str, Any]:
         """Run decoding strategies side by side on one prompt, as the page's Run does (same checks, same line,
         identical requests computed once), and return the document `python -m decoding run --json` writes:
         environment, prompt_ids, generation settings and, per strategy, token_ids, text, timings and stats.
@@ -66,7 +67,10 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
             params: parameters by strategy, e.g. {"prophet": {"tree_nodes": 8}}; the page's defaults for the rest.
             versus: a second model's preset name: the same strategies run on it too, each model against its own
                 greedy (every result names its "model"); default: none.
+            generation: logits processors applied to every strategy, as the CLI's flags and the document's
+                "generation": repetition_penalty (1 = off), no_repeat_ngram_size (0 = off), min_new_tokens (0 = off),
+                forced_bos_token_id and forced_eos_token_id (-1 = off); e.g. {"repetition_penalty": 1.2}.
         """
         return await run_race(app, prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
-                              request=request, versus=versus)
+                              request=request, versus=versus, generation=generation)
     return race

@@ -168,9 +168,30 @@ def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETT
     return values
 
 
+GENERATION_EXAMPLE = '{"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}'
+
+
+def generation_values(generation: Any) -> list:
+    """``/race``'s ``generation`` (setting -> value, as the run document's ``generation`` has them) as the page
+    sends its generation fields, in ``GENERATION_FIELDS`` order (None: the default, off). A setting is a number
+    in the JSON, never text or a boolean, as the CLI's ``--repetition-penalty 1.2`` is; ranges are checked by
+    ``generation_settings``. ValueError names the setting."""
+    if generation is None:
+        return [None] * len(GENERATION_FIELDS)
+    if not isinstance(generation, dict):
+        raise ValueError(f"generation must be a mapping of setting to value, e.g. {GENERATION_EXAMPLE}")
+    for key, value in generation.items():
+        if key not in GENERATION_FIELDS:
+            raise ValueError(f"generation: unknown setting {str(key)[:40]!r}; the settings: "
+                             f"{', '.join(GENERATION_FIELDS)}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"generation.{key} must be a number, got {str(value)[:40]!r}")
+    return [generation.get(name) for name in GENERATION_FIELDS]
+
+
 def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
                  chat: Any, params: Any, history: Optional[list] = None,
-                 settings: Settings = DEFAULT_SETTINGS, versus: Any = None) -> RunRequest:
+                 settings: Settings = DEFAULT_SETTINGS, versus: Any = None, generation: Any = None) -> RunRequest:
     """A ``/race`` call as the request the page sends: the same checks (ValueError names the parameter), and for
     the same race the same request key, so a call and a page's Run share its computation and its recording.
     ``assistant`` None is the page's default: the target's prophet head when it ships one, else none."""
@@ -182,4 +203,4 @@ def race_request(prompt: Any, strategies: Any, target: Any, assistant: Any, max_
     build_plan(strategies, {})          # the strategies' own messages come before their parameters'
     values = param_values(strategies, params, settings)
     return run_request(target, assistant, strategies, prompt, chat, max_new_tokens, seed, values,
-                       [None] * len(GENERATION_FIELDS), history, settings, versus)
+                       generation_values(generation), history, settings, versus)

@@ -11,6 +11,7 @@ import typing
 from typing import Any, Optional
 
 from decoding.harness.bench import parse_sweep, sweep_value
+from decoding.harness.document import check_versus as check_versus_model
 from decoding.params import check_max_new_tokens
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import load_presets
@@ -163,11 +164,7 @@ def check_versus(versus: Any, model: str, presets: dict, allow_any: bool = False
     """The second model of a race of two (None: no second model); never the target itself."""
     if versus in (None, "", "none"):
         return None
-    versus = check_model_name(versus, "versus", presets, allow_any)
-    if versus == model:
-        raise ValueError(f"versus: {versus!r} is the target model already; choose another model to race it "
-                         f"against, or 'none'")
-    return versus
+    return check_versus_model(check_model_name(versus, "versus", presets, allow_any), model)
 
 
 def check_inputs(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_tokens: Any, seed: Any,
