@@ -78,7 +78,7 @@ from web.settings import (
     DEFAULT_SETTINGS,
     DEFAULT_STRATEGIES,  # noqa: F401  (the tests reach it as app.DEFAULT_STRATEGIES)
     Settings,
-    recordings_dir,
+    recordings_folder,
 )
 
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
@@ -185,6 +185,8 @@ class Playground(gradio_overrides.GuardedBlocks):
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
         limits = self.playground.limits if hasattr(self, "playground") else DEFAULT_LIMITS
+        if hasattr(self, "playground"):     # exports are served from their bounded folder, never copied to Gradio's
+            gr.set_static_paths([self.playground.exports.directory])
         kwargs.setdefault("max_file_size", limits.upload_bytes)
         kwargs.setdefault("state_session_capacity", limits.sessions)     # sessions' state: bounded (issue 39)
         kwargs.setdefault("css", PAGE_CSS)
@@ -725,9 +727,9 @@ def main() -> None:
                     help="the page's default target model (default: the version of presets/models.yaml's default "
                          "that measures fastest on this CPU, timed at the first start and cached)")
     ap.add_argument("--recordings-dir", default=None,
-                    help="keep recorded runs here across restarts (default: a folder per code version, machine and "
-                         "library versions under /data where a Space has persistent storage, else under ~/.cache; "
-                         "'none' keeps them in memory only)")
+                    help="keep recorded runs across restarts in a folder per code version, machine and library "
+                         "versions under DIR (default: under /data where a Space has persistent storage, else under "
+                         "~/.cache; 'none' keeps them in memory only)")
     args = ap.parse_args()
     try:
         budget_bytes(args.memory_budget_gb or None)
@@ -742,8 +744,7 @@ def main() -> None:
             ap.error(str(exc))
         settings = dataclasses.replace(settings, target=args.target)
     host, port = server_address(args.host, args.port)
-    state = PlaygroundApp.create(settings, None if args.recordings_dir == "none"
-                                 else args.recordings_dir or recordings_dir())
+    state = PlaygroundApp.create(settings, recordings_folder(args.recordings_dir))
     # the page first; the start's choices (version x mode timed as the race runs them, the compiled forward, the
     # default comparison) behind it, then the preload and the example recordings (web/startup.py)
     log = lambda msg: print(f"[app] {msg}", flush=True)      # noqa: E731

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from web import settings as service_settings
 from web.recordings import Recording, Recordings
@@ -57,3 +58,15 @@ def test_recordings_go_to_persistent_storage_where_a_space_has_it(tmp_path, monk
     folder = service_settings.recordings_dir()
     assert folder.startswith(str(data / "decoding-playground" / "recordings"))
 
+
+def test_a_recordings_dir_given_at_start_gets_the_same_environment_subfolder(tmp_path, monkeypatch):
+    """``--recordings-dir DIR`` keeps the per-environment subfolder: an upgrade (new code, new machine) writes
+    to a new folder under DIR and never replays the old version's recordings."""
+    monkeypatch.setattr(service_settings, "PERSISTENT", tmp_path / "no-data")
+    default = Path(service_settings.recordings_dir())
+    given = service_settings.recordings_folder(str(tmp_path / "mine"))
+    assert Path(given).parent == tmp_path / "mine" and Path(given).name == default.name
+    assert service_settings.recordings_folder(None) == str(default)
+    assert service_settings.recordings_folder("none") is None
+    monkeypatch.setattr(service_settings.torch, "__version__", "0.0-another")    # another environment
+    assert service_settings.recordings_folder(str(tmp_path / "mine")) != given

@@ -32,7 +32,7 @@ async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any
             req = race_request(prompt, strategies, target, assistant, max_new_tokens, seed, chat, params,
                                app.histories.items(session), app.settings, versus, generation)
         except ValueError as exc:
-            raise user_error(exc) from None
+            raise user_error(exc, page=False) from None   # an API client reads plain text
         status = "Stopped."
         async with contextlib.aclosing(follow_run(app, req, stop, None, session, frames=False)) as updates:
             async for item in updates:

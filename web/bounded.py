@@ -15,6 +15,7 @@ import atexit
 import math
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from typing import Any, Callable, Hashable, Optional
@@ -30,11 +31,44 @@ def remove_file(path: Any) -> None:
         pass
 
 
+_FOLDERS: list[str] = []        # this process's temporary folders, removed at exit and on SIGTERM
+_SIGTERM_HOOKED: list[bool] = []
+
+
 def temp_folder(prefix: str) -> str:
-    """A new folder in the system's temporary directory, removed with everything in it when the process exits."""
+    """A new folder in the system's temporary directory, removed with everything in it when the process exits:
+    normally (``atexit``) or on SIGTERM (a host stopping the app), after which the signal goes on to the handler
+    that was there before (by default: the process ends, as it would have)."""
     path = tempfile.mkdtemp(prefix=prefix)
-    atexit.register(shutil.rmtree, path, True)
+    if not _FOLDERS:
+        atexit.register(remove_temp_folders)
+    _FOLDERS.append(path)
+    _hook_sigterm()
     return path
+
+
+def remove_temp_folders() -> None:
+    while _FOLDERS:
+        shutil.rmtree(_FOLDERS.pop(), ignore_errors=True)
+
+
+def _hook_sigterm() -> None:
+    """Put the folders' removal in front of SIGTERM's handler, once (only the main thread may set a handler;
+    a folder made in another thread is hooked by the next one the main thread makes, and removed at exit)."""
+    if _SIGTERM_HOOKED or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        remove_temp_folders()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:            # the default (or a handler set outside Python): end
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _SIGTERM_HOOKED.append(True)
 
 
 class _Dropping(cachetools.LRUCache):

@@ -98,9 +98,19 @@ def clear_history(app: PlaygroundApp, request: gr.Request = None) -> str:
 
 
 # --------------------------------------------------------------------------- compute (plain data in and out)
-def user_error(exc: BaseException, prefix: str = "") -> gr.Error:
-    """A message for the browser: no server paths, and markup shown as text (Gradio renders it as HTML)."""
-    return gr.Error(html.escape(prefix + public_message(exc), quote=False))
+def user_error(exc: BaseException, prefix: str = "", page: bool = True) -> gr.Error:
+    """A message for the caller, without server paths: for the page, markup escaped so it shows as text (Gradio
+    renders a page's error as HTML); for an API client (``page=False``), plain text as it was written."""
+    message = prefix + public_message(exc)
+    return gr.Error(html.escape(message, quote=False) if page else message)
+
+
+def from_page(request: Any) -> bool:
+    """Whether an event came from the page rather than an API client: Gradio's own browser client says
+    ``x-gradio-user: app`` (its Python and JavaScript clients say ``api``); no request (a direct call) is not
+    the page."""
+    headers = getattr(request, "headers", None)
+    return headers is not None and headers.get("x-gradio-user") == "app"
 
 
 
@@ -150,7 +160,7 @@ def _progress(progress: Any, fraction: float, desc: str) -> None:
 CANCELLED = object()     # what a computation taken out of line before it started leaves
 
 
-async def _settled(comp: Computation) -> Any:
+async def _settled(comp: Computation, page: bool = True) -> Any:
     """The result of a computation, once it is done (awaited, no thread held); ``CANCELLED`` when it was taken
     out of line before it started. A bad request only the model can tell becomes a message for the browser; any
     other failure is raised as it was."""
@@ -160,7 +170,7 @@ async def _settled(comp: Computation) -> Any:
         return CANCELLED
     if comp.error is not None:
         if isinstance(comp.error, (ValueError, ModelLoadError)):
-            raise user_error(comp.error) from None
+            raise user_error(comp.error, page=page) from None
         raise comp.error
     return comp.result
 
@@ -182,7 +192,8 @@ async def follow_run(app: PlaygroundApp, req: RunRequest, stop: Any, progress: A
     the recording of the identical request when there is one; else a place in the line (joining the identical
     computation under way), watched until it is done. The session's history keeps the outputs.
 
-    Yields view updates (``{"status": ...}``, live frames with ``frames``) and last a :class:`Finished`, unless
+    Yields view updates (``{"status": ...}``, live frames with ``frames``; without, a caller with no page, whose
+    errors come as plain text) and last a :class:`Finished`, unless
     the caller stopped watching or the run was cancelled (then a status update is the last). Raises gr.Error
     for a full line, a bad request only the model can tell, or a failed run. Close it with
     ``contextlib.aclosing``: closing it is how a caller leaves the computation (the last to leave stops it)."""
@@ -206,7 +217,7 @@ async def follow_run(app: PlaygroundApp, req: RunRequest, stop: Any, progress: A
         yield {**frame, "status": f"Stopped watching. {others} other visitor{'s' * (others != 1)} asked for "
                                   f"this same run, so it goes on for them."}
         return
-    outcome: Outcome = await _settled(comp)
+    outcome: Outcome = await _settled(comp, page=frames)
     if outcome is CANCELLED:
         yield {"status": "Stopped the queued run before it started."}
         return
@@ -414,7 +425,7 @@ async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, req
             check_mode(mode)
             rec = _shared(app, race_id)
         except ValueError as exc:
-            raise user_error(exc) from None
+            raise user_error(exc, page=from_page(request)) from None
         key = (rec.share, fmt, mode)
         made = app.exports.get(key)
         if made is not None:
@@ -428,7 +439,7 @@ async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, req
                 pass
         finally:
             comp.leave()
-        path = await _settled(comp)
+        path = await _settled(comp, page=from_page(request))
         if path is CANCELLED or path is None:
             raise gr.Error("Stopped the export before it finished.")
         return path

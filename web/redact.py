@@ -5,13 +5,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# a path starts with / or ~/ (not inside a word, a URL or a relative path, and not the / of a closing tag
-# such as </script>, which is markup to escape, not a path to hide)
-_PATH = re.compile(r"(?<![\w.:/~-])(?!(?<=<)/[A-Za-z][\w-]*>)(?:~/|/)(?!/)[^\s'\"<>()\[\],;]+")
+# URL paths of the app itself, which a message may name (a share link's "/?race=<id>", "/gradio_api/...", an
+# endpoint): they are not the server's files, so they stay
+APP_PATHS = r"/(?:\?|gradio_api/|(?:healthz|race|export_race)(?![\w/.-]))"
+# a path starts with / or ~/ (not inside a word, a URL or a relative path, not one of the app's URL paths, and not
+# the / of a closing tag such as </script>, which is markup to escape, not a path to hide)
+_PATH = re.compile(r"(?<![\w.:/~-])(?!(?<=<)/[A-Za-z][\w-]*>)(?!" + APP_PATHS + r")(?:~/|/)(?!/)[^\s'\"<>()\[\],;]+")
 
 
 def redact_paths(text: str) -> str:
-    """Replace absolute file system paths (``/home/...``, ``~/...``) with ``[path]``; URLs stay."""
+    """Replace absolute file system paths (``/home/...``, ``~/...``) with ``[path]``; URLs and the app's own URL
+    paths (``/?race=<id>``, ``/gradio_api/...``) stay."""
     return _PATH.sub("[path]", text)
 
 

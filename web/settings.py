@@ -53,14 +53,22 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def recordings_dir() -> str:
+def recordings_folder(choice: Optional[str]) -> Optional[str]:
+    """The folder ``--recordings-dir`` names: None for ``none`` (in memory only), else the environment's own
+    folder (:func:`recordings_dir`) under the one given, or under the default root when none is given."""
+    if choice == "none":
+        return None
+    return recordings_dir(choice or None)
+
+
+def recordings_dir(root: Optional[str] = None) -> str:
     """Where recorded runs are kept across restarts: one folder per environment (the library's code and
-    presets, torch and transformers versions, device and threads), so only the code and machine that measured
-    a run replay it."""
-    root = Path(__file__).resolve().parent.parent
+    presets, torch and transformers versions, device and threads) under ``root`` (default:
+    :func:`recordings_root`), so only the code and machine that measured a run replay it."""
+    code = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for path in sorted([*root.joinpath("decoding").rglob("*.py"), *root.joinpath("presets").rglob("*.*")]):
-        digest.update(str(path.relative_to(root)).encode())
+    for path in sorted([*code.joinpath("decoding").rglob("*.py"), *code.joinpath("presets").rglob("*.*")]):
+        digest.update(str(path.relative_to(code)).encode())
         digest.update(path.read_bytes())
     extra = os.environ.get(EXTRA_PRESETS, "").strip()
     if extra:                       # the operator's own presets and the adapters they merge decide results too
@@ -68,7 +76,7 @@ def recordings_dir() -> str:
             digest.update(path.read_bytes() if path.is_file() else str(path).encode())
     device = torch.cuda.get_device_name(0) if cuda_available() else cpu_name()
     digest.update(f"{torch.__version__}|{transformers.__version__}|{device}|{torch.get_num_threads()}".encode())
-    return str(recordings_root() / digest.hexdigest()[:16])
+    return str((Path(root) if root else recordings_root()) / digest.hexdigest()[:16])
 
 
 PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
