@@ -1,7 +1,7 @@
 """Decoding Playground: the Gradio app. The page and its wiring, by name, only: one app object owns every store
 (web/playground.py), what each event does is in web/handlers.py (thin functions of that object), runs, sweeps and the
 example recordings in web/compute.py, the /race endpoint for code in web/api.py, requests are validated, run and bounded in
-web/service.py and web/guards.py, every override of Gradio's internals is in web/gradio_overrides.py,
+web/validation.py, web/requests.py and web/guards.py, every override of Gradio's internals is in web/gradio_overrides.py,
 decoding lives in decoding/, views in visualize/ (visualize/page.py says which view shows what).
 
     python app.py [--host 127.0.0.1] [--port 7860] [--allow-any-model] [--memory-budget-gb G]
@@ -23,6 +23,7 @@ import gradio as gr
 import yaml
 from starlette.middleware import Middleware
 
+from decoding.harness.document import GENERATION_LABELS
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets,
                                      runs_here)
@@ -42,11 +43,16 @@ from web.share import QUERY, share_views
 from web.startup import Startup, routes_file
 from web.handlers import (
     admit,
-    advance,
-    autoplay,
     clear_history,
     import_file,
     import_views,
+    run_playground,
+    run_sweep,
+    stop_run,
+)
+from web.playback import (
+    advance,
+    autoplay,
     inspect_position,
     play,
     race_at,
@@ -55,27 +61,24 @@ from web.handlers import (
     race_tick,
     replay,
     replay_figures,
-    run_playground,
-    run_sweep,
-    stop_run,
 )
-from web.service import (
-    DEFAULT_MAX_NEW,
-    DEFAULT_STRATEGIES,  # noqa: F401  (the tests reach it as app.DEFAULT_STRATEGIES)
+from web.validation import (
     GENERATION_FIELDS,
-    LIMITS,
-    DEFAULT_SETTINGS,
-    Settings,
     SWEEP_DEFAULTS,
     build_plan,  # noqa: F401  (the tests reach it as app.build_plan)
     check_model_name,  # noqa: F401  (the tests reach it as app.check_model_name)
     field_kind,
     param_fields,  # noqa: F401  (the tests reach it as app.param_fields)
     parse_sweep_spec,  # noqa: F401  (the tests reach it as app.parse_sweep_spec)
-    preload_default,
-    prepare,  # noqa: F401  (the tests reach it as app.prepare)
-    recordings_dir,
-    ui_default,
+)
+from web.limits import DEFAULT_LIMITS
+from web.loading import preload_default, prepare  # noqa: F401  (the tests reach prepare as app.prepare)
+from web.requests import DEFAULT_MAX_NEW, ui_default
+from web.settings import (
+    DEFAULT_SETTINGS,
+    DEFAULT_STRATEGIES,  # noqa: F401  (the tests reach it as app.DEFAULT_STRATEGIES)
+    Settings,
+    recordings_folder,
 )
 
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
@@ -181,13 +184,16 @@ class Playground(gradio_overrides.GuardedBlocks):
     frames that cost what they change, a queue that stays alive) and answers ``GET /healthz``."""
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("max_file_size", LIMITS["upload_bytes"])
-        kwargs.setdefault("state_session_capacity", LIMITS["sessions"])     # sessions' state: bounded (issue 39)
+        limits = self.playground.limits if hasattr(self, "playground") else DEFAULT_LIMITS
+        if hasattr(self, "playground"):     # exports are served from their bounded folder, never copied to Gradio's
+            gr.set_static_paths([self.playground.exports.directory])
+        kwargs.setdefault("max_file_size", limits.upload_bytes)
+        kwargs.setdefault("state_session_capacity", limits.sessions)     # sessions' state: bounded (issue 39)
         kwargs.setdefault("css", PAGE_CSS)
         app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
         # uploads get the file limit plus room for the multipart wrapping; everything else a small one
-        limit = Middleware(BodyLimit, default=LIMITS["request_bytes"],
-                           larger={"/upload": LIMITS["upload_bytes"] + 2**20})
+        limit = Middleware(BodyLimit, default=limits.request_bytes,
+                           larger={"/upload": limits.upload_bytes + 2**20})
         # the queue keeps every waiting client's session and restarts if it stops; GET /healthz says how it is
         # (web/queue_guard.py: issue 25 item 4)
         gradio_overrides.install(self)
@@ -222,15 +228,6 @@ def _param_inputs(reg: dict, settings: Settings) -> dict[tuple[str, str], Any]:
                     for f in fields:
                         inputs[(s.name, f.name)] = _param_component(s, f, settings)
     return inputs
-
-
-GENERATION_LABELS = {
-    "repetition_penalty": ("repetition_penalty (1 = off)", "divides the logits of tokens already in the context"),
-    "no_repeat_ngram_size": ("no_repeat_ngram_size (0 = off)", "forbids repeating an n-gram of this size"),
-    "min_new_tokens": ("min_new_tokens (0 = off)", "no EOS before this many new tokens"),
-    "forced_bos_token_id": ("forced_bos_token_id (-1 = off)", "forces the first new token"),
-    "forced_eos_token_id": ("forced_eos_token_id (-1 = off)", "forces this token at the length limit"),
-}
 
 
 def _generation_inputs() -> dict[str, Any]:
@@ -307,7 +304,7 @@ def _wire_share(ui: Views, demo: gr.Blocks, state: PlaygroundApp) -> None:
 
     ui["export_btn"].click(export_race, ui.list(("race_id", "export_format", "export_mode")), ui["export_file"],
                            api_name="export_race", validator=_admitter(state), preprocess=False, concurrency_id="generate",
-                           concurrency_limit=4 * LIMITS["queue_size"])
+                           concurrency_limit=state.limits.line_capacity)
 
 
 def _tabs(ui: Views) -> None:
@@ -431,7 +428,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
     reg = registry()
     prompts = example_prompts()
     ui = Views()
-    with Playground(title="Decoding Playground", delete_cache=LIMITS["cache_cleanup_s"]) as demo:
+    with Playground(title="Decoding Playground", delete_cache=settings.limits.cache_cleanup_s) as demo:
         gr.Markdown("# Decoding Playground\nRun decoding strategies on the same prompt, watch them race, then "
                     "replay them token by token (by target forward passes or by wall-clock time).")
         with gr.Row():
@@ -460,7 +457,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template", min_width=100)
                     seed = gr.Number(value=0, step=1, label="Seed", min_width=80)
-                    max_new = gr.Number(value=DEFAULT_MAX_NEW, step=1, label=f"max_new_tokens (1–{LIMITS['max_new_tokens']})",
+                    max_new = gr.Number(value=DEFAULT_MAX_NEW, step=1, label=f"max_new_tokens (1–{settings.limits.max_new_tokens})",
                                         min_width=120)
         strategies = gr.CheckboxGroup([(s.label or s.name, s.name) for s in reg.values()],
                                       value=[n for n in settings.strategies if n in reg],
@@ -509,7 +506,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
     demo.playground = state
     # Gradio's queue holds every waiting handler; runs and sweeps wait in our own line (the app's line) for the
     # compute slot, so a visitor sees their place in it, and identical runs share one computation
-    demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS["queue_size"])
+    demo.queue(default_concurrency_limit=1, max_size=state.limits.line_capacity)
     return demo
 
 
@@ -611,8 +608,8 @@ def _wire(ui: Views, demo: gr.Blocks, prompts: dict, inputs: Inputs, run_order: 
     # Runs and sweeps are admitted (a Stop ticket, a bounded number per session) before they wait. Their
     # handlers only watch: the compute runs in the app line's slot (one on a CPU), where every run and sweep
     # waits its turn and sees its place; so many handlers may wait at once without holding a thread. Their
-    # inputs reach web/service.py as sent (preprocess=False), so it names every bad field itself.
-    line = dict(concurrency_id="generate", concurrency_limit=4 * LIMITS["queue_size"])
+    # inputs reach web/validation.py as sent (preprocess=False), so it names every bad field itself.
+    line = dict(concurrency_id="generate", concurrency_limit=state.limits.line_capacity)
     heavy = dict(line, validator=_admit, preprocess=False, **named)
     run_event = c["run"].click(_run, inputs.list(run_order), outputs, api_name="run", show_progress="minimal",
                                show_progress_on=[ui["status"]], **heavy)
@@ -730,9 +727,9 @@ def main() -> None:
                     help="the page's default target model (default: the version of presets/models.yaml's default "
                          "that measures fastest on this CPU, timed at the first start and cached)")
     ap.add_argument("--recordings-dir", default=None,
-                    help="keep recorded runs here across restarts (default: a folder per code version, machine and "
-                         "library versions under /data where a Space has persistent storage, else under ~/.cache; "
-                         "'none' keeps them in memory only)")
+                    help="keep recorded runs across restarts in a folder per code version, machine and library "
+                         "versions under DIR (default: under /data where a Space has persistent storage, else under "
+                         "~/.cache; 'none' keeps them in memory only)")
     args = ap.parse_args()
     try:
         budget_bytes(args.memory_budget_gb or None)
@@ -747,8 +744,7 @@ def main() -> None:
             ap.error(str(exc))
         settings = dataclasses.replace(settings, target=args.target)
     host, port = server_address(args.host, args.port)
-    state = PlaygroundApp.create(settings, None if args.recordings_dir == "none"
-                                 else args.recordings_dir or recordings_dir())
+    state = PlaygroundApp.create(settings, recordings_folder(args.recordings_dir))
     # the page first; the start's choices (version x mode timed as the race runs them, the compiled forward, the
     # default comparison) behind it, then the preload and the example recordings (web/startup.py)
     log = lambda msg: print(f"[app] {msg}", flush=True)      # noqa: E731

@@ -39,7 +39,7 @@ from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import PRESETS_DIR, default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.warmup import warm
-from web.service import DEFAULT_STRATEGIES
+from web.settings import DEFAULT_STRATEGIES
 
 PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
 WIDTHS = (1, 4, 16)

@@ -22,7 +22,7 @@ from decoding.runtime.models import default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.routes import versions
 from decoding.runtime.widths import machine_curve
-from web.service import DEFAULT_STRATEGIES
+from web.settings import DEFAULT_STRATEGIES
 
 PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
 

@@ -6,7 +6,7 @@ Two traces, written compactly (as ``json.dumps`` with ``separators=(",", ":")``)
 
 - ``at the cap``: ``most_events()`` of ``tests/view_limits_cases.py``: 200,000 events (the cap) over 16 results
   (the cap), 12,500 tokens and one time per event each; 18.7 MB, under the 20 MB upload cap
-  (``LIMITS["upload_bytes"]``);
+  (``Limits.upload_bytes``);
 - ``2 MB``: the same shape with the first tenth of each result's events, times and tokens.
 
 Per trace, medians of ``--repeats`` runs after a warm-up, in this process:
@@ -52,7 +52,7 @@ from visualize.traces import import_trace_file  # noqa: E402
 from web import handlers  # noqa: E402
 from web.compute import draw_views  # noqa: E402
 from web.playground import PlaygroundApp  # noqa: E402
-from web.service import LIMITS  # noqa: E402
+from web.limits import DEFAULT_LIMITS  # noqa: E402
 
 STREAMED = hasattr(handlers, "import_views")
 
@@ -86,7 +86,7 @@ def in_process(path: Path, repeats: int) -> dict:
     times: dict[str, list[float]] = {"check_s": [], "draw_s": [], "first_views_s": [], "all_views_s": []}
     for r in range(repeats + 1):                    # the first round warms up (plotly's validators, imports)
         t0 = time.perf_counter()
-        doc = import_trace_file(path, max_bytes=LIMITS["upload_bytes"])
+        doc = import_trace_file(path, max_bytes=DEFAULT_LIMITS.upload_bytes)
         t1 = time.perf_counter()
         draw_views(doc)
         t2 = time.perf_counter()
@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results here, e.g. benchmarks/results/import-<cpu>.json")
     args = ap.parse_args()
     cpu = cpu_label()
-    print(f"machine: {cpu} ({os.cpu_count()} CPUs); upload cap {LIMITS['upload_bytes'] / 2**20:g} MB; "
+    print(f"machine: {cpu} ({os.cpu_count()} CPUs); upload cap {DEFAULT_LIMITS.upload_bytes / 2**20:g} MB; "
           f"{'streamed' if STREAMED else 'one-shot'} import handler")
     with tempfile.TemporaryDirectory() as folder:
         paths = traces(Path(folder))

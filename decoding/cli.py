@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from decoding.context import RunContext
 from decoding.harness import bench
+from decoding.harness.document import GENERATION_LABELS, check_versus, run_document
 from decoding.harness.runner import encode_prompt, environment, run_comparison, summarize
 from decoding.params import check_max_new_tokens, parse_params
 from decoding.processors import GenerationSettings
@@ -84,9 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             text = fh.read()
     else:
         text = args.prompt
-    versus = getattr(args, "versus", None)
-    if versus is not None and versus == args.target:
-        raise ValueError(f"--versus {versus!r} is the target already; name another model to race it against")
+    versus = check_versus(getattr(args, "versus", None), args.target, "--versus")
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     pair = _load_pair(args, status)
     chat = _use_chat(args, pair.target, status)
@@ -126,26 +125,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         for r in results:
             print(f"\n--- {r.label if r.model else r.strategy} ---\n{r.text}")
     if args.json:
-        doc = {"environment": environment(pair, args.seed), "prompt": text, "chat": chat,
-               "prompt_ids": prompt_ids, "max_new_tokens": max_new, "generation": dataclasses.asdict(settings),
-               "results": [r.to_dict() for r in results]}
+        doc = run_document(results, pair, args.seed, text, chat, prompt_ids, max_new, settings)
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
 
 
-GENERATION_FLAGS = {   # --flag -> GenerationSettings field (logits processors applied to every strategy)
-    "repetition_penalty": "CTRL repetition penalty (1 = off), as generate's repetition_penalty",
-    "no_repeat_ngram_size": "forbid repeating any n-gram of this size (0 = off)",
-    "min_new_tokens": "forbid EOS before this many new tokens",
-    "forced_bos_token_id": "force this first decoder token (-1 = off; MBart-style models)",
-    "forced_eos_token_id": "force this token at the length limit (-1 = off)",
-}
-
-
 def _generation_settings(args: argparse.Namespace):
-    values = {k: getattr(args, k) for k in GENERATION_FLAGS if getattr(args, k) is not None}
+    """The logits processors' settings from their --flags (one per ``GENERATION_LABELS`` field)."""
+    values = {k: getattr(args, k) for k in GENERATION_LABELS if getattr(args, k) is not None}
     return parse_params(GenerationSettings, values)
 
 
@@ -290,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     run.add_argument("--no-reference", action="store_true",
                      help="do not add a greedy reference run when greedy is not selected")
-    for name, text in GENERATION_FLAGS.items():
+    for name, (label, text) in GENERATION_LABELS.items():   # logits processors applied to every strategy
         run.add_argument("--" + name.replace("_", "-"), dest=name, type=float if name == "repetition_penalty" else int,
-                         default=None, help=text)
+                         default=None, help=f"{text} {label.partition(' ')[2]}")
     run.add_argument("--show-text", action="store_true", help="print each strategy's text")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)

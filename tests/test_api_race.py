@@ -16,7 +16,7 @@ import app
 
 BUNDLED = "smollm2-135m-instruct"
 RACE_PARAMETERS = ["prompt", "strategies", "target", "assistant", "max_new_tokens", "seed", "chat", "params",
-                   "versus"]
+                   "versus", "generation"]
 
 
 def _cli_keys(tmp_path) -> tuple[list, set]:
@@ -56,6 +56,20 @@ def test_race_takes_every_named_parameter(client):
     assert lookahead["token_ids"] == doc["results"][0]["token_ids"] and len(lookahead["token_ids"]) <= 5
 
 
+def test_race_takes_the_five_generation_settings_the_cli_takes(client):
+    settings = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2, "min_new_tokens": 3, "forced_bos_token_id": -1,
+                "forced_eos_token_id": -1}
+    doc = client.predict(prompt="Say yes yes yes yes.", strategies=["greedy", "prompt_lookup"], max_new_tokens=8,
+                         generation=settings, api_name="/race")
+    assert doc["generation"] == settings                                   # applied, and written as the CLI does
+    greedy, lookup = doc["results"]
+    assert lookup["token_ids"] == greedy["token_ids"]                      # lossless under the same processors
+    plain = client.predict(prompt="Say yes yes yes yes.", strategies=["greedy"], max_new_tokens=8, api_name="/race")
+    assert plain["generation"]["repetition_penalty"] == 1.0
+    ids = greedy["token_ids"]
+    assert not any(ids[i:i + 2] == ids[j:j + 2] for i in range(len(ids) - 1) for j in range(i + 1, len(ids) - 1))
+
+
 def test_a_race_and_the_pages_run_of_the_same_request_share_one_recording(client):
     prompt = "Name one planet."
     doc = client.predict(prompt=prompt, strategies=["greedy"], max_new_tokens=4, api_name="/race")
@@ -89,6 +103,10 @@ def test_a_race_and_the_pages_run_of_the_same_request_share_one_recording(client
     (dict(versus="someone/other"), "versus: 'someone/other' is not one of the presets"),
     (dict(versus="gemma-3-270m", strategies=["prophet"]),
      "no prophet head is shipped for 'gemma-3-270m' (the versus model)"),
+    (dict(generation={"repetition_penalty": 0}), "generation settings: repetition_penalty must be in (0, 10]"),
+    (dict(generation={"no_repeat_ngram_size": 2.5}), "generation settings: no_repeat_ngram_size must be"),
+    (dict(generation={"min_new_tokens": "3"}), "generation.min_new_tokens must be a number, got '3'"),
+    (dict(generation={"temperature": 1}), "generation: unknown setting 'temperature'"),
 ])
 def test_a_bad_value_gets_an_error_naming_the_parameter(client, kwargs, message):
     call = dict(prompt="Hi.", strategies=["greedy"], max_new_tokens=2)

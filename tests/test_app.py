@@ -209,7 +209,7 @@ def test_sweep_through_the_server(client):
 # --------------------------------------------------------------------------- the service layer, without a server
 
 def test_stop_flags_live_exactly_as_long_as_their_jobs():
-    from web.service import Jobs
+    from web.jobs import Jobs
     now = [0.0]
     jobs = Jobs(per_session=2, capacity=6, queued_ttl_s=100, count_s=50, clock=lambda: now[0])
     a1, a2 = jobs.admit("a"), jobs.admit("a")
@@ -237,7 +237,7 @@ def test_stop_flags_live_exactly_as_long_as_their_jobs():
 
 
 def test_server_paths_are_redacted_but_urls_and_hub_ids_are_not():
-    from web.service import redact_all, redact_paths
+    from web.redact import redact_all, redact_paths
     text = ("could not load model 'x' from '/root/.cache/decoding-playground/x': no file in /root/.cache/x; "
             "see https://huggingface.co/org/model or org/model (~/models, ../rel)")
     assert redact_paths(text) == ("could not load model 'x' from '[path]': no file in [path]; "

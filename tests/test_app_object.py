@@ -19,10 +19,11 @@ import app
 import web
 from web import compute, handlers
 from web.playground import PlaygroundApp
-from web.crowd import Board, Line, Recordings
+from web.crowd import Board, Line
+from web.recordings import Recordings
 from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
-from web.service import Jobs
+from web.jobs import Jobs
 
 BUNDLED = "smollm2-135m-instruct"
 STORES = (Jobs, Line, Board, Recordings, TraceStore, TraceFiles, Histories, ExportFiles, PlaygroundApp)

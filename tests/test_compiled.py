@@ -170,7 +170,8 @@ def test_models_the_compiler_does_not_take_stay_eager_and_say_why():
 
 
 def test_without_a_compiler_the_model_runs_eagerly_and_says_why(monkeypatch):
-    from web.service import Settings, ui_default
+    from web.requests import ui_default
+    from web.settings import Settings
     from web.startup import compile_unpublished
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
     assert "C++ compiler" in compiled.compiler_missing()
@@ -189,7 +190,8 @@ def test_without_a_compiler_the_model_runs_eagerly_and_says_why(monkeypatch):
 
 
 def test_the_page_ticks_fast_where_the_forward_was_compiled():
-    from web.service import Settings, ui_default
+    from web.requests import ui_default
+    from web.settings import Settings
     assert ui_default("prophet", "fast", Settings(compiled=True)) is True
     assert ui_default("greedy", "fast", Settings(compiled=True)) is True
     assert ui_default("greedy", "fast", Settings(compiled=False)) is torch.cuda.is_available()

@@ -16,8 +16,9 @@ from gradio_client import Client
 
 from web import compute, handlers
 from web.playground import PlaygroundApp
-from web.crowd import Board, Computation, Estimator, Line, QueueFull, Recording, Recordings, request_key
-from web.service import default_request, run_request
+from web.crowd import Board, Computation, Estimator, Line, QueueFull, request_key
+from web.recordings import Recording, Recordings
+from web.requests import default_request, run_request
 
 import app
 
@@ -209,7 +210,7 @@ def test_zero_gpu_durations_follow_the_request():
                        [None] * len(app.GENERATION_FIELDS))
     state = PlaygroundApp()
     assert (compute.budget_seconds(state, short.units) < compute.budget_seconds(state, long.units)
-            <= app.LIMITS["time_limit_s"])
+            <= state.limits.time_limit_s)
 
 
 def test_the_recorder_yields_to_a_visitor_and_records_again_later(monkeypatch):
@@ -321,9 +322,9 @@ def test_identical_requests_at_once_are_computed_once_then_replayed(app_url, cou
 
 
 def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url, app_state, counted, monkeypatch):
-    from web import service
+    from web import requests as web_requests
     prompt = "Reply with one word: yes."
-    monkeypatch.setattr(service, "DEFAULT_MAX_NEW", 16)            # the page's default, shortened for the test
+    monkeypatch.setattr(web_requests, "DEFAULT_MAX_NEW", 16)            # the page's default, shortened for the test
     assert compute.record_examples(app_state, [prompt]) == 1 and len(counted) == 1
     assert compute.record_examples(app_state, [prompt]) == 0       # already recorded
     req = default_request(prompt)

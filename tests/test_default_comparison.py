@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 
 from decoding.runtime.forward_cost import ForwardCost
-from web import service
-from web.service import DEFAULT_STRATEGIES, Settings, default_request
+from web.requests import default_request
+from web.settings import DEFAULT_STRATEGIES, Settings
 from web.startup import chosen_strategies
 
 

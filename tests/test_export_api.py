@@ -8,6 +8,8 @@ value accepted or refused without its name, an export computed beside a run inst
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -76,6 +78,25 @@ def test_the_mp4_decodes_back_with_the_animations_length(client, race):
     body = slice(animation.COLUMNS_TOP * width * 3, None)
     changed = sum(a != b for a, b in zip(frames[0][body], frames[-1][body]))
     assert changed > 5000                                             # the columns filled up
+
+
+def test_an_export_is_served_from_its_bounded_folder_never_copied_to_gradios(served, race, tmp_path):
+    """The file is served from the app's export folder (the last 16 exports, 96 MB), so no copy of it sits in
+    Gradio's temporary folder outside that bound (issue 48 item 10)."""
+    from gradio_client import Client
+    demo, url = served
+    race_id, _ = race
+    mine = Client(url, verbose=False, download_files=str(tmp_path))   # the client's own copy goes here
+    got = mine.predict(race_id=race_id, format="gif", mode="time", api_name="/export_race")
+    made = demo.playground.exports.get((race_id, "gif", "time"))
+    assert made is not None and os.path.dirname(made) == demo.playground.exports.directory
+    with open(made, "rb") as fh:
+        data = fh.read()
+    with open(got, "rb") as fh:
+        assert fh.read() == data                                        # served, whole
+    copies = [p for p in Path(demo.GRADIO_CACHE).rglob("*")
+              if p.is_file() and p.stat().st_size == len(data) and p.read_bytes() == data]
+    assert copies == []
 
 
 @pytest.mark.parametrize("kwargs,message", [

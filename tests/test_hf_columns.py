@@ -325,7 +325,7 @@ def test_hf_assisted_refuses_what_it_cannot_run():
 
 @pytest.mark.parametrize("assistant", ["none", "prophet", "smollm2-135m-instruct"])
 def test_the_web_service_refuses_assisted_without_an_assistant_model(assistant):
-    from web.service import build_plan, check_inputs, needs_assistant
+    from web.validation import build_plan, check_inputs, needs_assistant
     plan = build_plan(["greedy", "hf_assisted"], {})
     with pytest.raises(ValueError, match="transformers generate: assisted needs an assistant model"):
         check_inputs("smollm2-135m-instruct", assistant, "Hi", True, 8, 0, needs_assistant(plan), plan)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 import app
-from web import handlers
+from web import playback
 from web.playground import PlaygroundApp
-from web.service import run_request
+from web.requests import run_request
 
 BUNDLED = "smollm2-135m-instruct"
 HOSTILE = [10**400, -10**400, 2**63, -(2**63), 1e308, -1e308, float("nan"), float("inf"), float("-inf"), -0.0,
@@ -78,14 +78,14 @@ def test_the_replay_handlers_take_any_value(value):
     key = state.store.put({"results": [{"strategy": "greedy", "label": "Greedy", "token_ids": [5, 6],
                                            "events": [], "times_ms": [], "wall_s": 0.5}]}, 3)
     for k in (key, value):
-        handlers.replay(state, k, value)
-        handlers.replay_figures(state, k, value, value)
-        handlers.race_at(state, k, value, value)
-        handlers.race_play(state, k, value, value)
-        handlers.race_tick(state, k, {"wall": value, "from": value}, value)
-        handlers.inspect_position(state, k, value, value)
-        handlers.advance(state, k, value)
-        handlers.play(state, k, value)
-        handlers.autoplay(state, k, value)
-    anchor = handlers.race_rebase({}, value)
-    assert anchor["from"] == anchor["from"] and abs(anchor["from"]) <= handlers.MAX_CLOCK_MS
+        playback.replay(state, k, value)
+        playback.replay_figures(state, k, value, value)
+        playback.race_at(state, k, value, value)
+        playback.race_play(state, k, value, value)
+        playback.race_tick(state, k, {"wall": value, "from": value}, value)
+        playback.inspect_position(state, k, value, value)
+        playback.advance(state, k, value)
+        playback.play(state, k, value)
+        playback.autoplay(state, k, value)
+    anchor = playback.race_rebase({}, value)
+    assert anchor["from"] == anchor["from"] and abs(anchor["from"]) <= playback.MAX_CLOCK_MS

@@ -116,7 +116,7 @@ def test_preload_loads_the_default_model_and_its_head_and_never_raises():
     (a visitor's first Run then starts generating at once); a loader that fails is reported as None."""
     from decoding.runtime.head import Prophet
     from decoding.runtime.models import cached_models, default_target, load_model
-    from web.service import preload_default
+    from web.loading import preload_default
     assert preload_default() == default_target()
     assert default_target() in cached_models()
     assert isinstance(load_model(default_target()).state.prophet_head, Prophet)   # on the loaded target

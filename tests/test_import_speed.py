@@ -32,7 +32,7 @@ from visualize import charts, checks, page, tokens
 from visualize.checks import COMPILED, Invalid, _check_event, check_events
 from visualize.jsonstream import _text_depth
 from visualize.traces import import_trace, import_trace_file
-from web import compute, handlers
+from web import compute, handlers, playback
 from web.playground import PlaygroundApp
 
 
@@ -309,7 +309,7 @@ def test_stop_between_the_first_views_and_the_columns(tmp_path, monkeypatch):
     assert rest[-1]["status"] == ("Imported a trace with 3 strategies (no model needed). Stopped before its token "
                                   "columns were shown.")
     assert rest[-1]["columns"] == handlers.STOPPED
-    assert "step 40 / 40" in handlers.replay(app, first["key"], 40)["columns"]   # still replayable
+    assert "step 40 / 40" in playback.replay(app, first["key"], 40)["columns"]   # still replayable
 
 
 def test_a_refused_upload_still_raises_its_message(tmp_path):

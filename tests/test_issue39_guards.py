@@ -26,7 +26,8 @@ from visualize import jsonstream as js
 from visualize import traces
 from web import handlers, queue_guard
 from web.crowd import Board, Computation, Line
-from web.service import redact_paths, run_request
+from web.redact import redact_paths
+from web.requests import run_request
 
 BUNDLED = "smollm2-135m-instruct"
 OTHER = "distilgpt2"

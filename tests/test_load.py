@@ -9,6 +9,7 @@ printed (and recorded in BENCHMARKS.md), never asserted as timings.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -201,7 +202,8 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     # the storm shares this machine's CPU with the run: give the run time to outlast it
-    monkeypatch.setitem(app.LIMITS, "time_limit_s", 1800.0)
+    slow_limits = dataclasses.replace(app_state.limits, time_limit_s=1800.0)
+    monkeypatch.setattr(app_state, "settings", dataclasses.replace(app_state.settings, limits=slow_limits))
     slow = Client(app_url, verbose=False)
     values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     plan = ["greedy", "sample", "beam", "prompt_lookup", "jacobi", "lookahead"]   # minutes of work
@@ -248,8 +250,7 @@ def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
     from conftest import launch_local
     # every 1 s, files older than 10 s: a client on a busy machine fetches its trace before it goes (a 3 s age
     # once answered 403 to a fetch on a machine at load 10)
-    monkeypatch.setitem(app.LIMITS, "cache_cleanup_s", (1, 10))
-    demo = app.build_demo()
+    demo = app.build_demo(app.Settings(limits=dataclasses.replace(app.DEFAULT_LIMITS, cache_cleanup_s=(1, 10))))
     files = demo.playground.trace_files
     files.keep = 8
     url = launch_local(demo)

@@ -24,11 +24,12 @@ from visualize.checks import MAX_ENV_NODES
 from visualize.traces import import_trace
 from web import compute, handlers
 from web.playground import PlaygroundApp
-from web.crowd import Computation, Recording, Recordings
+from web.crowd import Computation
+from web.recordings import Recording, Recordings
 from web.gradio_overrides import LeanStateHolder
 from web.guards import TraceStore
 from web.memory import held_bytes
-from web.service import LIMITS
+from web.limits import DEFAULT_LIMITS
 
 
 def _traced(build):
@@ -120,7 +121,7 @@ def test_an_import_waits_in_the_line_behind_a_run(tmp_path, monkeypatch):
     run.subscribe()
     state.line.submit(run)
     real = compute.imported
-    monkeypatch.setattr(compute, "imported", lambda path: (order.append("import"), real(path))[1])
+    monkeypatch.setattr(compute, "imported", lambda path, max_bytes: (order.append("import"), real(path, max_bytes))[1])
     doc = {"format": "decoding-playground-trace", "version": 2,
            "results": [{"strategy": "greedy", "token_ids": [5, 6], "events": []}]}
     path = tmp_path / "trace.json"
@@ -146,7 +147,7 @@ def test_fresh_sessions_cost_little_and_are_bounded(served):
     state per session; it must stay small (issue 39: 0.41 MB each before, +650 MB) and bounded in number."""
     demo, url = served
     holder = demo.server_app.state_holder
-    assert type(holder) is LeanStateHolder and holder.capacity == LIMITS["sessions"]
+    assert type(holder) is LeanStateHolder and holder.capacity == DEFAULT_LIMITS.sessions
 
     def stop(session: str) -> None:
         req = urllib.request.Request(url + "gradio_api/run/stop", headers={"Content-Type": "application/json"},

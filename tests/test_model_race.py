@@ -19,14 +19,16 @@ from decoding.runtime.models import EXTRA_PRESETS, load_model, load_presets
 from decoding.runtime.pair import ModelPair
 from adapters import BASE, PRESET, write_adapter, write_presets
 from tiny_models import prompt, tiny_causal
-from web import service
+from web import requests as web_requests, validation
+from web.loading import Prepared
+from web.run_thread import stream_comparison
 from web.live import Live
 
-NO_GENERATION = [None] * len(service.GENERATION_FIELDS)
+NO_GENERATION = [None] * len(validation.GENERATION_FIELDS)
 
 
-def _prep(lm, name: str, max_new: int = 12) -> service.Prepared:
-    return service.Prepared(ModelPair(lm), prompt(8, 1), max_new, 0, name, "")
+def _prep(lm, name: str, max_new: int = 12) -> Prepared:
+    return Prepared(ModelPair(lm), prompt(8, 1), max_new, 0, name, "")
 
 
 # --------------------------------------------------------------------------- the library: two comparisons in one
@@ -35,7 +37,7 @@ def _prep(lm, name: str, max_new: int = 12) -> service.Prepared:
 def test_each_model_races_against_its_own_greedy_and_every_result_names_its_model():
     a, b = tiny_causal("llama", seed=0), tiny_causal("llama", seed=3)
     stop = threading.Event()
-    items = list(service.stream_comparison(_prep(a, "model-a"), [("jacobi", {})], stop=stop,
+    items = list(stream_comparison(_prep(a, "model-a"), [("jacobi", {})], stop=stop,
                                            rivals=[_prep(b, "model-b")], poll_s=0.01, quiet_s=0.01))
     results = items[-1][1]
     assert [(r.strategy, r.model) for r in results] == [("greedy", "model-a"), ("jacobi", "model-a"),
@@ -78,7 +80,7 @@ def test_a_stop_during_the_first_model_skips_the_second():
     a, b = tiny_causal("llama", seed=0), tiny_causal("llama", seed=3)
     stop = threading.Event()
     stop.set()
-    results = list(service.stream_comparison(_prep(a, "model-a"), [("jacobi", {})], stop=stop,
+    results = list(stream_comparison(_prep(a, "model-a"), [("jacobi", {})], stop=stop,
                                              rivals=[_prep(b, "model-b")], poll_s=0.01))[-1][1]
     assert results and {r.model for r in results} == {"model-a"}
 
@@ -90,7 +92,7 @@ def _request(**changes):
     values = dict(model=BASE, assistant="none", strategies=["jacobi"], prompt="Name a river.", chat=True,
                   max_new_tokens=8, seed=0, params={}, generation=NO_GENERATION)
     values.update(changes)
-    return service.run_request(**values)
+    return web_requests.run_request(**values)
 
 
 def test_versus_is_checked_like_the_target_and_named_in_every_message():
@@ -113,9 +115,9 @@ def test_a_race_of_two_models_is_its_own_request_and_counts_both_models_work():
 
 
 def test_the_race_endpoint_builds_the_pages_request(monkeypatch):
-    from web.api import race_request
-    page = _request(versus="gemma-3-270m", params={("jacobi", f): service.ui_default("jacobi", f)
-                                                   for s, f in service.param_fields() if s == "jacobi"})
+    from web.requests import race_request
+    page = _request(versus="gemma-3-270m", params={("jacobi", f): web_requests.ui_default("jacobi", f)
+                                                   for s, f in validation.param_fields() if s == "jacobi"})
     api = race_request("Name a river.", ["jacobi"], BASE, "none", 8, 0, True, None, versus="gemma-3-270m")
     assert api.key == page.key
 
@@ -240,15 +242,15 @@ def test_the_cli_races_two_models_and_refuses_the_target_as_its_own_rival(test_p
     assert [(r["strategy"], r["model"], r["matches_greedy"]) for r in rows] == [
         ("greedy", BASE, True), ("jacobi", BASE, True), ("greedy", PRESET, True), ("jacobi", PRESET, True)]
     assert cli.main(["run", "--prompt", "x", "--versus", BASE, "--quiet"]) == 2
-    assert "--versus 'smollm2-135m-instruct' is the target already" in capsys.readouterr().err
+    assert "--versus: 'smollm2-135m-instruct' is the target model already" in capsys.readouterr().err
 
 
 def test_the_inspector_tells_the_two_models_drafting_runs_apart():
     """Both models' speculative runs are offered by lane (strategy · model), and each lane shows its own run."""
     from visualize.page import drafted, inspector_view, lane, step_figures
     a, b = tiny_causal("llama", seed=0), tiny_causal("llama", seed=3)
-    prep = [service.Prepared(ModelPair(lm, lm), prompt(8, 1), 12, 0, name, "") for lm, name in ((a, "m-a"), (b, "m-b"))]
-    results = list(service.stream_comparison(prep[0], [("speculative", {})], stop=threading.Event(),
+    prep = [Prepared(ModelPair(lm, lm), prompt(8, 1), 12, 0, name, "") for lm, name in ((a, "m-a"), (b, "m-b"))]
+    results = list(stream_comparison(prep[0], [("speculative", {})], stop=threading.Event(),
                                              rivals=prep[1:], poll_s=0.01))[-1][1]
     doc = {"results": [r.to_dict() for r in results]}
     assert drafted(doc) == ["speculative · m-a", "speculative · m-b"]

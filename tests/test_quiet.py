@@ -20,10 +20,12 @@ import pytest
 
 from decoding.runtime.forward_cost import ForwardCost
 from web import compute
-from web.crowd import Recordings
+from web.recordings import Recordings
 from web.playground import PlaygroundApp
 from web.quiet import CpuTimes, QuietBaselines, RunWindow, decode_step_ms, others_share, read_proc
-from web.service import DEFAULT_SETTINGS, LIMITS, default_request
+from web.limits import DEFAULT_LIMITS
+from web.requests import default_request
+from web.settings import DEFAULT_SETTINGS
 
 QUIET = dataclasses.replace(DEFAULT_SETTINGS, quiet_recordings=True)
 HZ = 100
@@ -170,8 +172,8 @@ def test_a_baseline_found_too_low_is_measured_again(monkeypatch):
     """Kills: a baseline never measured again. The probe ran in a lucky moment (40 ms); after quiet_remeasure slow
     verdicts in a row with the cores free it is measured again (64 ms) and the run is recorded."""
     machine = Machine(monkeypatch, probes=[(40.0, 0.02), (64.0, 0.02)], start_ms=64.0)
-    verdicts = [machine.run(greedy_doc([66.0] * 20), others=0.02)[0] for _ in range(LIMITS["quiet_remeasure"])]
-    assert verdicts == [False] * (LIMITS["quiet_remeasure"] - 1) + [True]
+    verdicts = [machine.run(greedy_doc([66.0] * 20), others=0.02)[0] for _ in range(DEFAULT_LIMITS.quiet.remeasure)]
+    assert verdicts == [False] * (DEFAULT_LIMITS.quiet.remeasure - 1) + [True]
     assert machine.baseline() == 64.0
 
 

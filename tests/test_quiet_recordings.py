@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-import app
 from web import compute
 from web.playground import PlaygroundApp
-from web.crowd import Recordings
-from web.service import DEFAULT_SETTINGS, default_request
+from web.recordings import Recordings
+from web.requests import default_request
+from web.settings import DEFAULT_SETTINGS
 
 from decoding.runtime.forward_cost import ForwardCost
 
@@ -63,7 +63,8 @@ def test_without_the_setting_every_complete_run_is_recorded(monkeypatch):
 
 
 def test_the_recorder_records_a_busy_example_again_when_the_machine_is_quiet(monkeypatch):
-    state = PlaygroundApp(QUIET, recordings=Recordings(2**20))
+    soon = dataclasses.replace(QUIET, limits=dataclasses.replace(QUIET.limits, quiet_retry_idle=1))
+    state = PlaygroundApp(soon, recordings=Recordings(2**20))
     _with_one_row_cost(monkeypatch, 20.0)
     steps = iter([90.0, 85.0, 22.0])                            # busy, busy, then quiet
     tries = []
@@ -72,7 +73,6 @@ def test_the_recorder_records_a_busy_example_again_when_the_machine_is_quiet(mon
         tries.append(1)
         yield from _fake_run(next(steps))(stop, req)
     monkeypatch.setattr(compute, "compute_run", fake)
-    monkeypatch.setitem(app.LIMITS, "quiet_retry_idle", 1)
     done = []
     recorder = threading.Thread(target=lambda: done.append(compute.record_examples(state, ["Busy."], idle_s=0.01)))
     recorder.start()

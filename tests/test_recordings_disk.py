@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
-from web import service
-from web.crowd import Recording, Recordings
+from web import settings as service_settings
+from web.recordings import Recording, Recordings
 
 
 def _rec(key: str, size: int = 200) -> Recording:
@@ -51,8 +52,21 @@ def test_the_pinned_folder_has_its_own_bound(tmp_path):
 
 def test_recordings_go_to_persistent_storage_where_a_space_has_it(tmp_path, monkeypatch):
     data = tmp_path / "data"
-    monkeypatch.setattr(service, "PERSISTENT", data)
-    assert not str(service.recordings_dir()).startswith(str(data))      # no /data: the user's cache
+    monkeypatch.setattr(service_settings, "PERSISTENT", data)
+    assert not str(service_settings.recordings_dir()).startswith(str(data))      # no /data: the user's cache
     data.mkdir()
-    folder = service.recordings_dir()
+    folder = service_settings.recordings_dir()
     assert folder.startswith(str(data / "decoding-playground" / "recordings"))
+
+
+def test_a_recordings_dir_given_at_start_gets_the_same_environment_subfolder(tmp_path, monkeypatch):
+    """``--recordings-dir DIR`` keeps the per-environment subfolder: an upgrade (new code, new machine) writes
+    to a new folder under DIR and never replays the old version's recordings."""
+    monkeypatch.setattr(service_settings, "PERSISTENT", tmp_path / "no-data")
+    default = Path(service_settings.recordings_dir())
+    given = service_settings.recordings_folder(str(tmp_path / "mine"))
+    assert Path(given).parent == tmp_path / "mine" and Path(given).name == default.name
+    assert service_settings.recordings_folder(None) == str(default)
+    assert service_settings.recordings_folder("none") is None
+    monkeypatch.setattr(service_settings.torch, "__version__", "0.0-another")    # another environment
+    assert service_settings.recordings_folder(str(tmp_path / "mine")) != given

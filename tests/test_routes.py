@@ -125,7 +125,8 @@ def test_a_base_without_siblings_is_not_timed():
 def test_the_page_shows_the_chosen_version_and_says_why(tmp_path, monkeypatch):
     """The note under the picker is escaped, and the picker shows the chosen target."""
     import app
-    from web.service import Settings, default_request
+    from web.requests import default_request
+    from web.settings import Settings
     cheapest = "smollm2-135m-instruct-fp16w"
     assert default_request("Hi", Settings(target=cheapest)).inputs.model == cheapest
     assert Settings().default_target() == "smollm2-135m-instruct"          # no choice made: the presets' default

@@ -27,6 +27,7 @@ from decoding.runtime.models import load_model
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 from visualize import traces
+from web.limits import DEFAULT_LIMITS
 
 import app
 
@@ -343,7 +344,7 @@ def test_a_body_without_a_length_is_counted(app_url, client, expected):
 def test_an_upload_over_the_file_limit_is_refused_by_gradio(app_url, client, expected):
     boundary = uuid.uuid4().hex
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"t.json\"\r\n"
-            f"Content-Type: application/json\r\n\r\n").encode() + b" " * (app.LIMITS["upload_bytes"] + 1024) \
+            f"Content-Type: application/json\r\n\r\n").encode() + b" " * (DEFAULT_LIMITS.upload_bytes + 1024) \
         + f"\r\n--{boundary}--\r\n".encode()
     host, port = app_url.split("//")[1].strip("/").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from web.crowd import Recording, Recordings
+from web.recordings import Recording, Recordings
 from web.share import ID_LENGTH, check_id, is_id, new_id, share_html, share_views
 
 
@@ -96,7 +96,7 @@ def test_the_id_index_is_bounded():
 def test_unknown_ids_rescan_the_folder_at_most_once_per_interval(tmp_path, monkeypatch):
     store = Recordings(1 << 20, str(tmp_path), rescan_s=60)
     scans = []
-    monkeypatch.setattr("web.crowd._meta", lambda path, limit=4096: scans.append(path) or None)
+    monkeypatch.setattr("web.recordings._meta", lambda path, limit=4096: scans.append(path) or None)
     store.put(_rec("k"))
     for _ in range(20):
         assert store.by_share(new_id()) is None

@@ -22,7 +22,7 @@ from decoding.runtime.routes import WIDTH, Config
 from web import startup
 from web.crowd import Computation, Line
 from web.playground import PlaygroundApp
-from web.service import Settings
+from web.settings import Settings
 
 from tiny_models import tiny_causal
 

@@ -84,7 +84,7 @@ def test_fastest_column_finishes_first_and_the_clock_says_so():
 def test_a_fractional_run_length_ends_on_a_whole_slider_value_and_play_at_the_end_restarts():
     """The clock slider holds whole ms: the race's end must be one of its values (else the slowest column
     never shows finished, and ▶ after a run 'replays' from just short of the end: the race jumps to its end)."""
-    from web import handlers
+    from web import playback
     slow = dict(SLOW, wall_s=0.6004)                 # 600.4 ms: round() would put the slider at 600 < end
     fast = dict(FAST, wall_s=0.2)
     results = [slow, fast]
@@ -96,19 +96,19 @@ def test_a_fractional_run_length_ends_on_a_whole_slider_value_and_play_at_the_en
     state = PlaygroundApp()
     key = state.store.put({"results": results}, 6)
     for clock_at_end in (round(total), total, 10_000):
-        started = handlers.race_play(state, key, clock_at_end, 4.0)
+        started = playback.race_play(state, key, clock_at_end, 4.0)
         assert started["clock"] == 0 and started["race_anchor"]["from"] == 0, clock_at_end
         assert started["columns"].count("class='dp-col dp-finished'") == 0
-    mid = handlers.race_play(state, key, 300, 4.0)          # from the middle it goes on from there
+    mid = playback.race_play(state, key, 300, 4.0)          # from the middle it goes on from there
     assert mid["clock"] == 300 and mid["race_anchor"]["from"] == 300
     # the last frame stops the timer and the race keeps the columns ("playing" stays "race"): a step
     # replay frame delivered late must not redraw them; before the end the timer runs on
-    end_frame = handlers.race_tick(state, key, {"wall": 0.0, "from": 0.0}, 4.0)
+    end_frame = playback.race_tick(state, key, {"wall": 0.0, "from": 0.0}, 4.0)
     assert end_frame["playing"] == "race" and end_frame["clock"] == total
     assert end_frame["race_ticker"].active is False
     assert end_frame["columns"].count("class='dp-col dp-finished'") == 2
     import time
-    running = handlers.race_tick(state, key, {"wall": time.monotonic(), "from": 0.0}, 1.0)
+    running = playback.race_tick(state, key, {"wall": time.monotonic(), "from": 0.0}, 1.0)
     assert running["playing"] == "race" and running["race_ticker"].active is True and running["clock"] < total
 
 

@@ -27,13 +27,18 @@ from visualize.page import chart_views, column_views, drafted, inspector_view, s
 from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
 from web.playground import PlaygroundApp
-from web.quiet import QuietLimits, RunWindow, baselines_of, decode_step_ms, greedy_result
-from web.crowd import Computation, QueueFull, Recording
+from web.quiet import RunWindow, baselines_of, decode_step_ms, greedy_result
+from web.crowd import Computation, QueueFull
+from web.recordings import Recording
 from web.export import render
 from web.gradio_overrides import plot_once
 from web.guards import history_from
-from web.service import (LIMITS, RunRequest, SweepRequest, complete, default_request, device_text, history_outputs,
-                         needs_assistant, prepare_checked, redact_paths, run_document, stream_comparison)
+from web.validation import needs_assistant
+from web.documents import complete, device_text, history_outputs, run_document
+from web.loading import prepare_checked
+from web.redact import redact_paths
+from web.requests import RunRequest, SweepRequest, default_request
+from web.run_thread import stream_comparison
 
 try:  # Hugging Face Spaces ZeroGPU: request a GPU for the compute, for as long as the request needs
     import spaces
@@ -51,7 +56,7 @@ PROBE_TOKENS = 16     # decode steps of the run that measures a quiet baseline (
 def budget_seconds(app: PlaygroundApp, units: float) -> int:
     """How long a computation may hold a (ZeroGPU) device: the line's estimate with room to spare, so shorter
     requests go first, never past the time limit."""
-    return int(min(LIMITS["time_limit_s"], 2 * app.line.estimator.expect(units) + 10))
+    return int(min(app.limits.time_limit_s, 2 * app.line.estimator.expect(units) + 10))
 
 
 def _granted(stop: Any, req: Any, budget_s: int) -> int:
@@ -65,16 +70,19 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
     message, outputs for the history)``. Raises ValueError / ModelLoadError for what only the model can tell."""
     plan = list(req.plan)
     generation = req.generation if req.generation.active else None
-    prep = prepare_checked(req.inputs, needs_assistant(plan), load=req.settings.load, generation=generation)
+    limits = req.settings.limits
+    prep = prepare_checked(req.inputs, needs_assistant(plan), load=req.settings.load, generation=generation,
+                           limits=limits)
     rival = req.inputs.rival()          # a race of two models: the same request on the second one
-    rivals = [prepare_checked(rival, needs_assistant(plan), load=req.settings.load, generation=generation)] \
+    rivals = [prepare_checked(rival, needs_assistant(plan), load=req.settings.load, generation=generation,
+                              limits=limits)] \
         if rival is not None else []
     context = RunContext(generation=generation,
                          history=history_from(None if req.history is None else list(req.history),
-                                              LIMITS["history_tokens"]))
+                                              limits.history_tokens))
     results = []
     for kind, value in stream_comparison(prep, plan, stop=stop, context=context, rivals=rivals,
-                                         time_limit_s=LIMITS["time_limit_s"], poll_s=POLL_S):
+                                         time_limit_s=limits.time_limit_s, poll_s=POLL_S):
         if kind == "live":
             yield "live", value, prep.max_new
         else:
@@ -86,9 +94,9 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
 @gpu(_granted)
 def compute_sweep(stop: Any, req: SweepRequest, budget_s: int = 0) -> tuple[dict, str]:
     """One strategy over a parameter grid against one greedy reference: (sweep, message)."""
-    prep = prepare_checked(req.inputs, needs_assistant(req.plan), load=req.settings.load)
+    prep = prepare_checked(req.inputs, needs_assistant(req.plan), load=req.settings.load, limits=req.settings.limits)
     results = run_comparison(prep.prompt_ids, prep.pair, req.plan, max_new_tokens=prep.max_new, seed=prep.seed,
-                             should_stop=stop.is_set, time_limit_s=LIMITS["time_limit_s"])
+                             should_stop=stop.is_set, time_limit_s=req.settings.limits.time_limit_s)
     runs = [r for r in results if not r.reference]
     points = [{"values": [sweep_value(v) for v in combo], "speedup": r.speedup or 0.0,
                "tokens_per_target_forward": round(len(r.token_ids) / max(r.target_forwards, 1), 3)}
@@ -141,7 +149,7 @@ def quiet_timing(app: PlaygroundApp, req: RunRequest, doc: dict, share: Optional
     bucket = context_bucket(len(doc.get("prompt_ids") or ()))
     key = (req.inputs.model, fast) if bucket == context_bucket(0) else (req.inputs.model, fast, bucket)
     probe = decode_probe(req.settings.load, req.inputs.model, fast, None if len(key) == 2 else bucket)
-    return baselines_of(app).judge(key, step, share, probe, QuietLimits.of(LIMITS))
+    return baselines_of(app).judge(key, step, share, probe, app.limits.quiet)
 
 
 def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Callable[[Computation], Outcome]:
@@ -157,7 +165,7 @@ def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Call
                 comp.publish((item[1], item[2]))
             else:
                 _, doc, message, outputs = item
-        share = window.share(LIMITS["quiet_window_s"])
+        share = window.share(app.limits.quiet.window_s)
         message += eager_note
         outcome = Outcome(doc, export_trace(doc), message, outputs, draw_views(doc))
         if not req.private and not comp.stop.is_set() and complete(doc):
@@ -199,24 +207,24 @@ def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
     return _watched(app, "sweep", lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), req.units)
 
 
-def imported(path: str) -> Iterator[tuple[dict, dict]]:
+def imported(path: str, max_bytes: int) -> Iterator[tuple[dict, dict]]:
     """An uploaded trace, read in chunks and checked (ValueError names what is refused), then its views drawn:
     yields (document, views) once with every view but the token columns, then once with all of them."""
-    doc = import_trace_file(path, max_bytes=LIMITS["upload_bytes"])
+    doc = import_trace_file(path, max_bytes=max_bytes)
     views: dict = {}
     for stage in draw_stages(doc):
         views.update(stage)
         yield doc, views
 
 
-def import_work(path: str) -> Callable[[Computation], tuple[dict, dict]]:
+def import_work(path: str, max_bytes: int) -> Callable[[Computation], tuple[dict, dict]]:
     """What the computation thread does for an import: the views drawn first are published (``comp.live``:
     the document and those views) while the token columns are drawn; the result is (document, views). A Stop
     after the first views ends it with those (no columns)."""
     def work(comp: Computation) -> tuple[dict, dict]:
         doc, views = None, {}
         with paused_gc():
-            for doc, views in imported(path):
+            for doc, views in imported(path, max_bytes):
                 if "columns" not in views:
                     comp.publish((doc, dict(views)))
                 if comp.stop.is_set():
@@ -227,7 +235,7 @@ def import_work(path: str) -> Callable[[Computation], tuple[dict, dict]]:
 
 def submit_import(app: PlaygroundApp, path: str) -> Computation:
     """Reading and drawing an upload: no run is timed while a large import is drawn (issue 39)."""
-    return _watched(app, "import", import_work(path))
+    return _watched(app, "import", import_work(path, app.limits.upload_bytes))
 
 
 _gc_lock = threading.Lock()
@@ -290,7 +298,7 @@ def record_examples(app: PlaygroundApp, prompts: list[str], stop: Optional[Any] 
         elif getattr(comp.result, "quiet", True):   # not worth recording (an error, the time limit)
             pending.pop(0)
         else:                                       # timed while the machine was busy: again, later
-            time.sleep(idle_s * LIMITS["quiet_retry_idle"])
+            time.sleep(idle_s * app.limits.quiet_retry_idle)
     return recorded
 
 

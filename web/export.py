@@ -11,17 +11,14 @@ exit; the same race, format and replay asked again is answered with the file alr
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import tempfile
-import threading
-from collections import OrderedDict
 from typing import Any, Iterable, Optional
 
 from PIL import Image
 
 from visualize.animation import MAX_FRAMES, SIZE, check_mode, frames
+from web.bounded import Bounded, remove_file, temp_folder
 
 FORMATS = ("gif", "mp4")
 MAX_BYTES = 10 * 2**20       # one exported file
@@ -43,20 +40,16 @@ class ExportFiles:
 
     def __init__(self, keep: int = 16, max_bytes: int = 96 * 2**20, directory: Optional[str] = None) -> None:
         self.keep, self.max_bytes = keep, max_bytes
-        self.directory = directory or tempfile.mkdtemp(prefix="decoding-playground-exports-")
+        self.directory = directory or temp_folder("decoding-playground-exports-")
         os.makedirs(self.directory, exist_ok=True)
-        self._files: "OrderedDict[Any, tuple[str, int]]" = OrderedDict()      # key -> (path, bytes)
-        self._lock = threading.Lock()
-        if directory is None:
-            atexit.register(shutil.rmtree, self.directory, True)
+        # key -> (path, bytes); a file pushed out (or replaced by another under its key) is deleted; the newest
+        # file is kept even alone over max_bytes (``render`` caps one file at MAX_BYTES, far below it)
+        self._files = Bounded(max_items=keep, max_bytes=max_bytes, sizeof=lambda entry: entry[1],
+                              on_drop=lambda key, entry: remove_file(entry[0]), oversized="alone")
 
     def get(self, key: Any) -> Optional[str]:
-        with self._lock:
-            hit = self._files.get(key)
-            if hit is None or not os.path.isfile(hit[0]):
-                return None
-            self._files.move_to_end(key)
-            return hit[0]
+        hit = self._files.get(key)
+        return hit[0] if hit is not None and os.path.isfile(hit[0]) else None
 
     def new_path(self, suffix: str) -> str:
         fd, path = tempfile.mkstemp(prefix="race-", suffix=suffix, dir=self.directory)
@@ -64,27 +57,14 @@ class ExportFiles:
         return path
 
     def add(self, key: Any, path: str) -> str:
-        size = os.path.getsize(path)
-        with self._lock:
-            old = self._files.pop(key, None)
-            if old is not None and old[0] != path:
-                _remove(old[0])
-            self._files[key] = (path, size)
-            while self._files and (len(self._files) > self.keep or
-                                   sum(s for _, s in self._files.values()) > self.max_bytes):
-                _, (dropped, _) = self._files.popitem(last=False)
-                _remove(dropped)
+        old = self._files.get(key)
+        if old is not None and old[0] == path:
+            self._files.pop(key)            # the same file measured again: not deleted as a replaced one
+        self._files.put(key, (path, os.path.getsize(path)))
         return path
 
     def count(self) -> int:
         return len(os.listdir(self.directory))
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def encode_gif(pairs: Iterable[tuple[Image.Image, int]], path: str) -> None:
@@ -137,7 +117,7 @@ def render(doc: dict, fmt: str, mode: str, note: str, files: ExportFiles, key: A
             if os.path.getsize(path) <= max_bytes:
                 return files.add(key if key is not None else path, path)
         except BaseException:
-            _remove(path)
+            remove_file(path)
             raise
-        _remove(path)
+        remove_file(path)
     raise ValueError(f"the {fmt} of this race would be over {max_bytes >> 20} MB; try the other format")

@@ -7,17 +7,16 @@ sequence of requests can exceed. No Gradio here: ``BodyLimit`` is plain ASGI.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import secrets
-import shutil
 import tempfile
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Optional
 
 from decoding.drafting.suffix import SuffixHistory
+from web.bounded import Bounded, remove_file, temp_folder
 from web.memory import held_bytes
 
 Scope = dict
@@ -94,25 +93,22 @@ class TraceFiles:
     """Exported trace files in one directory of this process; only the newest ``keep`` stay."""
 
     def __init__(self, keep: int, directory: Optional[str] = None) -> None:
-        self.keep = keep
-        self.directory = directory or tempfile.mkdtemp(prefix="decoding-playground-traces-")
-        self._paths: deque[str] = deque()
-        self._lock = threading.Lock()
-        if directory is None:
-            atexit.register(shutil.rmtree, self.directory, True)
+        self.directory = directory or temp_folder("decoding-playground-traces-")
+        self._paths = Bounded(max_items=keep, on_drop=lambda path, _: remove_file(path))
+
+    @property
+    def keep(self) -> int:
+        return self._paths.max_items
+
+    @keep.setter
+    def keep(self, value: int) -> None:
+        self._paths.max_items = value
 
     def write(self, text: str) -> str:
         fd, path = tempfile.mkstemp(prefix="decoding-trace-", suffix=".json", dir=self.directory)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        with self._lock:
-            self._paths.append(path)
-            while len(self._paths) > self.keep:
-                old = self._paths.popleft()
-                try:
-                    os.remove(old)
-                except FileNotFoundError:
-                    pass
+        self._paths.put(path, True)
         return path
 
     def count(self) -> int:
@@ -120,7 +116,8 @@ class TraceFiles:
 
 
 class TraceStore:
-    """Replay documents of all sessions, least recently used dropped first beyond ``max_bytes`` of memory.
+    """Replay documents of all sessions, least recently used dropped first beyond ``max_bytes`` of memory (one
+    document over the whole budget is held alone).
 
     A session's ``gr.State`` holds only a random key, so a visitor holds no
     memory beyond this shared budget, however many sessions or imports they
@@ -130,47 +127,30 @@ class TraceStore:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._docs: OrderedDict[str, tuple[dict, int, int]] = OrderedDict()   # key -> (doc, size, top step)
-        self._replays: set[str] = set()     # keys of documents that replay a recorded run
-        self._held = 0
-        self._lock = threading.Lock()
+        # key -> (doc, size, top step, whether it replays a recorded run)
+        self._docs = Bounded(max_bytes=max_bytes, sizeof=lambda entry: entry[1], oversized="alone")
 
     def put(self, doc: dict, top: int, replay: bool = False) -> str:
         """Hold ``doc`` under a new random key; ``replay`` marks a recorded run replayed (its race autoplays)."""
         key = secrets.token_urlsafe(16)
-        size = held_bytes(doc)
-        with self._lock:
-            self._docs[key] = (doc, size, top)
-            if replay:
-                self._replays.add(key)
-            self._held += size
-            while self._held > self.max_bytes and len(self._docs) > 1:
-                old_key, (_, old, _) = self._docs.popitem(last=False)
-                self._replays.discard(old_key)
-                self._held -= old
+        self._docs.put(key, (doc, held_bytes(doc), top, replay))
         return key
 
     def is_replay(self, key: Any) -> bool:
-        with self._lock:
-            return isinstance(key, str) and key in self._replays
+        entry = self._docs.get(key) if isinstance(key, str) else None
+        return entry is not None and entry[3]
 
     def get(self, key: Any) -> Optional[tuple[dict, int]]:
         """(document, top replay step), or None when the key is unknown or was dropped."""
-        if not isinstance(key, str):
-            return None
-        with self._lock:
-            entry = self._docs.get(key)
-            if entry is None:
-                return None
-            self._docs.move_to_end(key)
-            return entry[0], entry[2]
+        entry = self._docs.get(key) if isinstance(key, str) else None
+        return None if entry is None else (entry[0], entry[2])
 
     def __len__(self) -> int:
         return len(self._docs)
 
     @property
     def held_bytes(self) -> int:
-        return self._held
+        return int(self._docs.held_bytes)
 
 
 # --------------------------------------------------------------------------- suffix-decoding histories

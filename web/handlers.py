@@ -1,6 +1,6 @@
 """The app's Gradio event functions: thin functions of one app object (``web/playground.PlaygroundApp``).
 
-Each handler takes the app first, then plain values: it validates (``web/service.py``), hands the work to the
+Each handler takes the app first, then plain values: it validates (``web/validation.py``, ``web/requests.py``), hands the work to the
 app's line (``web/compute.py``) or its stores, and returns (or, for a run, yields) ``{view name: value}``;
 ``app.py`` maps view names onto components, builds the page and wires the events by name. Which view shows
 what comes from ``visualize/page.py``.
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import html
-import math
 import time
 import uuid
 from typing import Any, AsyncIterator, Iterator, Optional
@@ -23,22 +22,22 @@ import gradio as gr
 from decoding.runtime.models import ModelLoadError
 from visualize.animation import check_mode
 from visualize.charts import sweep_figure
-from visualize.page import drafted, inspector_view, race_views, step_figures, step_html, survey, top_step
-from visualize.race import SPEEDS, clamp_ms, live_columns_html, live_status, race_length_ms
-from visualize.tokens import columns_html, number
-from web.playground import PlaygroundApp
+from visualize.page import drafted, survey, top_step
+from visualize.race import live_columns_html, live_status, race_length_ms
 from web.compute import Outcome, draw_views, submit_export, submit_import, submit_run, submit_sweep
-from web.crowd import Computation, QueueFull, Recording
+from web.crowd import Computation, QueueFull
+from web.recordings import Recording
+from web.documents import history_outputs
 from web.export import caption, check_format
-from web.service import (GENERATION_FIELDS, SESSION_FALLBACK, RunRequest, history_outputs, public_message,
-                         run_request, sweep_request)
+from web.jobs import SESSION_FALLBACK
+from web.playground import PlaygroundApp
+from web.redact import public_message
+from web.requests import RunRequest, run_request, sweep_request
+from web.validation import GENERATION_FIELDS
 from web.share import check_id, share_views, shared_note, unknown_note
 
-MAX_CLOCK_MS = 1e12      # a replay clock beyond any run (the anchor stays a finite number)
 WATCH_S = 0.1         # how often a visitor's handler looks at its computation (an await, no thread held)
 IMPORT_POLL_S = 0.02  # ... and at a running import (its first views are shown the moment they are drawn)
-EXPIRED = ("<div class='dp-muted'>This trace is no longer held by the server (it keeps the most recent "
-           "ones); run again or import the trace file.</div>")
 
 # --------------------------------------------------------------------------- jobs
 def _session(request: Any) -> str:
@@ -99,9 +98,19 @@ def clear_history(app: PlaygroundApp, request: gr.Request = None) -> str:
 
 
 # --------------------------------------------------------------------------- compute (plain data in and out)
-def user_error(exc: BaseException, prefix: str = "") -> gr.Error:
-    """A message for the browser: no server paths, and markup shown as text (Gradio renders it as HTML)."""
-    return gr.Error(html.escape(prefix + public_message(exc), quote=False))
+def user_error(exc: BaseException, prefix: str = "", page: bool = True) -> gr.Error:
+    """A message for the caller, without server paths: for the page, markup escaped so it shows as text (Gradio
+    renders a page's error as HTML); for an API client (``page=False``), plain text as it was written."""
+    message = prefix + public_message(exc)
+    return gr.Error(html.escape(message, quote=False) if page else message)
+
+
+def from_page(request: Any) -> bool:
+    """Whether an event came from the page rather than an API client: Gradio's own browser client says
+    ``x-gradio-user: app`` (its Python and JavaScript clients say ``api``); no request (a direct call) is not
+    the page."""
+    headers = getattr(request, "headers", None)
+    return headers is not None and headers.get("x-gradio-user") == "app"
 
 
 
@@ -151,7 +160,7 @@ def _progress(progress: Any, fraction: float, desc: str) -> None:
 CANCELLED = object()     # what a computation taken out of line before it started leaves
 
 
-async def _settled(comp: Computation) -> Any:
+async def _settled(comp: Computation, page: bool = True) -> Any:
     """The result of a computation, once it is done (awaited, no thread held); ``CANCELLED`` when it was taken
     out of line before it started. A bad request only the model can tell becomes a message for the browser; any
     other failure is raised as it was."""
@@ -161,7 +170,7 @@ async def _settled(comp: Computation) -> Any:
         return CANCELLED
     if comp.error is not None:
         if isinstance(comp.error, (ValueError, ModelLoadError)):
-            raise user_error(comp.error) from None
+            raise user_error(comp.error, page=page) from None
         raise comp.error
     return comp.result
 
@@ -183,7 +192,8 @@ async def follow_run(app: PlaygroundApp, req: RunRequest, stop: Any, progress: A
     the recording of the identical request when there is one; else a place in the line (joining the identical
     computation under way), watched until it is done. The session's history keeps the outputs.
 
-    Yields view updates (``{"status": ...}``, live frames with ``frames``) and last a :class:`Finished`, unless
+    Yields view updates (``{"status": ...}``, live frames with ``frames``; without, a caller with no page, whose
+    errors come as plain text) and last a :class:`Finished`, unless
     the caller stopped watching or the run was cancelled (then a status update is the last). Raises gr.Error
     for a full line, a bad request only the model can tell, or a failed run. Close it with
     ``contextlib.aclosing``: closing it is how a caller leaves the computation (the last to leave stops it)."""
@@ -207,7 +217,7 @@ async def follow_run(app: PlaygroundApp, req: RunRequest, stop: Any, progress: A
         yield {**frame, "status": f"Stopped watching. {others} other visitor{'s' * (others != 1)} asked for "
                                   f"this same run, so it goes on for them."}
         return
-    outcome: Outcome = await _settled(comp)
+    outcome: Outcome = await _settled(comp, page=frames)
     if outcome is CANCELLED:
         yield {"status": "Stopped the queued run before it started."}
         return
@@ -314,112 +324,6 @@ def _outputs(app: PlaygroundApp, doc: dict, message: str, trace_path: Optional[s
     return values
 
 
-def _held(app: PlaygroundApp, key: Any) -> tuple[Optional[dict], int]:
-    """(document, top replay step) of this session's trace; (None, 0) when there is none or it expired."""
-    return app.store.get(key) or (None, 0)
-
-
-def _step(step: Any, top: int) -> int:
-    """A replay step from the browser, clamped to [0, top]; 0 when it is not a number."""
-    value = number(step, None)
-    if value is None or value != value:
-        return 0
-    return int(min(max(value, 0.0), float(top)))
-
-
-def replay(app: PlaygroundApp, key: Any, step: Any) -> dict:
-    """The HTML views at one replay step (bounded: see visualize.tokens.MAX_FRAME_ITEMS)."""
-    doc, top = _held(app, key)
-    if doc is None:
-        values = step_html(None, None)
-        values["columns"] = EXPIRED if key else columns_html([])
-        return values
-    return step_html(doc, _step(step, top))
-
-
-def replay_figures(app: PlaygroundApp, key: Any, step: Any, strategy: Any) -> dict:
-    """The figures at one replay step: draft tree, lookahead mask, beams, sampling."""
-    doc, top = _held(app, key)
-    return step_figures(doc, _step(step, top) if doc else None, strategy)
-
-
-def advance(app: PlaygroundApp, key: Any, step: Any) -> tuple:
-    """One tick of the play button: the next replay step, stopping the timer at the end."""
-    _, top = _held(app, key)
-    nxt = _step(step, top) + 1
-    if nxt >= top:
-        return top, gr.Timer(active=False)
-    return nxt, gr.Timer(active=True)
-
-
-def play(app: PlaygroundApp, key: Any, step: Any) -> tuple:
-    """Start playing from the current step (from 0 when at the end)."""
-    _, top = _held(app, key)
-    start = _step(step, top)
-    return (0 if start >= top else start), gr.Timer(active=top > 0)
-
-
-def _speed(value: Any) -> float:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value in SPEEDS else 1.0
-
-
-def race_at(app: PlaygroundApp, key: Any, at_ms: Any, speed: Any) -> dict:
-    """The wall-clock replay at ``at_ms``: every column at that time of its own run."""
-    doc, _ = _held(app, key)
-    if doc is None:
-        return {"columns": EXPIRED if key else columns_html([]), "clock_readout": ""}
-    total = race_length_ms(doc["results"])
-    views = race_views(doc, clamp_ms(at_ms, total), _speed(speed))
-    return {"columns": views["columns"], "clock_readout": views["clock"]}
-
-
-def race_play(app: PlaygroundApp, key: Any, at_ms: Any, speed: Any) -> dict:
-    """Start the wall-clock replay (from 0 when at the end): its anchor and the timer."""
-    doc, _ = _held(app, key)
-    total = race_length_ms(doc["results"]) if doc else 0.0
-    start = clamp_ms(at_ms, total)
-    start = 0.0 if start >= total else start
-    return {"race_anchor": {"wall": time.monotonic(), "from": start}, "race_ticker": gr.Timer(active=total > 0),
-            **race_at(app, key, start, speed), "clock": start}
-
-
-def race_tick(app: PlaygroundApp, key: Any, anchor: Any, speed: Any) -> dict:
-    """One frame of the wall-clock replay: real elapsed time times the speed factor since the anchor
-    (``playing`` stays "race" at the end: the race keeps the columns until the visitor moves the step
-    slider or plays the steps)."""
-    doc, _ = _held(app, key)
-    stopped = {"race_ticker": gr.Timer(active=False), "playing": None}
-    if doc is None or not isinstance(anchor, dict):
-        return stopped
-    total = race_length_ms(doc["results"])
-    wall, start = number(anchor.get("wall"), None), number(anchor.get("from"), None)
-    if wall is None or start is None or not math.isfinite(wall) or not math.isfinite(start):
-        return stopped
-    now = clamp_ms(start + (time.monotonic() - wall) * 1e3 * _speed(speed), total)
-    return {**race_at(app, key, now, speed), "clock": round(now), "race_ticker": gr.Timer(active=now < total),
-            "playing": "race"}
-
-
-def autoplay(app: PlaygroundApp, key: Any, speed: Any) -> dict:
-    """After a run: a replayed recording plays its race in real time from the start; anything else stays."""
-    if not app.store.is_replay(key):
-        return {name: gr.skip() for name in ("race_anchor", "race_ticker", "columns", "clock_readout", "clock",
-                                             "ticker", "playing")}
-    return {**race_play(app, key, 0, speed), "ticker": gr.Timer(active=False), "playing": "race"}
-
-
-def race_rebase(anchor: Any, at_ms: Any) -> Any:
-    """A new speed while playing: go on from where the clock is."""
-    if not isinstance(anchor, dict):
-        return gr.skip()
-    return {"wall": time.monotonic(), "from": clamp_ms(at_ms, MAX_CLOCK_MS)}
-
-
-def inspect_position(app: PlaygroundApp, key: Any, strategy: Any, position: Any) -> Any:
-    doc, _ = _held(app, key)
-    return inspector_view(doc, strategy, position)
-
-
 DRAWING = "<div class='dp-muted'>Drawing the token columns…</div>"
 STOPPED = "<div class='dp-muted'>Stopped before the token columns were shown; move the step slider to draw them.</div>"
 
@@ -521,7 +425,7 @@ async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, req
             check_mode(mode)
             rec = _shared(app, race_id)
         except ValueError as exc:
-            raise user_error(exc) from None
+            raise user_error(exc, page=from_page(request)) from None
         key = (rec.share, fmt, mode)
         made = app.exports.get(key)
         if made is not None:
@@ -535,7 +439,7 @@ async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, req
                 pass
         finally:
             comp.leave()
-        path = await _settled(comp)
+        path = await _settled(comp, page=from_page(request))
         if path is CANCELLED or path is None:
             raise gr.Error("Stopped the export before it finished.")
         return path

@@ -3,8 +3,8 @@
 ``app.build_demo(settings)`` builds a :class:`PlaygroundApp` (or takes one) and hands it to every handler
 (``web/handlers.py``), the compute (``web/compute.py``) and the ``/race`` endpoint (``web/api.py``). Nothing a
 request adds to lives at module level, so two apps in one process share nothing, and a test builds its own app
-instead of patching globals. Every store is bounded (``LIMITS`` in ``web/service.py``, the classes in
-``web/crowd.py`` and ``web/guards.py``).
+(with its own ``Limits``: ``PlaygroundApp(Settings(limits=...))``) instead of patching globals. Every store is
+bounded by the app's limits (``web/limits.py``; the classes in ``web/crowd.py`` and ``web/guards.py``).
 """
 
 from __future__ import annotations
@@ -12,40 +12,53 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from web.crowd import Board, Line, Recordings
+from web.crowd import Board, Line
+from web.recordings import Recordings
 from web.export import ExportFiles
 from web.guards import Histories, TraceFiles, TraceStore
-from web.service import DEFAULT_SETTINGS, LIMITS, SESSION_FALLBACK, Jobs, Settings
+from web.jobs import SESSION_FALLBACK, Jobs
+from web.limits import Limits
+from web.settings import DEFAULT_SETTINGS, Settings
 
-
-def _jobs() -> Jobs:
-    return Jobs(LIMITS["jobs_per_session"], capacity=4 * LIMITS["queue_size"],
-                queued_ttl_s=LIMITS["time_limit_s"] * (LIMITS["queue_size"] + 1), count_s=LIMITS["time_limit_s"])
-
-
-def _histories() -> Histories:
-    return Histories(LIMITS["history_sessions"], LIMITS["history_tokens"], LIMITS["history_nodes"],
-                     unshared=(SESSION_FALLBACK,))
 
 
 @dataclasses.dataclass
 class PlaygroundApp:
-    """The stores of one app and the operator's settings (what was chosen at start: target, model policy)."""
+    """The stores of one app and the operator's settings (what was chosen at start: target, model policy, limits).
+    A store left out is built from ``settings.limits``."""
     settings: Settings = DEFAULT_SETTINGS
-    jobs: Jobs = dataclasses.field(default_factory=_jobs)                        # Stop tickets, per session
-    line: Line = dataclasses.field(                                              # every run, sweep, export waits here
-        default_factory=lambda: Line(slots=LIMITS["compute_slots"], capacity=LIMITS["queue_size"]))
-    board: Board = dataclasses.field(default_factory=Board)                     # identical requests: one computation
-    recordings: Recordings = dataclasses.field(                                  # ... and its recording afterwards
-        default_factory=lambda: Recordings(LIMITS["recordings_bytes"]))
-    store: TraceStore = dataclasses.field(                                       # documents the views replay from
-        default_factory=lambda: TraceStore(LIMITS["trace_store_bytes"]))
-    trace_files: TraceFiles = dataclasses.field(default_factory=lambda: TraceFiles(LIMITS["trace_files"]))
-    histories: Histories = dataclasses.field(default_factory=_histories)        # earlier outputs, per session
-    exports: ExportFiles = dataclasses.field(                                    # animations made, on disk
-        default_factory=lambda: ExportFiles(keep=LIMITS["export_files"], max_bytes=LIMITS["export_bytes"]))
+    jobs: Jobs = None                         # Stop tickets, per session
+    line: Line = None                         # every run, sweep, export waits here
+    board: Board = dataclasses.field(default_factory=Board)     # identical requests: one computation
+    recordings: Recordings = None             # ... and its recording afterwards
+    store: TraceStore = None                  # documents the views replay from
+    trace_files: TraceFiles = None
+    histories: Histories = None               # earlier outputs, per session
+    exports: ExportFiles = None               # animations made, on disk
     startup: Any = None       # web/startup.Startup while the start's choices are made behind the page (None: made)
     quiet_baselines: Any = None   # web/quiet.QuietBaselines: greedy's quiet decode step per (model, mode)
+
+    def __post_init__(self) -> None:
+        lim = self.limits
+        built = {
+            "jobs": lambda: Jobs(lim.jobs_per_session, capacity=lim.line_capacity,
+                                 queued_ttl_s=lim.time_limit_s * (lim.queue_size + 1), count_s=lim.time_limit_s),
+            "line": lambda: Line(slots=lim.compute_slots, capacity=lim.queue_size),
+            "recordings": lambda: Recordings(lim.recordings_bytes),
+            "store": lambda: TraceStore(lim.trace_store_bytes),
+            "trace_files": lambda: TraceFiles(lim.trace_files),
+            "histories": lambda: Histories(lim.history_sessions, lim.history_tokens, lim.history_nodes,
+                                           unshared=(SESSION_FALLBACK,)),
+            "exports": lambda: ExportFiles(keep=lim.export_files, max_bytes=lim.export_bytes),
+        }
+        for name, make in built.items():
+            if getattr(self, name) is None:
+                setattr(self, name, make())
+
+    @property
+    def limits(self) -> Limits:
+        """Every bound of this app's requests and stores (the operator's ``Settings.limits``)."""
+        return self.settings.limits
 
     @classmethod
     def create(cls, settings: Settings = DEFAULT_SETTINGS, recordings_dir: Optional[str] = None) -> "PlaygroundApp":

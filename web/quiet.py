@@ -159,17 +159,16 @@ def _positive(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class QuietLimits:
-    """The thresholds (``LIMITS["quiet_*"]`` in web/service.py)."""
+    """When a run counts as timed quiet (``Limits.quiet`` in web/limits.py): (a) while greedy ran, other processes
+    took at most ``cpu_share`` of the cores (/proc/stat less this process; a window under ``window_s`` cannot
+    tell), and (b) greedy's median decode step (prefill excluded) cost at most ``slack`` x its baseline + ``ms``,
+    the baseline being the same step measured quiet for that model and mode (measured again after ``remeasure``
+    slow verdicts in a row with the cores free)."""
     cpu_share: float = 0.15     # (a) others' share of the cores, at most
     slack: float = 1.25         # (b) the median decode step, at most slack x baseline + ms
     ms: float = 3.0
     remeasure: int = 3          # slow verdicts in a row with the cores free before the baseline is measured again
     window_s: float = 0.25      # the shortest window /proc can judge
-
-    @classmethod
-    def of(cls, limits: Mapping[str, Any]) -> "QuietLimits":
-        return cls(cpu_share=limits["quiet_cpu_share"], slack=limits["quiet_slack"], ms=limits["quiet_ms"],
-                   remeasure=limits["quiet_remeasure"], window_s=limits["quiet_window_s"])
 
 
 @dataclass(frozen=True)

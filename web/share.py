@@ -2,7 +2,7 @@
 
 A race id is random (``secrets.token_urlsafe``), drawn when its recording is stored and saved inside the
 recording file, so nothing about the prompt or the request key can be read from it, or guessed from them, and
-it survives a restart (``web.crowd.Recordings.by_share`` finds it again). An id is checked here, by length and
+it survives a restart (``web.recordings.Recordings.by_share`` finds it again). An id is checked here, by length and
 alphabet, before any lookup: whatever a browser or a script sends never reaches a dict or a folder unchecked.
 
 Only recorded races have an id. A run that drafted from the visitor's own history (``RunRequest.private``) is

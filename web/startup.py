@@ -13,7 +13,7 @@ The page is served first. :class:`Startup` then works in a background thread of 
    (``Line.exclusive``: no race switches mode half-way), the page ticks ``fast`` for it;
 4. the default comparison is chosen on that config's measured forward-cost curve (``harness/pays.py``).
 
-Each step replaces ``app.settings`` (a frozen :class:`~web.service.Settings`) whole; a page opened later shows the
+Each step replaces ``app.settings`` (a frozen :class:`~web.settings.Settings`) whole; a page opened later shows the
 new defaults (``app.py`` refreshes them on load), and every request reads the settings it was made under.
 """
 
@@ -34,8 +34,8 @@ from decoding.runtime.warmup import warm
 from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
 from web.compute import decode_probe
-from web.quiet import QuietLimits, baselines_of, others_share, read_proc
-from web.service import DEFAULT_STRATEGIES, LIMITS, Settings
+from web.quiet import baselines_of, others_share, read_proc
+from web.settings import DEFAULT_STRATEGIES, Settings
 
 Log = Callable[[str], None]
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
@@ -110,7 +110,7 @@ class Startup:
     def measure(self, config: Config) -> dict:
         """One config's race step, timed while no visitor's run computes (``Line.exclusive``: a run would slow it,
         and it the run), and while /proc watches the other processes (``web/quiet.py``)."""
-        limits = QuietLimits.of(LIMITS)
+        limits = self.app.limits.quiet
         with self.app.line.exclusive():
             before = read_proc()
             costs = self._measure(config)
@@ -200,11 +200,11 @@ class Startup:
         settings = self.app.settings
         model, fast = settings.default_target(), settings.compiled
         found = baselines_of(self.app).seed((model, fast), decode_probe(settings.load, model, fast),
-                                            QuietLimits.of(LIMITS))
+                                            self.app.limits.quiet)
         if found is not None:
             self.log(f"greedy's decode step here: {found.ms:.0f} ms" + (
                 "" if found.share is None else f" (others used {found.share:.0%} of the cores"
-                + (": not trusted, measured again after a run)" if found.share > QuietLimits.of(LIMITS).cpu_share
+                + (": not trusted, measured again after a run)" if found.share > self.app.limits.quiet.cpu_share
                    else ")")))
 
     def _serve_eager(self, config: Config, choice: RouteChoice) -> None:
