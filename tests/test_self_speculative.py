@@ -152,6 +152,8 @@ def test_auto_search_measures_every_candidate_and_drafts_with_the_best(models):
     drafts = [e for e in tracer.events if type(e).__name__ == "DraftProposed"]
     assert drafts and all(e.skipped == best.skipped and e.exit_layer == 4 for e in drafts)
     assert res.stats["skip_search"][0]["skipped"] == list(found[0].skipped)
+    for e in found:                                    # the search's events pass the import checks
+        check_event(json.loads(json.dumps(event_to_dict(e))))
 
 
 def test_candidate_sets_and_defaults():
@@ -327,3 +329,23 @@ def test_the_app_lists_its_parameters_and_draws_its_column(bundled):
     assert last["status"].startswith("Ran 2 strategies"), last["status"]
     html = str(last["columns"])
     assert html.count("class='dp-col") >= 2 and "Self-speculative" in html
+
+
+@pytest.mark.bundled
+def test_the_benchmark_script_times_the_draft_and_races_greedy(bundled, tmp_path):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_self_speculative
+    threads = torch.get_num_threads()
+    try:
+        doc = bench_self_speculative.main(["--category", "humaneval:0", "--max-new-tokens", "6", "--repeats", "1",
+                                           "--threads", "1", "--variant", "e20:exit_layer=20", "--cost-repeats", "1",
+                                           "--context", "16", "--json", str(tmp_path / "b.json")])
+    finally:
+        torch.set_num_threads(threads)
+    cost = doc["draft_cost"]["e20"]
+    assert cost["layer_share"] == pytest.approx(20 / 30, abs=1e-3) and cost["exit_layer"] == 20
+    assert 0 < cost["draft_ms"] and 0 < cost["full_ms"]
+    assert [s["method"] for s in doc["summary"]] == ["e20"] and doc["summary"][0]["equal"] == 1
+    assert json.loads((tmp_path / "b.json").read_text())["rows"][0]["methods"]["e20"]["exit_layer"] == 20

@@ -118,7 +118,7 @@ class SelfDrafter(AssistantDrafter):
         if base != len(context) - 1:
             raise RuntimeError(f"the target's cache holds {base} positions, the context {len(context)} tokens; "
                                f"a self-draft continues a cache that holds all but the newest")
-        self.session.cache = self.target.cache
+        self.session.cache, self.cached = self.target.cache, []
         try:
             logits = self.session.forward(self.session.tensor([[context[-1]]]), last_only=True,
                                           kind="draft")[0, -1]
