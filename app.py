@@ -174,7 +174,9 @@ def _param_component(strategy: Any, field: dataclasses.Field, settings: Settings
 
 # widths chosen from this machine's measured forward-cost curve when left at 0 (decoding/runtime/widths.py)
 AUTO_WIDTHS = {("lookahead", "window"): "0 = auto (from this machine's measured forward cost)",
-               ("jacobi", "block_size"): "0 = auto (from this machine's measured forward cost)"}
+               ("jacobi", "block_size"): "0 = auto (from this machine's measured forward cost)",
+               ("self_speculative", "exit_layer"): "0 = half the model's layers (or set skip_layers: N,M,... or auto)",
+               ("hf_early_exit", "exit_layer"): "0 = half the model's layers"}
 
 
 # --------------------------------------------------------------------------- layout

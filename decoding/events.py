@@ -57,7 +57,13 @@ class DraftProposed:
     position: int               # output position of the first drafted token
     tokens: tuple[int, ...]
     q: tuple[float, ...] = ()   # q_draft(token) for each drafted token; empty if deterministic
-    source: str = "assistant"   # "assistant" | "prompt_lookup" | "prophet" | "ngram_pool"
+    source: str = "assistant"   # "assistant" | "prompt_lookup" | "prophet" | "ngram_pool" | "self"
+    # a self-draft (source "self"): the target's own layers drafted. ``layers``: the target's decoder layers (0:
+    # not a self-draft); ``exit_layer``: the draft ran layers 0 .. exit_layer - 1, minus ``skipped``, then the
+    # final norm and the LM head (early exit: ``skipped`` empty; a skipped set: ``exit_layer`` = ``layers``)
+    layers: int = 0
+    exit_layer: int = 0
+    skipped: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,25 @@ class WidthChosen:
 
 
 @dataclass(frozen=True)
+class LayerSearch:
+    """One candidate set of skipped layers a self-speculative run measured before choosing (``skip_layers=auto``).
+
+    ``agreement``: the share of the prompt's last ``positions`` positions where the draft (the target without
+    ``skipped``) predicts the full target's next token; ``cost``: the layers it runs over all of them;
+    ``score``: the speed-up over greedy that acceptance and cost predict for chains of ``draft_tokens``
+    (Leviathan et al.); ``chosen``: the set the run drafts with (the best score).
+    """
+    step: int
+    skipped: tuple[int, ...]
+    layers: int
+    agreement: float
+    positions: int
+    cost: float
+    score: float
+    chosen: bool = False
+
+
+@dataclass(frozen=True)
 class BeamStep:
     """Running beams after one beam-search step."""
     step: int
@@ -266,7 +291,7 @@ EVENT_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (ForwardPass, TokenCommitted, DraftProposed, DraftTree, TokenVerified, CorrectionToken,
                 Distribution, StepTiming, JacobiIteration, LookaheadStep, WidthChosen, BeamStep, DraftSource,
-                DraftTranslated, SamplingFilter)
+                DraftTranslated, SamplingFilter, LayerSearch)
 }
 
 

@@ -297,6 +297,72 @@ class ProphetParams(SpeculativeParams):
         check_number("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT, integer=True)
 
 
+MAX_LAYERS = 1024        # the most decoder layers a self-draft's layer numbers may name (checked against the model)
+SKIP_AUTO = "auto"
+
+
+def parse_layer_list(name: str, text: str) -> tuple[int, ...]:
+    """``"3,5,7"`` -> ``(3, 5, 7)``: distinct layer numbers in [1, MAX_LAYERS - 1], ascending; ValueError naming
+    ``name`` otherwise."""
+    if not isinstance(text, str) or len(text) > 4 * MAX_LAYERS:
+        raise ValueError(f"{name} must be text: comma-separated layer numbers or {SKIP_AUTO!r}")
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    layers = []
+    for item in items:
+        if not item.isdigit() or not 1 <= int(item) < MAX_LAYERS:
+            raise ValueError(f"{name} must list layer numbers in [1, {MAX_LAYERS - 1}] (layer 0 always runs) "
+                             f"separated by commas, or be {SKIP_AUTO!r}; got {_shown(item)}")
+        layers.append(int(item))
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"{name} lists a layer twice: {_shown(text)}")
+    return tuple(sorted(layers))
+
+
+@dataclass(frozen=True)
+class SelfSpeculativeParams:
+    """Self-speculative decoding: the target drafts with some of its own layers; temperature 0 = greedy
+    verification (lossless), above it exact speculative sampling.
+
+    ``exit_layer``: the draft runs the target's layers 0 .. exit_layer - 1, then its final norm and LM head
+    (LayerSkip's early exit); 0 (the default) is half the layers, rounded down. ``skip_layers``: draft with
+    every layer except these instead (SWIFT, Draft & Verify), comma-separated numbers (layer 0 always runs),
+    or ``auto``: measure how often a few candidate sets agree with the full model on this prompt and draft
+    with the one whose agreement and layer count predict the best speed-up (recorded in the trace). Set one
+    of the two, not both. ``draft_tokens``, ``adaptive``, ``confidence_threshold``: as for ``speculative``
+    (a chain). Always eager on the dynamic KV cache the draft shares with the target (no ``fast``: the
+    static cache and the compiled forward run the whole model).
+    """
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_tokens: int = 4
+    adaptive: bool = True
+    confidence_threshold: float = 0.4
+    exit_layer: int = 0
+    skip_layers: str = ""
+
+    def __post_init__(self) -> None:
+        SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)   # the same checks
+        check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
+        check_bool("adaptive", self.adaptive)
+        check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
+        check_number("exit_layer", self.exit_layer, 0, MAX_LAYERS - 1, integer=True)
+        if self.skip_layers != SKIP_AUTO:
+            parse_layer_list("skip_layers", self.skip_layers)
+        if self.skip_layers and self.exit_layer:
+            raise ValueError("set exit_layer (an early exit) or skip_layers (a skipped set), not both: "
+                             f"exit_layer={self.exit_layer}, skip_layers={_shown(self.skip_layers)}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def skipped(self) -> tuple[int, ...]:
+        """The layers ``skip_layers`` names (empty for an early exit or ``auto``)."""
+        return () if self.skip_layers in ("", SKIP_AUTO) else parse_layer_list("skip_layers", self.skip_layers)
+
+
 @dataclass(frozen=True)
 class PromptLookupParams(SamplingParams):
     """Drafts by copying what followed the latest earlier occurrence of the last n-gram.
@@ -478,3 +544,21 @@ class HFAssistedParams:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {', '.join(ASSISTANT_SCHEDULES)}, "
                              f"got {self.num_assistant_tokens_schedule!r}")
         check_number("assistant_confidence_threshold", self.assistant_confidence_threshold, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class HFEarlyExitParams(HFAssistedParams):
+    """transformers' ``generate`` with ``assistant_early_exit`` (its self-speculative decoding), greedy.
+
+    ``exit_layer``: the draft runs the target's first ``exit_layer`` layers, then its final norm and LM head
+    (0: half the layers, as ``self_speculative``). The draft length settings are ``hf_assisted``'s, with the
+    defaults of ``self_speculative``'s chain (4 tokens, grown and shrunk per step, threshold 0.4) so the two
+    columns draft alike.
+    """
+    num_assistant_tokens: int = 4
+    num_assistant_tokens_schedule: str = "heuristic_transient"
+    exit_layer: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("exit_layer", self.exit_layer, 0, MAX_LAYERS - 1, integer=True)

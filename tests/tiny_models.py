@@ -26,10 +26,12 @@ ARCHS = ("llama", "gpt2", "gptneox")
 
 
 def tiny_causal(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
-                vocab: int = VOCAB, eos: bool = True, scale: float = 1.0, device: str = "cpu"):
-    """A random causal LM. ``scale`` sharpens the output distribution (larger = peakier)."""
+                vocab: int = VOCAB, eos: bool = True, scale: float = 1.0, device: str = "cpu", layers: int = 2):
+    """A random causal LM. ``scale`` sharpens the output distribution (larger = peakier); ``layers``: its
+    decoder layers."""
     from transformers import AutoModelForCausalLM
     config = _configs(vocab)[arch]
+    config.num_hidden_layers = layers      # GPT-2's n_layer is an alias of it
     if not eos:
         config.eos_token_id = None
     torch.manual_seed(seed)

@@ -31,7 +31,7 @@ MAX_DOC_TEXT = 2**20          # the prompt and a result's whole text
 # The string fields of events and their vocabularies; every other event field is a number or numbers.
 MODELS = ("target", "draft")
 FORWARD_KINDS = ("prefill", "decode", "verify", "draft", "jacobi", "lookahead", "tree")
-DRAFT_SOURCES = ("assistant", "prompt_lookup", "prophet", "ngram_pool", "suffix", "draft")
+DRAFT_SOURCES = ("assistant", "prompt_lookup", "prophet", "ngram_pool", "suffix", "draft", "self")
 VOCABULARIES: dict[tuple[str, str], tuple[str, ...]] = {
     ("TokenCommitted", "source"): SOURCES, ("ForwardPass", "model"): MODELS,
     ("ForwardPass", "kind"): FORWARD_KINDS, ("DraftProposed", "source"): DRAFT_SOURCES,

@@ -69,7 +69,24 @@ def tree_at(result: dict, step: Optional[int] = None) -> Optional[dict]:
     q = [float(x) for x in chosen.get("q", ())[:n]]
     return {"step": int(chosen["step"]), "position": int(chosen.get("position", 0)), "tokens": tokens,
             "parents": parents, "q": q, "accepted": accepted, "next_token": nxt, "kind": kind,
-            "source": str(chosen.get("source", "")), "nodes": len(chosen["tokens"])}
+            "source": str(chosen.get("source", "")), "nodes": len(chosen["tokens"]), "layers": layer_note(chosen)}
+
+
+MAX_LISTED = 12          # skipped layers named in a title; the rest are counted
+
+
+def layer_note(event: dict) -> str:
+    """Which of the target's own layers drafted a self-draft (``DraftProposed.layers``), in words; "" for other
+    drafters."""
+    total, exit_layer = int(event.get("layers", 0) or 0), int(event.get("exit_layer", 0) or 0)
+    if total <= 0:
+        return ""
+    skipped = sorted({int(i) for i in event.get("skipped", ()) or ()})
+    if skipped:
+        named = ", ".join(map(str, skipped[:MAX_LISTED])) + (f" and {len(skipped) - MAX_LISTED} more"
+                                                            if len(skipped) > MAX_LISTED else "")
+        return f"{total - len(skipped)} of {total} layers (skipping {named})"
+    return f"layers 0-{exit_layer - 1} of {total} (exit after layer {exit_layer - 1})"
 
 
 def mask_matrix(parents: list[int]) -> list[list[int]]:
@@ -170,7 +187,8 @@ def tree_figure(result: dict, step: Optional[int] = None) -> Any:
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=1)
     fig.update_xaxes(tickfont={"size": 8}, tickangle=-60, row=1, col=2)
     cut = f" (the first {len(tokens)} shown)" if t["nodes"] > len(tokens) else ""
-    title = (f"{t['kind']} of {t['nodes']} nodes{cut} drafted by {html.escape(t['source'])} at step {t['step']} "
+    by = html.escape(t["source"]) + (f" ({html.escape(t['layers'])})" if t["layers"] else "")
+    title = (f"{t['kind']} of {t['nodes']} nodes{cut} drafted by {by} at step {t['step']} "
              f"(output position {t['position']}): {len(t['accepted'])} accepted")
     fig.update_layout(title=title, height=260 + 14 * max(len(tokens), 8), template="plotly_white",
                       margin=dict(l=30, r=20, t=70, b=80), legend={"orientation": "h", "y": -0.15})

@@ -17,6 +17,7 @@ from decoding.drafting.base import Drafter, DraftLength, Proposal
 from decoding.drafting.lookup import PromptLookupDrafter
 from decoding.drafting.merged import with_lookup
 from decoding.drafting.prophet import ProphetDrafter
+from decoding.drafting.selfdraft import SelfDrafter
 from decoding.drafting.suffix import SuffixDrafter, SuffixHistory
 from decoding.drafting.universal import UniversalDrafter, shares_tokenizer
 from decoding.params import MAX_DRAFT, MAX_TREE_NODES
@@ -30,7 +31,7 @@ __all__ = ["Drafter", "DraftLength", "Proposal", "MAX_DRAFT", "MAX_TREE_NODES", 
 
 def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER, clock: Any = None,
                  rng: Optional[torch.Generator] = None, max_len: Optional[int] = None,
-                 context: Any = None) -> Drafter:
+                 context: Any = None, target: Any = None) -> Drafter:
     """The drafter for strategy ``kind`` on ``pair`` (``context``: the run's ``RunContext``, e.g. its history).
 
     * ``prompt_lookup``: n-gram lookup in the context;
@@ -42,7 +43,9 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
       (``runtime/forward_cost.py``, timed at its first use, kept on it);
     * ``head``: the prophet head alone, with no copy branch (what ``speculative`` drafts with when the pair has
       no assistant model; that choice is the strategy's, ``strategies/speculative.py``);
-    * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's).
+    * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's);
+    * ``self``: the target's own first layers or all but a skipped set (``selfdraft``), drafting on ``target``,
+      the run's target session (its KV cache).
     """
     if kind == "prompt_lookup":
         tree = params.max_candidates > 1 and _trees_ok(pair)
@@ -74,6 +77,10 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
             return UniversalDrafter(pair.target, pair.assistant, params, tracer, clock, rng, max_len=max_len)
         check_vocabularies(pair.target, pair.assistant)
         return AssistantDrafter(pair.assistant, params, tracer, clock, rng, max_len=max_len)
+    if kind == "self":
+        if target is None:
+            raise ValueError("the self-drafter drafts on the target's session; make_drafter needs target=")
+        return SelfDrafter(pair.target, target, params, tracer=tracer, clock=clock, rng=rng)
     raise ValueError(f"no drafter for strategy {kind!r}")
 
 

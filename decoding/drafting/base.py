@@ -29,6 +29,19 @@ from decoding.params import MAX_DRAFT
 from decoding.tree import TokenTree
 
 
+@dataclass(frozen=True)
+class LayerForm:
+    """Which of the target's own layers drafted (a self-draft, ``drafting/selfdraft.py``): of its ``layers``
+    decoder layers, those below ``exit_layer`` except ``skipped``, then its final norm and LM head."""
+    layers: int
+    exit_layer: int
+    skipped: tuple[int, ...] = ()
+
+    def event_fields(self) -> dict:
+        """The fields of a ``DraftProposed`` that say so."""
+        return {"layers": self.layers, "exit_layer": self.exit_layer, "skipped": tuple(self.skipped)}
+
+
 @dataclass
 class Proposal:
     """A drafted chain or tree, with the draft distributions the verifier needs when sampling.
@@ -44,6 +57,7 @@ class Proposal:
     q_token: list[float] = field(default_factory=list)
     replacement: bool = False
     origins: list[Any] = field(default_factory=list)      # per node, drafter-specific (views); may be empty
+    layers: Optional[LayerForm] = None                    # a self-draft: which of the target's layers drafted
 
     @classmethod
     def chain(cls, tokens: Sequence[int], q: Optional[torch.Tensor] = None,
@@ -69,7 +83,7 @@ class Proposal:
             return self
         tree, kept = self.tree.truncated(depth)
         return Proposal(tree, None if self.q is None else self.q[kept], [self.q_token[i] for i in kept],
-                        self.replacement, [self.origins[i] for i in kept] if self.origins else [])
+                        self.replacement, [self.origins[i] for i in kept] if self.origins else [], self.layers)
 
 
 class Drafter:

@@ -112,6 +112,16 @@ def crop_cache(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
+def crop_each_layer(cache: Any, length: int) -> None:
+    """Shrink every layer of a dynamic cache to ``length`` positions, each by its own count: after a draft that ran
+    only some layers (``runtime/layers.layer_view``), those layers hold more positions than the others, and
+    ``crop_cache`` (one count for all, from layer 0) would cut the others short."""
+    for layer in _self_attention_layers(cache):
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
+
+
 def _self_attention_layers(cache: Any) -> list:
     inner = getattr(cache, "self_attention_cache", cache)
     return list(inner.layers)

@@ -22,9 +22,10 @@ model's own ``generation_config`` adds no processor our greedy lacks.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -33,7 +34,7 @@ from decoding.commit import Output
 from decoding.context import EMPTY, RunContext
 from decoding.drafting.universal import shares_tokenizer
 from decoding.events import CorrectionToken, DraftProposed, ForwardPass, StepTiming, TokenVerified
-from decoding.params import HFAssistedParams, HFGreedyParams, HFPromptLookupParams
+from decoding.params import HFAssistedParams, HFEarlyExitParams, HFGreedyParams, HFPromptLookupParams
 from decoding.result import Result
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.stages import acceptance
@@ -52,8 +53,12 @@ class _Tap(BaseStreamer):
     """
 
     def __init__(self, out: Output, tracer: Any, mode: str, prefix: int, draft_source: str,
-                 target: Any, assistant: Any = None) -> None:
+                 target: Any, assistant: Any = None, drafting: Optional[Callable[[], bool]] = None,
+                 draft_fields: Optional[dict] = None) -> None:
         self.out, self.tracer, self.mode, self.prefix, self.draft_source = out, tracer, mode, prefix, draft_source
+        # the target drafting for itself (early exit): which of its forwards are drafts, and how they drafted
+        self.drafting = drafting or (lambda: False)
+        self.draft_fields = draft_fields or {}
         self.traced = tracer.enabled
         self.sync = next(target.parameters()).device.type == "cuda" and self.traced
         self.thread = threading.get_ident()
@@ -86,7 +91,7 @@ class _Tap(BaseStreamer):
             if self._mine():
                 if self.sync:
                     torch.cuda.synchronize()
-                self.t_start[role] = time.perf_counter()
+                self.t_start["draft" if self.drafting() else role] = time.perf_counter()
         return hook
 
     def _timed(self, role: str) -> float:
@@ -110,6 +115,9 @@ class _Tap(BaseStreamer):
 
     def _after_target(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         if not self._mine():
+            return
+        if self.drafting():                 # the target's own early-exit forward drafts
+            self._after_draft(module, args, kwargs, output)
             return
         ms = self._timed("target")
         t_begin = time.perf_counter() - ms / 1e3
@@ -195,7 +203,7 @@ class _Tap(BaseStreamer):
                     p: Optional[torch.Tensor]) -> None:
         """DraftProposed, the candidates the target checked (TokenVerified) and its correction or bonus."""
         rows = self.assistant_rows[-len(candidates):] if candidates else []
-        if self.draft_source == "assistant" and len(rows) == len(candidates):
+        if self.draft_source in ("assistant", "self") and len(rows) == len(candidates):
             q = [round(float(r.float().softmax(-1)[c]), 6) for r, c in zip(rows, candidates)]
         elif self.draft_source == "prompt_lookup":
             q = [1.0] * len(candidates)               # copied tokens: a deterministic proposal
@@ -203,7 +211,7 @@ class _Tap(BaseStreamer):
             q = []
         if candidates:
             self.tracer.emit(DraftProposed(step=step, position=pos0, tokens=tuple(candidates), q=tuple(q),
-                                           source=self.draft_source))
+                                           source=self.draft_source, **self.draft_fields))
 
         def p_of(i: int, t: int) -> float:
             return round(float(p[i, t]), 6) if p is not None and i < p.shape[0] else 0.0
@@ -243,15 +251,17 @@ def _generate_kwargs(pair: ModelPair, max_new_tokens: int, context: Optional[Run
 
 
 def _run(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int, tracer: Any,
-         context: Optional[RunContext], mode: str, draft_source: str = "", **extra: Any) -> Result:
-    """Call ``generate`` once with the tap attached; the result's tokens are what ``generate`` returned."""
+         context: Optional[RunContext], mode: str, draft_source: str = "", tap_options: Optional[dict] = None,
+         **extra: Any) -> Result:
+    """Call ``generate`` once with the tap attached; the result's tokens are what ``generate`` returned.
+    ``tap_options``: the tap's ``drafting`` and ``draft_fields`` (a target drafting for itself)."""
     lm = pair.target
     assistant = extra.get("assistant_model")
     out = Output(lm.eos_token_ids, max_new_tokens, tracer)
     prefix = 1 if lm.is_encoder_decoder else len(prompt_ids)
     kwargs = {**_generate_kwargs(pair, max_new_tokens, context), **extra}
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=lm.device)              # [1, T]
-    tap = _Tap(out, tracer, mode, prefix, draft_source, lm.model, assistant)
+    tap = _Tap(out, tracer, mode, prefix, draft_source, lm.model, assistant, **(tap_options or {}))
     try:
         with torch.inference_mode():
             sequences = lm.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=tap, **kwargs)
@@ -320,6 +330,57 @@ def hf_assisted(prompt_ids: Sequence[int], pair: ModelPair, params: HFAssistedPa
                 setattr(config, name, value)
 
 
+def early_exit_layers(lm: Any) -> int:
+    """The decoder layers of a model whose forward honours ``generate``'s ``assistant_early_exit``; ValueError
+    for the others. transformers' early exit lowers ``config.num_hidden_layers`` during its drafts, which only
+    models whose decoder loops over ``self.layers[: self.config.num_hidden_layers]`` obey (Llama, Mistral,
+    Qwen2, Gemma, ...); GPT-2 and GPT-NeoX loop over every layer, so their "drafts" would be the full model."""
+    model = lm.model
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    try:
+        source = inspect.getsource(type(base).forward)
+    except (TypeError, OSError):
+        source = ""
+    if lm.is_encoder_decoder or "[: self.config.num_hidden_layers]" not in source:
+        raise ValueError(f"transformers' assistant_early_exit does not cut {type(model).__name__}'s layers (its "
+                         f"decoder runs every layer whatever config.num_hidden_layers says), so hf_early_exit "
+                         f"would draft with the full model; it runs on Llama-style models (use self_speculative "
+                         f"for this one)")
+    return int(base.config.num_hidden_layers)
+
+
+def hf_early_exit(prompt_ids: Sequence[int], pair: ModelPair, params: HFEarlyExitParams, *, max_new_tokens: int,
+                  tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
+                  context: Optional[RunContext] = None) -> Result:
+    """``model.generate(assistant_early_exit=exit_layer)``: transformers' self-speculative decoding, greedy.
+
+    The draft length settings go on the target's ``generation_config`` for this call (it is its own assistant),
+    as ``hf_assisted`` does. transformers lowers ``config.num_hidden_layers`` while it drafts and puts it back
+    after; a run stopped inside a draft would leave it lowered, so it is put back here too.
+    """
+    lm = pair.target
+    layers = early_exit_layers(lm)
+    exit_layer = params.exit_layer or max(1, layers // 2)
+    if not 1 <= exit_layer < layers:
+        raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this model ({layers} decoder layers; "
+                         f"0 = half of them), got {exit_layer}")
+    config, base = lm.model.generation_config, getattr(lm.model, lm.model.base_model_prefix)
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    options = {"drafting": lambda: base.config.num_hidden_layers < layers,
+               "draft_fields": {"layers": layers, "exit_layer": exit_layer}}
+    with lm.state.hf_assisted_lock:   # one run's settings at a time
+        saved = {name: getattr(config, name, None) for name in names}
+        for name in names:
+            setattr(config, name, getattr(params, name))
+        try:
+            return _run(prompt_ids, pair, max_new_tokens, tracer, context, DRAFTED, "self", tap_options=options,
+                        assistant_early_exit=exit_layer)
+        finally:
+            base.config.num_hidden_layers = layers
+            for name, value in saved.items():
+                setattr(config, name, value)
+
+
 LIBRARY_NOTE = "transformers' own generate, called as is (a library baseline, not our loop). "
 
 STRATEGIES = [
@@ -332,4 +393,8 @@ STRATEGIES = [
              label="transformers generate: assisted (needs an assistant model)",
              description=LIBRARY_NOTE + "model.generate(assistant_model=...); the assistant must share the "
                                         "target's tokenizer."),
+    Strategy("hf_early_exit", HFEarlyExitParams, hf_early_exit, lossless=True,
+             label="transformers generate: early exit (self-speculative)",
+             description=LIBRARY_NOTE + "model.generate(assistant_early_exit=exit_layer): the target's first "
+                                        "layers draft (Llama-style models)."),
 ]

@@ -23,7 +23,8 @@ from decoding.commit import Output
 from decoding.context import RunContext, processors
 from decoding.drafting import Drafter, DraftLength, Proposal, make_drafter
 from decoding.events import CorrectionToken, Distribution, DraftProposed, DraftTree, StepTiming, TokenVerified
-from decoding.params import MAX_TREE_NODES, PromptLookupParams, ProphetParams, SamplingParams, SpeculativeParams
+from decoding.params import (MAX_TREE_NODES, PromptLookupParams, ProphetParams, SamplingParams, SelfSpeculativeParams,
+                             SpeculativeParams)
 from decoding.result import Result
 from decoding.runtime.attention import tree_forward
 from decoding.runtime.pair import ModelPair
@@ -134,8 +135,9 @@ def _trace_step(tracer: Any, step: int, pos0: int, drafter: Drafter, proposal: P
     q_tok = [round(q, 5) for q in proposal.q_token] if proposal.q_token else [1.0] * len(tree)
     if tree.is_chain:
         if len(tree):
+            form = proposal.layers.event_fields() if proposal.layers is not None else {}
             tracer.emit(DraftProposed(step=step, position=pos0, tokens=tuple(tree.tokens), q=tuple(q_tok),
-                                      source=drafter.source))
+                                      source=drafter.source, **form))
     else:
         tracer.emit(DraftTree(step=step, position=pos0, tokens=tuple(tree.tokens), parents=tuple(tree.parents),
                               q=tuple(q_tok), accepted=tuple(verdict.path), next_token=verdict.next_token,
@@ -177,9 +179,9 @@ def run_drafted(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: A
     """A strategy of the shared loop: the target's session, the drafter ``make_drafter`` builds for ``kind``
     (it owns its defaults and reports its own statistics), then ``speculative_loop``."""
     max_len = len(prompt_ids) + max_new_tokens + MAX_TREE_NODES + 1
-    target = Session(pair.target, "target", tracer, fast=params.fast, max_len=max_len)
+    target = Session(pair.target, "target", tracer, fast=getattr(params, "fast", False), max_len=max_len)
     drafter = make_drafter(kind, pair, params, tracer=tracer, clock=lambda: target.forwards + 1, rng=rng,
-                           max_len=max_len, context=context)
+                           max_len=max_len, context=context, target=target)
     return speculative_loop(prompt_ids, pair, params, drafter, DraftLength(params.draft_tokens, adaptive),
                             max_new_tokens=max_new_tokens, tracer=tracer, target=target, rng=rng, context=context)
 
@@ -209,6 +211,18 @@ def prompt_lookup(prompt_ids: Sequence[int], pair: ModelPair, params: PromptLook
                        adaptive=False, context=context)
 
 
+def self_speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SelfSpeculativeParams, *,
+                     max_new_tokens: int, tracer: Any = NULL_TRACER, rng: Optional[torch.Generator] = None,
+                     context: Optional[RunContext] = None) -> Result:
+    """Self-speculative decoding: the target drafts with its first ``exit_layer`` layers (or all but a skipped
+    set) on its own KV cache and verifies with all of them (``drafting/selfdraft.py``)."""
+    if pair.target.is_encoder_decoder:
+        raise ValueError("self_speculative drafts with a decoder-only model's own layers; "
+                         f"{pair.target.name!r} is an encoder-decoder model")
+    return run_drafted("self", prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+                       adaptive=params.adaptive, context=context)
+
+
 STRATEGIES = [
     Strategy("speculative", SpeculativeParams, speculative, lossless=True, needs_assistant=True,
              label="Speculative",
@@ -218,4 +232,8 @@ STRATEGIES = [
     Strategy("prophet", ProphetParams, prophet, lossless=True, needs_assistant=False, label="Prophet head",
              description="A 1-layer head trained on the target's own hidden states drafts a token tree; "
                          "the target verifies it in one forward."),
+    Strategy("self_speculative", SelfSpeculativeParams, self_speculative, lossless=True, needs_assistant=False,
+             label="Self-speculative",
+             description="The target drafts with its own first layers (early exit; or all but a skipped set) "
+                         "and verifies with all of them: no second model, no training."),
 ]
