@@ -185,7 +185,7 @@ def check_max_new_tokens(value: Any, cap: int = MAX_NEW_TOKENS_CAP) -> int:
 
 # --------------------------------------------------------------------------- drafting strategies
 
-ACCEPTANCES = ("exact", "lenient", "typical")   # how a drafted token is accepted (decoding/acceptance.py)
+ACCEPTANCES = ("exact", "lenient", "typical")   # how a drafted token is accepted (decoding/relaxed.py)
 MAX_LENIENCE = 100.0
 
 
@@ -197,7 +197,7 @@ class DraftedParams(SamplingParams):
     above); ``lenient`` (lucidrains' ``lenience``) and ``typical`` (Medusa's typical acceptance, ``ε`` =
     ``posterior_threshold``, ``δ`` = ``posterior_alpha``) accept drafted tokens the exact rule would
     reject: more tokens per forward, other tokens than greedy's. A run with either is marked lossy.
-    The rules, at temperature 0 and above, are in ``decoding/acceptance.py``.
+    The rules, at temperature 0 and above, are in ``decoding/relaxed.py``.
     ``lenience`` (lenient only, in [1, 100]): at temperature 0 a drafted token is accepted when
     ``lenience * p(x) >= max p`` (its logit within ``ln(lenience)`` of the top one); above, when
     ``u < min(1, lenience * p(x) / q(x))``. 1 is the exact rule.

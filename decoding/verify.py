@@ -118,7 +118,7 @@ def verify_tree_sampling(p_target: torch.Tensor, tree: TokenTree, q_draft: Optio
     """``p_target [1 + n, V]`` and ``q_draft [n, V]`` (or None) are filtered, normalized distributions.
 
     ``lenience`` above 1 accepts a child when ``u < min(1, lenience * p(x) / q(x))``: lossy, the ``lenient``
-    acceptance of ``decoding/acceptance.py``; 1 is the exact rule above.
+    acceptance of ``decoding/relaxed.py``; 1 is the exact rule above.
     """
     path: list[int] = []
     us: list[float] = []

@@ -1,4 +1,4 @@
-"""What a lossy run cost (``acceptance`` lenient or typical, ``decoding/acceptance.py``), for the runner.
+"""What a lossy run cost (``acceptance`` lenient or typical, ``decoding/relaxed.py``), for the runner.
 
 * At temperature 0, against the greedy reference of the same comparison: ``first_divergence``, the first
   position where the tokens differ, and ``differing_tokens``, how many positions differ. Position ``i`` differs

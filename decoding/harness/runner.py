@@ -12,7 +12,7 @@ and the exactness check, and the JSON shape written by ``--json``::
                   "matches_greedy", "first_divergence", "differing_tokens", "target_logprob",
                   "stop_reason", "error"}]}
 
-A lossy run (``acceptance`` lenient or typical, ``decoding/acceptance.py``) says ``"lossy": true`` and what it
+A lossy run (``acceptance`` lenient or typical, ``decoding/relaxed.py``) says ``"lossy": true`` and what it
 cost (``harness/cost.py``): at temperature 0 ``first_divergence`` and ``differing_tokens`` against the greedy
 reference; a sampled run (lossy or not) its ``target_logprob``.
 
