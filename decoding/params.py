@@ -217,10 +217,14 @@ class DraftedParams(SamplingParams):
                              f"lucidrains' lenience; typical: Medusa's typical acceptance), "
                              f"got {_shown(self.acceptance)}")
         check_number("lenience", self.lenience, 1.0, MAX_LENIENCE)
-        check_number("posterior_threshold", self.posterior_threshold)        # a finite number; then (0, 1)
-        if not 0.0 < self.posterior_threshold < 1.0:
-            raise ValueError(f"posterior_threshold (Medusa's epsilon) must be in (0, 1), "
-                             f"got {_shown(self.posterior_threshold)}")
+        epsilon = "posterior_threshold (Medusa's epsilon) must be in (0, 1)"
+        try:
+            check_number("posterior_threshold", self.posterior_threshold, 0.0, 1.0, lo_open=True)
+        except ValueError as exc:       # its range is open at both ends: say so
+            raise ValueError(f"{epsilon}, got {_shown(self.posterior_threshold)}" if "must be in" in str(exc)
+                             else str(exc)) from None
+        if self.posterior_threshold >= 1.0:
+            raise ValueError(f"{epsilon}, got {_shown(self.posterior_threshold)}")
         check_number("posterior_alpha", self.posterior_alpha, 0.0, 1.0, lo_open=True)
 
     @property
