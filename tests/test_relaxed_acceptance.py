@@ -177,6 +177,10 @@ def test_a_lenient_run_is_marked_lossy_and_reports_its_differences():
         assert doc["first_divergence"] == first_divergence(r.token_ids, ref.token_ids)
     assert lenient.differing_tokens > 0                       # lenience 100 on a tiny model changes the text
     assert exact.to_dict()["lossy"] is False and exact.matches_greedy is True and exact.differing_tokens is None
+    # each column records its rule's own knobs only
+    assert lenient.params["lenience"] == 100.0 and "posterior_alpha" not in lenient.params
+    assert typical.params["posterior_threshold"] == 0.09 and "lenience" not in typical.params
+    assert exact.params["acceptance"] == "exact" and "lenience" not in exact.params
 
 
 def test_differences_are_counted_by_position_and_the_first_is_found():

@@ -392,11 +392,18 @@ def lane_label(label: str, model: Optional[str]) -> str:
     return f"{label} · {name if len(name) <= MODEL_IN_LABEL else name[:MODEL_IN_LABEL - 1] + '…'}"
 
 
+UNUSED_KNOBS = {"lenience": "lenient", "posterior_threshold": "typical", "posterior_alpha": "typical"}   # -> its rule
+
+
 def shown_params(params: Any, pair: ModelPair) -> dict:
     """The parameters as the run uses them: a tree's 0 (= the device's default shape) resolved to its numbers,
     an automatic lookahead window or Jacobi block to ``auto→N`` (``runtime/widths.py``; the curve it needs is
-    timed here, once per model, before the warm-up and the timed run)."""
+    timed here, once per model, before the warm-up and the timed run); of the acceptance rule's knobs only the
+    rule's own (``decoding/relaxed.py``: ``lenience`` for lenient, ε and δ for typical, none for exact)."""
     values = params_to_dict(params)
+    for knob, rule in UNUSED_KNOBS.items():
+        if knob in values and values.get("acceptance") != rule:
+            del values[knob]
     if values.get("tree") and "tree_topk" in values and "tree_nodes" in values:
         values["tree_topk"], values["tree_nodes"] = params.tree_shape(pair.target.device)
     if isinstance(params, LookaheadParams) and not params.window:
