@@ -185,6 +185,55 @@ def check_max_new_tokens(value: Any, cap: int = MAX_NEW_TOKENS_CAP) -> int:
 
 # --------------------------------------------------------------------------- drafting strategies
 
+ACCEPTANCES = ("exact", "lenient", "typical")   # how a drafted token is accepted (decoding/relaxed.py)
+MAX_LENIENCE = 100.0
+
+
+@dataclass(frozen=True)
+class DraftedParams(SamplingParams):
+    """What every strategy that verifies drafts shares: how a drafted token is accepted.
+
+    ``acceptance``: ``exact`` (the default: greedy's tokens at temperature 0, the target's distribution
+    above); ``lenient`` (lucidrains' ``lenience``) and ``typical`` (Medusa's typical acceptance, ``ε`` =
+    ``posterior_threshold``, ``δ`` = ``posterior_alpha``) accept drafted tokens the exact rule would
+    reject: more tokens per forward, other tokens than greedy's. A run with either is marked lossy.
+    The rules, at temperature 0 and above, are in ``decoding/relaxed.py``.
+    ``lenience`` (lenient only, in [1, 100]): at temperature 0 a drafted token is accepted when
+    ``lenience * p(x) >= max p`` (its logit within ``ln(lenience)`` of the top one); above, when
+    ``u < min(1, lenience * p(x) / q(x))``. 1 is the exact rule.
+    ``posterior_threshold`` ε in (0, 1) and ``posterior_alpha`` δ in (0, 1] (typical only): accepted when
+    ``p(x) > min(ε, δ * exp(-H(p)))``; Medusa's defaults (0.09 and its square root, 0.3).
+    """
+    acceptance: str = "exact"
+    lenience: float = 2.0
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    CHOICES = {"acceptance": ACCEPTANCES}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.acceptance, str) or self.acceptance not in ACCEPTANCES:
+            raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCES)} (exact: lossless; lenient: "
+                             f"lucidrains' lenience; typical: Medusa's typical acceptance), "
+                             f"got {_shown(self.acceptance)}")
+        check_number("lenience", self.lenience, 1.0, MAX_LENIENCE)
+        epsilon = "posterior_threshold (Medusa's epsilon) must be in (0, 1)"
+        try:
+            check_number("posterior_threshold", self.posterior_threshold, 0.0, 1.0, lo_open=True)
+        except ValueError as exc:       # its range is open at both ends: say so
+            raise ValueError(f"{epsilon}, got {_shown(self.posterior_threshold)}" if "must be in" in str(exc)
+                             else str(exc)) from None
+        if self.posterior_threshold >= 1.0:
+            raise ValueError(f"{epsilon}, got {_shown(self.posterior_threshold)}")
+        check_number("posterior_alpha", self.posterior_alpha, 0.0, 1.0, lo_open=True)
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the run may commit tokens the exact rule would not (any acceptance but ``exact``)."""
+        return self.acceptance != "exact"
+
+
+
 # (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` (BENCHMARKS.md). On the
 # AVX2 EPYC with the first head, top-k 4 with 8, 12 or 16 nodes were within noise (geomean 1.63, 1.63,
 # 1.59x greedy; 24-32 nodes 1.33-1.46x: the wider verify forward costs more than its extra tokens). With
@@ -200,7 +249,7 @@ MEASURED_NODES = {"cpu": 32, "cuda": 64}
 
 
 @dataclass(frozen=True)
-class SpeculativeParams(SamplingParams):
+class SpeculativeParams(DraftedParams):
     """Assistant-model drafting. temperature 0 = greedy verification (lossless).
 
     ``draft_tokens``: draft length (a chain) or depth (a tree); ``adaptive``:
@@ -228,7 +277,7 @@ class SpeculativeParams(SamplingParams):
     tree_topk: int = 0
     tree_nodes: int = 0
     budget: str = "fixed"
-    CHOICES = {"budget": BUDGETS}
+    CHOICES = {**DraftedParams.CHOICES, "budget": BUDGETS}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -364,7 +413,7 @@ class SelfSpeculativeParams:
 
 
 @dataclass(frozen=True)
-class PromptLookupParams(SamplingParams):
+class PromptLookupParams(DraftedParams):
     """Drafts by copying what followed the latest earlier occurrence of the last n-gram.
 
     ``max_candidates`` > 1: when the n-gram occurred several times, up to that many distinct
@@ -384,7 +433,7 @@ class PromptLookupParams(SamplingParams):
 
 
 @dataclass(frozen=True)
-class SuffixParams(SamplingParams):
+class SuffixParams(DraftedParams):
     """Suffix decoding; temperature 0 = greedy verification (lossless).
 
     A match of ``m`` tokens (the context's last ``m`` tokens occurred before) may draft up to
@@ -469,7 +518,7 @@ class JacobiParams:
 
 
 @dataclass(frozen=True)
-class LookaheadParams(SamplingParams):
+class LookaheadParams(DraftedParams):
     """``window`` W, ``ngram`` N, ``guess_set`` G (n-grams kept per key and verified per step).
 
     ``temperature`` 0 (the default) is greedy and token-identical to greedy

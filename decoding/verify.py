@@ -113,8 +113,13 @@ def _without(q_row: torch.Tensor, tokens: list[int]) -> Optional[torch.Tensor]:
 
 
 def verify_tree_sampling(p_target: torch.Tensor, tree: TokenTree, q_draft: Optional[torch.Tensor],
-                         rng: Optional[torch.Generator], replacement: bool = False) -> Verdict:
-    """``p_target [1 + n, V]`` and ``q_draft [n, V]`` (or None) are filtered, normalized distributions."""
+                         rng: Optional[torch.Generator], replacement: bool = False,
+                         lenience: float = 1.0) -> Verdict:
+    """``p_target [1 + n, V]`` and ``q_draft [n, V]`` (or None) are filtered, normalized distributions.
+
+    ``lenience`` above 1 accepts a child when ``u < min(1, lenience * p(x) / q(x))``: lossy, the ``lenient``
+    acceptance of ``decoding/relaxed.py``; 1 is the exact rule above.
+    """
     path: list[int] = []
     us: list[float] = []
     tried: list[tuple[int, bool]] = []
@@ -134,7 +139,7 @@ def verify_tree_sampling(p_target: torch.Tensor, tree: TokenTree, q_draft: Optio
                 q_x = 0.0 if q is None else float(q[x])
             u = float(torch.rand((), generator=rng, device=p_target.device))
             us.append(u)
-            if q_x > 0 and u < min(1.0, float(p[x]) / q_x):
+            if q_x > 0 and u < min(1.0, lenience * float(p[x]) / q_x):
                 chosen = c
                 tried.append((c, True))
                 break

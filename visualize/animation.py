@@ -198,7 +198,7 @@ def _column(result: dict, box: tuple[int, int, int, int], mode: str) -> _Column:
         if raw.endswith("\n"):          # a newline ends the line, as on the page
             line, x = line + 1, 0.0
     label = str(result.get("label") or result.get("strategy") or "?")
-    title = label + (" (reference)" if result.get("reference") else "")
+    title = label + (" (reference)" if result.get("reference") else "") + (" (lossy)" if result.get("lossy") else "")
     end = duration_ms(result) if mode == "time" else float(max_step(result))
     area = box[3] - box[1] - HEAD_H - FOOTER_H
     return _Column(title, box, end, commits, cells, _figures(result), max(1, area // LINE_H))

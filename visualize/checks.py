@@ -530,6 +530,8 @@ RESULT_FIELDS: dict[str, Check] = {
     "draft_forwards": _optional(_int_check(0, MAX_STEP)), "first_divergence": _optional(_int_check(0, MAX_STEP)),
     "divergence_tokens": _optional(_list_check(_int_check(0, MAX_ID), 16)), "stats": _stats_check,
     "lossless": _bool_check, "reference": _bool_check, "matches_greedy": _optional(_bool_check),
+    "lossy": _bool_check, "differing_tokens": _optional(_int_check(0, MAX_STEP)),   # relaxed acceptance's cost
+    "target_logprob": _optional(_float_check),
     "stop_reason": _optional(_text_check(64)), "error": _optional(_text_check(MAX_TEXT)),
     "upgraded_from": _mapping_check(_scalar, 8),      # what visualize.legacy renamed in a version-1 trace
     "times_ms": _times_check,                         # per event, ms since the run started (the race replay)

@@ -191,13 +191,17 @@ def tokens_html(result: dict, step: int | None = None, limit: int | None = None,
     """
     items, hidden = _items(result, step, at_ms, limit)
     spans = [f"<span class='dp-muted'>… {hidden} earlier items not shown …</span> "] if hidden else []
+    diff = result.get("first_divergence")        # marked: the first token that differs from greedy's
+    diff = diff if isinstance(diff, int) and not isinstance(diff, bool) else None
     for it in items:
         label = LEGEND.get(it["source"], (it["source"], ""))[0]
         text = str(it["text"])
         cut = f" ({len(text)} characters, the first {MAX_PIECE} shown)" if len(text) > MAX_PIECE else ""
+        first = not it["struck"] and it["position"] == diff
         title = html.escape(f"#{it['position']} id {it['token']}: {label}{_prob_text(it['prob'])} "
-                            f"(step {it['step']}){cut}", quote=True)
-        cls = "dp-tok dp-struck" if it["struck"] else "dp-tok"
+                            f"(step {it['step']}){cut}" + (" · the first token that differs from greedy's"
+                                                           if first else ""), quote=True)
+        cls = "dp-tok dp-struck" if it["struck"] else "dp-tok dp-diff" if first else "dp-tok"
         source = html.escape(str(it["source"]), quote=True)   # its colour comes from CSS (TOKEN_CSS)
         spans.append(f"<span class='{cls}' data-source='{source}' title='{title}'>"
                      f"{show_text(text[:MAX_PIECE] + '…' if cut else text)}</span>")
@@ -217,9 +221,38 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else html.escape(str(value))
 
 
+def lossy_html(result: dict) -> str:
+    """What a lossy run (relaxed acceptance) changed: the tokens that differ from greedy's and where the first
+    is (temperature 0), or the mean log-probability of its tokens under the target (sampling)."""
+    differ, first = number(result.get("differing_tokens"), None), result.get("first_divergence")
+    logprob = number(result.get("target_logprob"), None)
+    if differ is not None:
+        n = len(result.get("token_ids") or ())
+        where = "" if first is None else f", the first at position {first} (marked)"
+        text = (f"lossy: {differ:.0f} of {n} tokens differ from greedy's{where}" if differ
+                else "lossy: the same tokens as greedy")
+    elif logprob is not None:
+        text = f"lossy: mean log p of its tokens under the target {logprob:.3f}"
+    else:
+        text = "lossy: no greedy reference to compare with"
+    return f"<span class='dp-lossy-note'>{html.escape(text)}</span>"
+
+
+def lossy_badge(result: dict) -> str:
+    """The column title's badge for a lossy run, naming its acceptance rule (escaped: a trace may be imported)."""
+    if not result.get("lossy"):
+        return ""
+    rule = str((result.get("params") or {}).get("acceptance", "relaxed"))[:32]
+    tip = html.escape(f"acceptance={rule}: accepts drafted tokens the exact rule would reject "
+                      f"(more tokens per forward, not greedy's tokens)", quote=True)
+    return f" <span class='dp-lossy' title='{tip}'>lossy · {html.escape(rule)}</span>"
+
+
 def verdict_html(result: dict) -> str:
     if result.get("error"):
         return f"<span class='dp-bad'>{html.escape(str(result['error']))}</span>"
+    if result.get("lossy"):
+        return lossy_html(result)
     if not result.get("lossless"):
         return "<span class='dp-muted'>not lossless (no check)</span>"
     if result.get("matches_greedy") is True:
@@ -287,6 +320,7 @@ def column_html(result: dict, step: int | None = None, limit: int | None = None,
     title = html.escape(str(result.get("label") or result.get("strategy", "?")))
     if result.get("reference"):
         title += " <small>(reference)</small>"
+    title += lossy_badge(result)
     params = _params_line(result.get("params") or {})
     top = max_step(result)
     live = bool(result.get("running") or result.get("waiting"))
@@ -321,6 +355,8 @@ CSS = """
 .dp-legend{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0}.dp-chip{padding:2px 8px;border-radius:4px;font-size:.85em;color:#1f2328}
 .dp-running{border:2px solid #0072B2;box-shadow:0 0 0 3px rgba(0,114,178,.15)}.dp-now{color:#0072B2}
 .dp-waiting{opacity:.55}.dp-finished{border:2px solid #009E73}.dp-flag{color:#1a7f37}
+.dp-lossy{font-size:.75em;font-weight:600;color:#fff;background:#D55E00;border-radius:4px;padding:1px 6px}
+.dp-lossy-note{color:#D55E00;font-weight:600}.dp-diff{outline:2px solid #D55E00;outline-offset:1px}
 """
 
 

@@ -52,7 +52,7 @@ class Live:
             if self._waiting and self._waiting[0][0] == rr.strategy:
                 self._waiting.pop(0)
             self._running = {"strategy": rr.strategy, "label": rr.label, "params": dict(rr.params),
-                             "reference": rr.reference, "lossless": rr.lossless, "warming": warming,
+                             "reference": rr.reference, "lossless": rr.lossless, "lossy": rr.lossy, "warming": warming,
                              "t0": time.perf_counter()}
             self._hook, self._events = hook, []
 

@@ -8,8 +8,13 @@ and the exactness check, and the JSON shape written by ``--json``::
     {"environment": {...}, "prompt_ids": [...],
      "results": [{"strategy", "label", "params", "token_ids", "text", "pieces", "vocab",
                   "wall_s", "tokens_per_s", "speedup", "target_forwards",
-                  "draft_forwards", "stats", "events", "times_ms", "lossless",
-                  "matches_greedy", "first_divergence", "stop_reason", "error"}]}
+                  "draft_forwards", "stats", "events", "times_ms", "lossless", "lossy",
+                  "matches_greedy", "first_divergence", "differing_tokens", "target_logprob",
+                  "stop_reason", "error"}]}
+
+A lossy run (``acceptance`` lenient or typical, ``decoding/relaxed.py``) says ``"lossy": true`` and what it
+cost (``harness/cost.py``): at temperature 0 ``first_divergence`` and ``differing_tokens`` against the greedy
+reference; a sampled run (lossy or not) its ``target_logprob``.
 
 ``times_ms[i]`` is when ``events[i]`` was recorded, in milliseconds since the
 strategy's timed run started (the wall-clock race replay). An observer passed to
@@ -31,6 +36,7 @@ import torch
 
 from decoding.context import RunContext
 from decoding.events import BeamStep, JacobiIteration, TokenCommitted, event_to_dict
+from decoding.harness.cost import differing_tokens, first_divergence, mean_target_logprob
 from decoding.params import JacobiParams, LookaheadParams, check_max_new_tokens, params_to_dict
 from decoding.result import Result
 from decoding.runtime.kernel_choice import cpu_label, cpu_name
@@ -131,6 +137,9 @@ class RunResult:
     divergence_margin: Optional[float] = None
     divergence_tokens: Optional[list[int]] = None
     reference: bool = False    # added by the runner as the greedy baseline
+    lossy: bool = False        # relaxed acceptance (lenient, typical): may commit tokens greedy would not
+    differing_tokens: Optional[int] = None   # a lossy greedy run: positions that differ from greedy's
+    target_logprob: Optional[float] = None   # a sampled run: mean log p of its tokens under the target
     model: Optional[str] = None  # the model it ran on, when a comparison races two (``run_comparison``'s ``model``)
 
     @property
@@ -248,13 +257,6 @@ def run_one(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: Mo
     return result, time.perf_counter() - t0, list(tr.events)
 
 
-def _first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def _warm_up(strategy: Strategy, params: Any, prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int,
              seed: int, context: Optional[RunContext]) -> None:
     """Allocate caches and kernels (and capture CUDA graphs) once per loaded model and strategy, untimed.
@@ -316,9 +318,10 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
             hook = HookTracer(on_tokens=(lambda n, i=index, s=strategy.name: on_progress(i, s, n))
                               if on_progress else None,
                               should_stop=should_stop, deadline=deadline, record=trace or live is not None)
+        lossy = bool(getattr(params, "lossy", False))
         rr = RunResult(strategy.name, lanes[index][1], shown_params(params, pair), [], 0.0, 0,
-                       lossless=strategy.lossless and not getattr(params, "temperature", 0), reference=is_ref,
-                       model=model)
+                       lossless=strategy.lossless and not getattr(params, "temperature", 0) and not lossy,
+                       reference=is_ref, model=model, lossy=lossy)
         if warmup:   # 1. warm this strategy up (once per process), untimed
             if live is not None:
                 live.begin(rr, None, warming=True)
@@ -327,6 +330,8 @@ def run_comparison(prompt_ids: Sequence[int], pair: ModelPair, runs: Sequence[tu
             live.begin(rr, hook, warming=False)
         # 2. one timed run per strategy, each with its own seeded generator
         _timed_run(rr, strategy, params, prompt_ids, pair, max_new_tokens, seed, hook, context)
+        if getattr(params, "temperature", 0) and not rr.error:    # what a sampled run's tokens cost, untimed
+            rr.target_logprob = _safe_logprob(pair, prompt_ids, rr.token_ids, context, max_new_tokens)
         if not trace:
             rr.events, rr.times_ms = [], []
         if tokenizer is not None:
@@ -387,11 +392,18 @@ def lane_label(label: str, model: Optional[str]) -> str:
     return f"{label} · {name if len(name) <= MODEL_IN_LABEL else name[:MODEL_IN_LABEL - 1] + '…'}"
 
 
+UNUSED_KNOBS = {"lenience": "lenient", "posterior_threshold": "typical", "posterior_alpha": "typical"}   # -> its rule
+
+
 def shown_params(params: Any, pair: ModelPair) -> dict:
     """The parameters as the run uses them: a tree's 0 (= the device's default shape) resolved to its numbers,
     an automatic lookahead window or Jacobi block to ``auto→N`` (``runtime/widths.py``; the curve it needs is
-    timed here, once per model, before the warm-up and the timed run)."""
+    timed here, once per model, before the warm-up and the timed run); of the acceptance rule's knobs only the
+    rule's own (``decoding/relaxed.py``: ``lenience`` for lenient, ε and δ for typical, none for exact)."""
     values = params_to_dict(params)
+    for knob, rule in UNUSED_KNOBS.items():
+        if knob in values and values.get("acceptance") != rule:
+            del values[knob]
     if values.get("tree") and "tree_topk" in values and "tree_nodes" in values:
         values["tree_topk"], values["tree_nodes"] = params.tree_shape(pair.target.device)
     if isinstance(params, LookaheadParams) and not params.window:
@@ -474,8 +486,20 @@ def _compare_to_greedy(results: list[RunResult]) -> None:
         if base.tokens_per_s > 0 and r.tokens_per_s > 0:
             r.speedup = round(r.tokens_per_s / base.tokens_per_s, 4)
         if r.lossless:
-            r.first_divergence = _first_divergence(r.token_ids, base.token_ids)
+            r.first_divergence = first_divergence(r.token_ids, base.token_ids)
             r.matches_greedy = r.first_divergence is None
+        elif r.lossy and not r.params.get("temperature"):   # what relaxed acceptance changed (no verdict)
+            r.first_divergence = first_divergence(r.token_ids, base.token_ids)
+            r.differing_tokens = differing_tokens(r.token_ids, base.token_ids)
+
+
+def _safe_logprob(pair: ModelPair, prompt_ids: Sequence[int], tokens: Sequence[int],
+                  context: Optional[RunContext], max_new_tokens: int) -> Optional[float]:
+    """``cost.mean_target_logprob``; None if it fails (a measurement must never break a run)."""
+    try:
+        return mean_target_logprob(pair, prompt_ids, tokens, context, max_new_tokens)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def summarize(results: Sequence[RunResult]) -> list[dict]:
@@ -489,8 +513,18 @@ def summarize(results: Sequence[RunResult]) -> list[dict]:
             "tok/s": round(r.tokens_per_s, 2),
             "speedup": None if r.speedup is None or math.isnan(r.speedup) else round(r.speedup, 2),
             "target fwd": r.target_forwards, "draft fwd": r.draft_forwards,
-            "= greedy": {True: "yes", None: "-",
-                         False: f"no (pos {r.first_divergence}, top-2 margin {r.divergence_margin})"}[r.matches_greedy],
+            "= greedy": _verdict_cell(r),
             "error": r.error or "",
         })
     return rows
+
+
+def _verdict_cell(r: RunResult) -> str:
+    """The summary's "= greedy" cell: the exactness verdict, or what a lossy run changed."""
+    if r.lossy:
+        if r.differing_tokens is not None:
+            where = "" if r.first_divergence is None else f", first at pos {r.first_divergence}"
+            return f"lossy: {r.differing_tokens} differ{where}"
+        return "lossy" + ("" if r.target_logprob is None else f" (mean log p {r.target_logprob:.3f})")
+    return {True: "yes", None: "-",
+            False: f"no (pos {r.first_divergence}, top-2 margin {r.divergence_margin})"}[r.matches_greedy]

@@ -7,7 +7,9 @@
    sampling run it for every later token too).
 3. ``verify``: the rows of a verify forward through the processors (each row continues the output plus its
    draft path), then the tree verified: the longest argmax-matching path at temperature 0, recursive
-   rejection sampling above (``decoding.verify``). Speculative decoding and lookahead call it.
+   rejection sampling above (``decoding.verify``); or, when the run's ``acceptance`` is ``lenient`` or
+   ``typical``, the lossy rules of ``decoding.relaxed``. Speculative decoding (every drafter: assistant,
+   prompt lookup, suffix, prophet) and lookahead call it, so the acceptance parameter reaches all of them here.
 4. ``trace_width``: the width a lookahead or Jacobi run uses and where it came from (``runtime/widths.py``).
 5. ``acceptance``: a drafting loop's acceptance statistics and Leviathan's predicted speed-up, for our loop and
    for ``generate``'s assisted one alike.
@@ -19,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from decoding.relaxed import verify_relaxed
 from decoding.commit import Output
 from decoding.events import WidthChosen
 from decoding.params import SamplingParams
@@ -64,6 +67,9 @@ def verify(logits: torch.Tensor, tree: TokenTree, output: Sequence[int], proc: A
     if proc is not None:
         paths = [[tree.tokens[k] for k in tree.path(i)] for i in range(len(tree))]
         logits = proc.rows([list(output)] + [list(output) + p for p in paths], logits)
+    if getattr(params, "lossy", False):      # lenient or typical acceptance: decoding/relaxed.py
+        verdict, p_target = verify_relaxed(logits, tree, params, rng, q, replacement)
+        return verdict, p_target, logits
     if params.is_greedy:
         return verify_tree_greedy(logits, tree), None, logits
     p_target = filtered_probs(logits, params)                                           # [1 + n, V]
