@@ -190,7 +190,7 @@ MAX_LENIENCE = 100.0
 
 
 @dataclass(frozen=True)
-class DraftedParams(SamplingParams):
+class AcceptanceParams:
     """What every strategy that verifies drafts shares: how a drafted token is accepted.
 
     ``acceptance``: ``exact`` (the default: greedy's tokens at temperature 0, the target's distribution
@@ -210,8 +210,7 @@ class DraftedParams(SamplingParams):
     posterior_alpha: float = 0.3
     CHOICES = {"acceptance": ACCEPTANCES}
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_acceptance(self) -> None:
         if not isinstance(self.acceptance, str) or self.acceptance not in ACCEPTANCES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCES)} (exact: lossless; lenient: "
                              f"lucidrains' lenience; typical: Medusa's typical acceptance), "
@@ -232,6 +231,15 @@ class DraftedParams(SamplingParams):
         """Whether the run may commit tokens the exact rule would not (any acceptance but ``exact``)."""
         return self.acceptance != "exact"
 
+
+@dataclass(frozen=True)
+class DraftedParams(AcceptanceParams, SamplingParams):
+    """Sampling's parameters, then the acceptance rule's (``AcceptanceParams``): every strategy that verifies
+    drafts on the shared stages takes both."""
+
+    def __post_init__(self) -> None:
+        SamplingParams.__post_init__(self)
+        self.check_acceptance()
 
 
 # (tree_topk, tree_nodes) when a parameter is 0. CPU: `make bench-prophet-sweep` (BENCHMARKS.md). On the
@@ -368,7 +376,7 @@ def parse_layer_list(name: str, text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class SelfSpeculativeParams:
+class SelfSpeculativeParams(AcceptanceParams):
     """Self-speculative decoding: the target drafts with some of its own layers; temperature 0 = greedy
     verification (lossless), above it exact speculative sampling.
 
@@ -378,7 +386,8 @@ class SelfSpeculativeParams:
     or ``auto``: measure how often a few candidate sets agree with the full model on this prompt and draft
     with the one whose agreement and layer count predict the best speed-up (recorded in the trace). Set one
     of the two, not both. ``draft_tokens``, ``adaptive``, ``confidence_threshold``: as for ``speculative``
-    (a chain). Always eager on the dynamic KV cache the draft shares with the target (no ``fast``: the
+    (a chain); ``acceptance`` and its thresholds as for every drafting strategy (``AcceptanceParams``).
+    Always eager on the dynamic KV cache the draft shares with the target (no ``fast``: the
     static cache and the compiled forward run the whole model).
     """
     temperature: float = 0.0
@@ -392,6 +401,7 @@ class SelfSpeculativeParams:
 
     def __post_init__(self) -> None:
         SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)   # the same checks
+        self.check_acceptance()
         check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
         check_bool("adaptive", self.adaptive)
         check_number("confidence_threshold", self.confidence_threshold, 0.0, 1.0)

@@ -349,3 +349,24 @@ def test_the_benchmark_script_times_the_draft_and_races_greedy(bundled, tmp_path
     assert 0 < cost["draft_ms"] and 0 < cost["full_ms"]
     assert [s["method"] for s in doc["summary"]] == ["e20"] and doc["summary"][0]["equal"] == 1
     assert json.loads((tmp_path / "b.json").read_text())["rows"][0]["methods"]["e20"]["exit_layer"] == 20
+
+
+def test_relaxed_acceptance_reaches_the_self_drafter_and_marks_the_run_lossy(models):
+    """``acceptance`` is a parameter of every drafting strategy (issue 49 item 2), self-speculation included: with
+    permissive thresholds its early-exit drafts are accepted far more often than the exact rule accepts them, and
+    the run says it is lossy (a self-drafter that bypassed the relaxed rules, or a run left unmarked, fails)."""
+    from decoding.harness.runner import run_comparison
+    lm = models["llama"]
+    ids = prompt(10, seed=4)
+    base = dict(exit_layer=1, draft_tokens=4, adaptive=False, confidence_threshold=0.0)
+    results = run_comparison(ids, ModelPair(lm), [
+        ("self_speculative", base),
+        ("self_speculative", {**base, "acceptance": "lenient", "lenience": 100.0}),
+        ("self_speculative", {**base, "acceptance": "typical", "posterior_threshold": 1e-4})],
+        max_new_tokens=32, warmup=False, trace=False)
+    ref, exact, lenient, typical = results
+    assert exact.token_ids == ref.token_ids and not exact.lossy
+    for relaxed in (lenient, typical):
+        assert relaxed.lossy and relaxed.to_dict()["lossy"] is True
+        assert relaxed.stats["accepted"] > exact.stats["accepted"]
+        assert relaxed.target_forwards < exact.target_forwards
