@@ -34,7 +34,7 @@ from visualize.race import SPEEDS
 from visualize.tokens import columns_html
 from web import gradio_overrides
 from web.api import race_endpoint
-from web.batch_race import batch_panel   # issue 49: the batch race, a panel of its own
+from web.batch_panel import batch_panel   # issue 49: the batch race, a panel of its own
 from web.guards import BodyLimit
 from web.playground import PlaygroundApp
 from web.compute import record_examples

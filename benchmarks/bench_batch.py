@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decoding.harness.batch import batch_prompts, race_batch  # noqa: E402
+from decoding.harness.batch_race import batch_prompts, race_batch  # noqa: E402
 from decoding.harness.bench import load_prompt_set  # noqa: E402
 from decoding.harness.runner import encode_prompt  # noqa: E402
 from decoding.runtime.head import prophet_for  # noqa: E402
@@ -32,7 +32,7 @@ from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
-from decoding.strategies.batch import check_batch  # noqa: E402
+from decoding.strategies.batched import check_batch  # noqa: E402
 
 STRATEGIES = ("greedy", "speculative", "prophet")
 

@@ -20,14 +20,14 @@ from typing import Any, Optional, Sequence
 
 from decoding.context import RunContext
 from decoding.harness import bench
-from decoding.harness.batch import batch_prompts, race_batch, summary_rows
+from decoding.harness.batch_race import batch_prompts, race_batch, summary_rows
 from decoding.harness.runner import encode_prompt, environment, run_comparison, summarize
 from decoding.params import check_max_new_tokens, parse_params
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import ModelLoadError, bundled_file, load_model, load_presets
 from decoding.runtime.pair import make_pair
 from decoding.strategies import get_strategy, registry
-from decoding.strategies.batch import BATCHABLE, MAX_BATCH, check_batch
+from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.report import html_report
 
 EXIT_USAGE = 2
@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace, strategies: list[str], per: dict, max_new: int, settings: Any,
               text: str) -> int:
     """``run --batch N``: the prompt and the example set's first N - 1 prompts (or ``--batch-prompts``') as one
-    batch of each strategy, against the same prompts run one after another (``harness/batch.py``)."""
+    batch of each strategy, against the same prompts run one after another (``harness/batch_race.py``)."""
     batch = check_batch(args.batch)
     for name in strategies:
         if name not in BATCHABLE:

@@ -1,6 +1,6 @@
 """The batch race's view: each row's accepted length per step, and the steps a row waited for the slowest.
 
-Reads the plain entries of ``decoding.harness.batch.race_batch`` (``BatchStep`` events as dicts, rows as dicts);
+Reads the plain entries of ``decoding.harness.batch_race.race_batch`` (``BatchStep`` events as dicts, rows as dicts);
 never imports torch. An HTML grid, one line per row and one cell per verify step: the number of drafted tokens
 the target accepted there (shaded by it), or a hatched "wait" cell once the row had finished and only kept the
 batch company. Every text is escaped; rows and steps are capped before anything is built.

@@ -1,6 +1,6 @@
 """The page's batch race (issue 49): the visitor's prompt and ``batch - 1`` example prompts as one batch of the
 ticked strategies that batch (greedy always), against the same prompts one after another, drawn as
-``visualize.batch``'s grid. A panel of its own: ``batch_panel`` builds it and wires it, so the page's layout
+``visualize.batchgrid``'s grid. A panel of its own: ``batch_panel`` builds it and wires it, so the page's layout
 (``app.py``) gains one line.
 """
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import gradio as gr
 
-from decoding.harness.batch import batch_prompts, race_batch
+from decoding.harness.batch_race import batch_prompts, race_batch
 from decoding.harness.runner import encode_prompt
 from decoding.runtime.models import ModelLoadError
 from decoding.strategies import get_strategy
-from decoding.strategies.batch import BATCHABLE, MAX_BATCH, check_batch
-from visualize.batch import batch_race_html
+from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
+from visualize.batchgrid import batch_race_html
 from web.service import DEFAULT_SETTINGS, Settings, prepare
 
 MAX_NEW = 64            # tokens per row in a batch race (each strategy runs every row twice)

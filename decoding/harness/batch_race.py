@@ -1,4 +1,4 @@
-"""The batch race: ``B`` prompts decoded as one batch (``strategies/batch.py``) against the same prompts decoded one
+"""The batch race: ``B`` prompts decoded as one batch (``strategies/batched.py``) against the same prompts decoded one
 after another, strategy by strategy, on one model pair.
 
 For every strategy it times both (each warmed up first, the single-row runs untraced, the batch traced: its
@@ -20,7 +20,7 @@ from decoding.harness.bench import load_prompt_set
 from decoding.harness.runner import run_one
 from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
-from decoding.strategies.batch import BATCHABLE, batch_generate, check_batch
+from decoding.strategies.batched import BATCHABLE, batch_generate, check_batch
 from decoding.tracer import Tracer
 
 Progress = Callable[[str], None]
