@@ -12,7 +12,7 @@ position id each column's token was fed at (its rotary angle, or its position em
   ancestors for a token tree). A row with nothing to feed (it has finished) only waits: its pad queries see
   themselves, so no all-masked row turns into NaN, and none of its new columns become valid.
 * ``keep(b, rows)`` keeps the rows of row ``b``'s last feed that were accepted (the root and the accepted
-  path): the others are only marked invalid, nothing moves. ``truncate(b, n)`` keeps a row's first ``n`` tokens.
+  path): the others are only marked invalid, nothing moves.
 * ``tidy`` crops columns no row owns at the end of the cache, and compacts the cache when the holes grow.
 
 So rejected drafts leave holes instead of shifting a row's cache (the approach of padding and shifting each
@@ -47,10 +47,6 @@ class RaggedBatch:
         self.cols: list[list[int]] = []
         self._fed: list[list[int]] = []     # per row, the columns its last feed wrote
         self.compactions = 0
-
-    @property
-    def rows(self) -> int:
-        return len(self.cols)
 
     def length(self, b: int) -> int:
         """Tokens row ``b`` holds in the cache."""
@@ -133,13 +129,6 @@ class RaggedBatch:
                 self.valid[b, c] = False
         self.cols[b] = self.cols[b][:len(self.cols[b]) - len(fed)] + kept
         self._fed[b] = kept
-
-    def truncate(self, b: int, n: int) -> None:
-        """Keep row ``b``'s first ``n`` tokens."""
-        for c in self.cols[b][n:]:
-            self.valid[b, c] = False
-        self.cols[b] = self.cols[b][:n]
-        self._fed[b] = [c for c in self._fed[b] if c in set(self.cols[b])]
 
     def last_hidden(self, b: int, rows: Sequence[int]) -> torch.Tensor:
         """Row ``b``'s hidden states ``[len(rows), H]`` at ``rows`` of its last feed (after a ``hidden`` forward)."""
