@@ -35,6 +35,7 @@ from visualize.race import SPEEDS
 from visualize.tokens import columns_html
 from web import gradio_overrides
 from web.api import race_endpoint
+from web.batch_panel import batch_panel   # issue 49: the batch race, a panel of its own
 from web.guards import BodyLimit
 from web.playground import PlaygroundApp
 from web.compute import record_examples
@@ -486,6 +487,8 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         _race(ui)
         _share(ui)
         _tabs(ui)
+        batch_panel(dict(model=model, assistant=assistant, strategies=strategies, prompt=prompt, chat=chat,
+                         max_new_tokens=max_new), settings)
         inputs.update(sweep_strategy=ui["sweep_strategy"], sweep_spec=ui["sweep_spec"])
         ui["key"] = gr.State(None)              # a key into the app's trace store, never the document itself
         ui["race_anchor"] = gr.State(None)      # where the wall-clock replay started: {"wall", "from"}

@@ -2,7 +2,7 @@
 
     python -m decoding run --target NAME|PATH|HUB_ID [--assistant ...] \
         --strategy NAME [--strategy NAME ...] (--prompt TEXT | --prompt-file F) [--chat | --no-chat] \
-        [--max-new-tokens N] [--seed S] [--set KEY=VALUE ...] [--json OUT]
+        [--max-new-tokens N] [--seed S] [--set KEY=VALUE ...] [--json OUT] [--batch N [--batch-prompts YAML]]
 
 ``--set KEY=VALUE`` applies to every selected strategy that has a parameter
 called KEY; ``--set STRATEGY.KEY=VALUE`` to one strategy only. Bad values exit
@@ -21,12 +21,14 @@ from typing import Any, Optional, Sequence
 from decoding.context import RunContext
 from decoding.harness import bench
 from decoding.harness.document import GENERATION_LABELS, check_versus, run_document
+from decoding.harness.batch_race import batch_prompts, race_batch, summary_rows
 from decoding.harness.runner import encode_prompt, environment, run_comparison, summarize
 from decoding.params import check_max_new_tokens, parse_params
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import ModelLoadError, bundled_file, load_model, load_presets
 from decoding.runtime.pair import make_pair
 from decoding.strategies import get_strategy, registry
+from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.report import html_report
 
 EXIT_USAGE = 2
@@ -85,6 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             text = fh.read()
     else:
         text = args.prompt
+    if args.batch is not None and check_batch(args.batch) > 1:
+        return cmd_batch(args, strategies, per, max_new, settings, text)
     versus = check_versus(getattr(args, "versus", None), args.target, "--versus")
     status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
     pair = _load_pair(args, status)
@@ -130,6 +134,38 @@ def cmd_run(args: argparse.Namespace) -> int:
             json.dump(doc, fh)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
+
+
+def cmd_batch(args: argparse.Namespace, strategies: list[str], per: dict, max_new: int, settings: Any,
+              text: str) -> int:
+    """``run --batch N``: the prompt and the example set's first N - 1 prompts (or ``--batch-prompts``') as one
+    batch of each strategy, against the same prompts run one after another (``harness/batch_race.py``)."""
+    batch = check_batch(args.batch)
+    for name in strategies:
+        if name not in BATCHABLE:
+            raise ValueError(f"--batch runs {', '.join(BATCHABLE)}; strategy {name!r} runs one prompt at a time")
+    if args.versus:
+        raise ValueError("--batch and --versus do not go together: race the batch on one model")
+    if "speculative" in strategies and args.assistant is None:
+        raise ValueError("strategy 'speculative' needs --assistant (a model with the target's tokenizer, or "
+                         "'prophet' for the target's prophet head)")
+    texts = batch_prompts(text, batch, Path(args.batch_prompts) if args.batch_prompts else None)
+    status = (lambda msg: print(f"[decoding] {msg}", file=sys.stderr))
+    pair = _load_pair(args, status)
+    chat = _use_chat(args, pair.target, status)
+    ids = [encode_prompt(pair.target.tokenizer, t, chat=chat) for t in texts]
+    entries = race_batch(ids, pair, [(s, get_strategy(s).parse(per[s])) for s in strategies],
+                         max_new_tokens=max_new, warmup=not args.no_warmup,
+                         context=RunContext(generation=settings), progress=None if args.quiet else status)
+    print(_table(summary_rows(entries)))
+    if args.json:
+        doc = {"environment": environment(pair, args.seed), "prompts": texts, "chat": chat, "prompt_ids": ids,
+               "max_new_tokens": max_new, "batch": batch, "generation": dataclasses.asdict(settings),
+               "batch_race": entries}
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 1 if any(e["rows_equal_greedy"] < e["batch"] for e in entries) else 0
 
 
 def _generation_settings(args: argparse.Namespace):
@@ -282,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (label, text) in GENERATION_LABELS.items():   # logits processors applied to every strategy
         run.add_argument("--" + name.replace("_", "-"), dest=name, type=float if name == "repetition_penalty" else int,
                          default=None, help=f"{text} {label.partition(' ')[2]}")
+    run.add_argument("--batch", default=None, metavar="N",
+                     help=f"1..{MAX_BATCH}: run the prompt and N - 1 example prompts as one batch of each strategy "
+                          f"({', '.join(BATCHABLE)}), every row accepting its own drafts, against the same "
+                          "prompts run one after another")
+    run.add_argument("--batch-prompts", default=None, metavar="YAML",
+                     help="with --batch: the example set the other rows come from (default presets/prompts.yaml)")
     run.add_argument("--show-text", action="store_true", help="print each strategy's text")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)

@@ -287,11 +287,28 @@ class SamplingFilter:
     kept: int = 0
 
 
+@dataclass(frozen=True)
+class BatchStep:
+    """One verify forward of a batch whose rows accept their own number of drafted tokens (per row, in row order).
+
+    ``accepted``: drafted tokens the target accepted in the row; ``committed``: tokens the row committed (the
+    accepted ones plus the target's own, cut at EOS or the length limit; 0 while the row waits); ``fed``: the
+    positions the row fed (its newest token and its draft); ``width``: the forward's width, the widest row's
+    feed, which every row pays for; ``waiting``: the rows that had finished and only waited for the slowest.
+    """
+    step: int
+    accepted: tuple[int, ...]
+    committed: tuple[int, ...]
+    fed: tuple[int, ...]
+    width: int
+    waiting: tuple[int, ...] = ()
+
+
 EVENT_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (ForwardPass, TokenCommitted, DraftProposed, DraftTree, TokenVerified, CorrectionToken,
                 Distribution, StepTiming, JacobiIteration, LookaheadStep, WidthChosen, BeamStep, DraftSource,
-                DraftTranslated, SamplingFilter, LayerSearch)
+                DraftTranslated, SamplingFilter, LayerSearch, BatchStep)
 }
 
 

@@ -155,3 +155,15 @@ def _move_rows(cache: Any, base: int, rows: list[int]) -> None:
         dst = slice(base - offset, base - offset + m)
         layer.keys[..., dst, :] = layer.keys.index_select(-2, src)
         layer.values[..., dst, :] = layer.values.index_select(-2, src)
+
+
+@torch.inference_mode()
+def select_positions(cache: Any, keep: torch.Tensor) -> None:
+    """Keep only the cached positions ``keep`` (ascending indices), in that order, in every layer of a
+    transformers dynamic cache (a batch whose rows own different positions drops the ones no row owns)."""
+    for layer in _self_attention_layers(cache):
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        index = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)

@@ -174,6 +174,14 @@ def _stats(target: Session, drafter: Drafter, t: _Tally, n_out: int) -> dict:
 
 # --------------------------------------------------------------------------- strategies
 
+def drafter_kind(strategy: str, pair: ModelPair) -> str:
+    """The drafter a drafting strategy asks ``make_drafter`` for: its own name, but ``speculative`` on a pair
+    with no assistant model and the target's prophet head drafts with the head (the ``head`` kind)."""
+    if strategy == "speculative" and pair.assistant is None and pair.prophet is not None:
+        return "head"
+    return strategy
+
+
 def run_drafted(kind: str, prompt_ids: Sequence[int], pair: ModelPair, params: Any, *, max_new_tokens: int,
                 tracer: Any, rng: Optional[torch.Generator], adaptive: bool, context: Optional[RunContext]) -> Result:
     """A strategy of the shared loop: the target's session, the drafter ``make_drafter`` builds for ``kind``
@@ -191,8 +199,7 @@ def speculative(prompt_ids: Sequence[int], pair: ModelPair, params: SpeculativeP
                 context: Optional[RunContext] = None) -> Result:
     """Speculative decoding with an assistant model drafting. The policy for a pair with no assistant model but
     the target's prophet head (the app's "prophet head" assistant): the head drafts, as a plain drafter."""
-    kind = "head" if pair.assistant is None and pair.prophet is not None else "speculative"
-    return run_drafted(kind, prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
+    return run_drafted(drafter_kind("speculative", pair), prompt_ids, pair, params, max_new_tokens=max_new_tokens, tracer=tracer, rng=rng,
                        adaptive=params.adaptive, context=context)
 
 

@@ -1,0 +1,65 @@
+"""The page's batch race (issue 49): the visitor's prompt and ``batch - 1`` example prompts as one batch of the
+ticked strategies that batch (greedy always), against the same prompts one after another, drawn as
+``visualize.batchgrid``'s grid. A panel of its own: ``batch_panel`` builds it and wires it, so the page's layout
+(``app.py``) gains one line.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+
+from decoding.harness.batch_race import batch_prompts, race_batch
+from decoding.harness.runner import encode_prompt
+from decoding.runtime.models import ModelLoadError
+from decoding.strategies import get_strategy
+from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
+from visualize.batchgrid import batch_race_html
+from web.service import DEFAULT_SETTINGS, Settings, prepare
+
+MAX_NEW = 64            # tokens per row in a batch race (each strategy runs every row twice)
+
+
+def batch_race(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
+               batch: Any, settings: Settings = DEFAULT_SETTINGS) -> str:
+    """The race's HTML (empty for a batch of 1); raises ValueError naming the bad field."""
+    batch = check_batch(batch)
+    if batch == 1:
+        return ""
+    ticked = [s for s in (strategies or []) if isinstance(s, str)]
+    names = ["greedy"] + [s for s in BATCHABLE if s in ticked and s != "greedy"]
+    plan = [(n, {}) for n in names]
+    try:
+        new = min(int(max_new_tokens), MAX_NEW)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW} here") from None
+    prepared = prepare(model, assistant, prompt, chat, new, 0, needs_assistant="speculative" in names, plan=plan,
+                       settings=settings)
+    texts = batch_prompts(str(prompt), batch)
+    tokenizer, templated = prepared.pair.target.tokenizer, bool(chat) and prepared.pair.target.chat
+    ids = [prepared.prompt_ids] + [encode_prompt(tokenizer, t, chat=templated) for t in texts[1:]]
+    entries = race_batch(ids, prepared.pair, [(n, get_strategy(n).parse({})) for n in names],
+                         max_new_tokens=prepared.max_new, warmup=True)
+    return batch_race_html(entries, labels=texts)
+
+
+def batch_panel(fields: dict, settings: Settings = DEFAULT_SETTINGS) -> None:
+    """The panel: a ``batch`` control, a button and the view (shown when batch > 1). ``fields``: the page's
+    model, assistant, strategies, prompt, chat and max_new_tokens components, by name."""
+    with gr.Accordion("Batch race: several prompts in one batch, each row accepting its own drafts", open=False):
+        with gr.Row():
+            batch = gr.Slider(1, MAX_BATCH, value=1, step=1, label=f"batch (1–{MAX_BATCH})", elem_id="batch")
+            button = gr.Button("Run the batch race", elem_id="batch-run")
+        view = gr.HTML(visible=False, elem_id="batch-view")
+
+    def run(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new: Any, size: Any) -> Any:
+        try:
+            page = batch_race(model, assistant, strategies, prompt, chat, max_new, size, settings)
+        except (ValueError, ModelLoadError) as exc:
+            return gr.update(value=f"<p>{html.escape(str(exc))}</p>", visible=True)
+        return gr.update(value=page, visible=bool(page))
+
+    order = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens")
+    button.click(run, [fields[k] for k in order] + [batch], view, api_visibility="private")
