@@ -488,7 +488,7 @@ def build_demo(settings: Settings = DEFAULT_SETTINGS, run_order: Optional[tuple]
         _share(ui)
         _tabs(ui)
         batch_panel(dict(model=model, assistant=assistant, strategies=strategies, prompt=prompt, chat=chat,
-                         max_new_tokens=max_new), settings)
+                         max_new_tokens=max_new), state)
         inputs.update(sweep_strategy=ui["sweep_strategy"], sweep_spec=ui["sweep_spec"])
         ui["key"] = gr.State(None)              # a key into the app's trace store, never the document itself
         ui["race_anchor"] = gr.State(None)      # where the wall-clock replay started: {"wall", "from"}

@@ -203,3 +203,25 @@ def test_the_page_panel_runs_a_batch_race_and_escapes_the_prompt(bundled):
     page = batch_race(prompt="<b>Hi</b>", batch=2, **ask)
     assert "&lt;b&gt;Hi&lt;/b&gt;" in page and "<b>Hi" not in page
     assert "greedy: batch of 2" in page and "prophet: batch of 2" in page and "beam" not in page
+
+
+def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
+    """A batch race is a computation in the app's line (it waits behind other visitors' runs and counts toward the
+    line's bound), never a second computation beside a run: a full line is a message, not a race."""
+    from web import batch_panel
+    from web.crowd import QueueFull
+    from web.playground import PlaygroundApp
+    app = PlaygroundApp()
+    seen = []
+    monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings: seen.append(values) or "<p>race</p>")
+    started = app.line.started
+    out = batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 2)
+    assert out == dict(value="<p>race</p>", visible=True) and len(seen) == 1
+    assert app.line.started == started + 1
+
+    def full(comp):
+        raise QueueFull("queue full: 32 runs are waiting for the compute slot")
+    monkeypatch.setattr(app.line, "submit", full)
+    out = batch_panel.shown(app, "m", "none", ["greedy"], "<b>Hi</b>", True, 8, 2)
+    assert "queue full" in out["value"] and len(seen) == 1
+    assert batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 12)["value"].startswith("<p>batch")

@@ -1,7 +1,9 @@
 """The page's batch race (issue 49): the visitor's prompt and ``batch - 1`` example prompts as one batch of the
 ticked strategies that batch (greedy always), against the same prompts one after another, drawn as
 ``visualize.batchgrid``'s grid. A panel of its own: ``batch_panel`` builds it and wires it, so the page's layout
-(``app.py``) gains one line.
+(``app.py``) gains one line. The race is a computation in the app's line (``web/compute.submit_watched``), like a
+run, a sweep or an export: it waits its turn for the cores, counts toward the line's bound (QueueFull is a message),
+and never computes beside another visitor's run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from decoding.runtime.models import ModelLoadError
 from decoding.strategies import get_strategy
 from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.batchgrid import batch_race_html
-from web.service import DEFAULT_SETTINGS, Settings, prepare
+from web.compute import submit_watched
+from web.crowd import QueueFull
+from web.loading import prepare
+from web.playground import PlaygroundApp
+from web.settings import DEFAULT_SETTINGS, Settings
 
 MAX_NEW = 64            # tokens per row in a batch race (each strategy runs every row twice)
 
@@ -45,7 +51,7 @@ def batch_race(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: A
     return batch_race_html(entries, labels=texts)
 
 
-def batch_panel(fields: dict, settings: Settings = DEFAULT_SETTINGS) -> None:
+def batch_panel(fields: dict, app: PlaygroundApp) -> None:
     """The panel: a ``batch`` control, a button and the view (shown when batch > 1). ``fields``: the page's
     model, assistant, strategies, prompt, chat and max_new_tokens components, by name."""
     with gr.Accordion("Batch race: several prompts in one batch, each row accepting its own drafts", open=False):
@@ -55,11 +61,23 @@ def batch_panel(fields: dict, settings: Settings = DEFAULT_SETTINGS) -> None:
         view = gr.HTML(visible=False, elem_id="batch-view")
 
     def run(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new: Any, size: Any) -> Any:
-        try:
-            page = batch_race(model, assistant, strategies, prompt, chat, max_new, size, settings)
-        except (ValueError, ModelLoadError) as exc:
-            return gr.update(value=f"<p>{html.escape(str(exc))}</p>", visible=True)
-        return gr.update(value=page, visible=bool(page))
+        return gr.update(**shown(app, model, assistant, strategies, prompt, chat, max_new, size))
 
     order = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens")
     button.click(run, [fields[k] for k in order] + [batch], view, api_visibility="private")
+
+
+def shown(app: PlaygroundApp, *values: Any) -> dict:
+    """The view's value and visibility for one press: the race computed in ``app``'s line, or the refusal (a bad
+    field, a model that does not load, a full line) as an escaped message."""
+    try:
+        check_batch(values[-1])
+        comp = submit_watched(app, "batch", lambda c: batch_race(*values, settings=app.settings),
+                              units=float(check_batch(values[-1])))
+        comp.done.wait()
+        if comp.error is not None:
+            raise comp.error
+        page = comp.result
+    except (ValueError, ModelLoadError, QueueFull) as exc:
+        return dict(value=f"<p>{html.escape(str(exc))}</p>", visible=True)
+    return dict(value=page, visible=bool(page))

@@ -202,6 +202,11 @@ def _watched(app: PlaygroundApp, kind: str, work: Callable[[Computation], Any], 
     return comp
 
 
+def submit_watched(app: PlaygroundApp, kind: str, work: Callable[[Computation], Any], units: float = 0) -> Computation:
+    """Any other computation of a visitor's (the batch race) in ``app``'s line, as a sweep waits there."""
+    return _watched(app, kind, work, units)
+
+
 def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
     """A sweep: one greedy reference, then each setting."""
     return _watched(app, "sweep", lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), req.units)
