@@ -27,7 +27,6 @@ from decoding.harness.document import GENERATION_LABELS
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import (DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets,
                                      runs_here)
-from decoding.runtime.models import default_target  # noqa: F401  (the tests reach it as app.default_target)
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from visualize.guide import HOW_TO_READ
@@ -62,24 +61,13 @@ from web.playback import (
     replay,
     replay_figures,
 )
-from web.validation import (
-    GENERATION_FIELDS,
-    SWEEP_DEFAULTS,
-    build_plan,  # noqa: F401  (the tests reach it as app.build_plan)
-    check_model_name,  # noqa: F401  (the tests reach it as app.check_model_name)
-    field_kind,
-    param_fields,  # noqa: F401  (the tests reach it as app.param_fields)
-    parse_sweep_spec,  # noqa: F401  (the tests reach it as app.parse_sweep_spec)
-)
+from web.validation import GENERATION_FIELDS, SWEEP_DEFAULTS, check_model_name, field_kind, param_fields
 from web.limits import DEFAULT_LIMITS
-from web.loading import preload_default, prepare  # noqa: F401  (the tests reach prepare as app.prepare)
+from web.loading import preload_default
 from web.requests import DEFAULT_MAX_NEW, ui_default
-from web.settings import (
-    DEFAULT_SETTINGS,
-    DEFAULT_STRATEGIES,  # noqa: F401  (the tests reach it as app.DEFAULT_STRATEGIES)
-    Settings,
-    recordings_folder,
-)
+from web.page_names import (RUN_VIEWS, STEP_FIGURES, STEP_VIEWS, SWEEP_INPUTS, generation_input, param_input,
+                            run_inputs)
+from web.settings import DEFAULT_SETTINGS, Settings, recordings_folder
 
 PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
@@ -88,39 +76,6 @@ PAGE_CSS = (".dp-help{color:#57606a;font-size:.9em;margin:0 0 -6px}.dp-help p{ma
             ".dp-clock{padding:6px 0;font-size:.95em}#columns{min-height:120px}"
             ".dp-drafts table,.dp-drafts td{font-size:12px}.dp-la,.dp-xt,.dp-drafts{overflow-x:auto}"
             "#strategies-note{margin-bottom:10px}")
-
-# The run's outputs in API order (gr.State is not part of the API): step, columns, speed, timeline,
-# sources, trace file and status keep the indices they always had; new views go at the end.
-RUN_VIEWS = ("key", "step", "columns", "speed", "timeline", "sources", "download", "status", "histogram",
-             "inspect_strategy", "jacobi", "lookahead_window", "lookahead_chart", "breakdown", "leviathan",
-             "clock", "clock_readout", "tree", "lookahead_mask", "beam", "sampling", "drafts", "crosstok",
-             "inspector", "share", "race_id")
-STEP_VIEWS = ("columns", "lookahead_window", "jacobi", "drafts", "crosstok")
-STEP_FIGURES = ("tree", "lookahead_mask", "beam", "sampling")
-
-
-# The run's inputs by name: /run takes them in this order (its API order, which scripts and tests send by
-# position), each strategy parameter as "strategy.field" (registry order) and each generation setting as
-# "generation.field" after these, then RUN_LATER. The sweep takes SWEEP_INPUTS. Handlers read every value by its
-# name.
-RUN_FIELDS = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens", "seed")
-RUN_LATER = ("versus",)      # inputs added later go last, so every earlier one keeps its place in /run
-SWEEP_INPUTS = ("model", "assistant", "prompt", "chat", "max_new_tokens", "seed", "sweep_strategy", "sweep_spec")
-
-
-def param_input(strategy: str, field: str) -> str:
-    return f"{strategy}.{field}"
-
-
-def generation_input(field: str) -> str:
-    return f"generation.{field}"
-
-
-def run_inputs() -> tuple[str, ...]:
-    """The names of the run's inputs, in /run's order."""
-    return (*RUN_FIELDS, *(param_input(s, f) for s, f in param_fields()),
-            *(generation_input(name) for name in GENERATION_FIELDS), *RUN_LATER)
-
 
 class Inputs(dict):
     """Input name -> component. An event takes ``list(names)``; its handler reads ``named(names, values)``, so
