@@ -38,29 +38,34 @@ from gradio_client import Client  # noqa: E402
 from decoding.harness.runner import encode_prompt  # noqa: E402
 from decoding.params import GreedyParams  # noqa: E402
 from decoding.runtime.kernel_choice import cpu_name  # noqa: E402
-from decoding.runtime.models import load_model  # noqa: E402
+from decoding.runtime.models import default_target, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies.baselines import greedy  # noqa: E402
 
 import app  # noqa: E402
 from conftest import free_port  # noqa: E402
 from stop_traffic import stop_loop, stop_routes  # noqa: E402
+from web.page_client import page_run, page_submit, run_values  # noqa: E402
+from web.page_names import RUN_VIEWS  # noqa: E402
+from web.requests import DEFAULT_MAX_NEW  # noqa: E402
+from web.settings import DEFAULT_STRATEGIES  # noqa: E402
 
 POLL_S = 0.05
-STATUS, COLUMNS = app.RUN_VIEWS.index("status"), app.RUN_VIEWS.index("columns")   # in the raw API's outputs
+# the raw HTTP stream carries every output, gr.State ones as null: RUN_VIEWS' positions (a client drops the State)
+STATUS, COLUMNS = RUN_VIEWS.index("status"), RUN_VIEWS.index("columns")
 
 
-def page_values(prompt: str, max_new: int = app.DEFAULT_MAX_NEW, strategies=None, seed: int = 0) -> list:
-    """What the page sends when a visitor only picks ``prompt`` and presses Run."""
-    return [app.default_target(), "prophet", list(strategies or app.DEFAULT_STRATEGIES), prompt, True, max_new, seed,
-            *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS)]
+def page_request(prompt: str, max_new: int = DEFAULT_MAX_NEW, strategies=None, seed: int = 0) -> dict:
+    """What the page sends when a visitor only picks ``prompt`` and presses Run, by name (page_run's arguments)."""
+    return dict(model=default_target(), assistant="prophet", strategies=list(strategies or DEFAULT_STRATEGIES),
+                prompt=prompt, max_new_tokens=max_new, seed=seed, page_defaults=True)
 
 
-def watch(url: str, values: list, start: threading.Barrier, row: dict) -> None:
+def watch(url: str, request: dict, start: threading.Barrier, row: dict) -> None:
     """Press Run (all visitors at once, through Gradio's HTTP API: a thread that only reads its stream, as a
     browser tab would) and note when the first place in line, the first token and the result came."""
     host, port = url.split("//")[1].strip("/").split(":")
-    body = json.dumps({"data": values}).encode()
+    body = json.dumps({"data": run_values(**request)}).encode()
     start.wait()
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, int(port), timeout=900)
@@ -80,7 +85,7 @@ def watch(url: str, values: list, start: threading.Barrier, row: dict) -> None:
             row["done_s"], row["error"] = now, line[6:200]
             break
         out = json.loads(line[6:]) if kind in ("generating", "complete") else None
-        if not isinstance(out, list) or len(out) != len(app.RUN_VIEWS):
+        if not isinstance(out, list) or len(out) != len(RUN_VIEWS):
             continue
         status, columns = str(out[STATUS] or ""), json.dumps(out[COLUMNS])
         if "Waiting for the compute slot" in status:
@@ -94,7 +99,7 @@ def watch(url: str, values: list, start: threading.Barrier, row: dict) -> None:
     conn.close()
 
 
-def crowd(url: str, requests: list[list]) -> list[dict]:
+def crowd(url: str, requests: list[dict]) -> list[dict]:
     rows = [{} for _ in requests]
     start = threading.Barrier(len(requests))
     threads = [threading.Thread(target=watch, args=(url, v, start, row)) for v, row in zip(requests, rows)]
@@ -113,14 +118,14 @@ def stop_round(url: str, clients: int, calls: int, tokens: int, seed: int) -> di
 
     def visitor(i: int) -> None:
         client = Client(url, verbose=False)
-        job = client.submit(*page_values(f"Tell me fact number {i} about the sea.", max_new=tokens,
-                                         strategies=["greedy"], seed=seed), api_name="/run")
+        job = page_submit(client, **page_request(f"Tell me fact number {i} about the sea.", max_new=tokens,
+                                                 strategies=["greedy"], seed=seed))
         if i % 2:
-            while not job.done() and not any("tokens" in str(o[6]) for o in job.outputs()):
+            while not job.done() and not any("tokens" in str(o.status) for o in job.outputs()):
                 time.sleep(POLL_S)
             client.predict(api_name="/stop")
         try:
-            status = str(job.result(timeout=900)[6])
+            status = str(job.result(timeout=900).status)
             kind = ("partial (own Stop)" if "cancelled" in json.dumps(_trace(job)) else "result") \
                 if "strategies" in status else status[:60]
         except TimeoutError:
@@ -147,8 +152,7 @@ def stop_round(url: str, clients: int, calls: int, tokens: int, seed: int) -> di
 
 
 def _trace(job) -> dict:
-    with open(job.result()[5], encoding="utf-8") as fh:
-        return json.load(fh)
+    return job.result().document()
 
 
 def wait_healthy(url: str, timeout: float = 300) -> None:
@@ -197,31 +201,30 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}/"
     wait_healthy(url)
     prompts = [p for group in app.example_prompts().values() for p in group]
-    print(f"machine: {cpu_name()} ({os.cpu_count()} CPUs); default comparison {', '.join(app.DEFAULT_STRATEGIES)}, "
-          f"{app.DEFAULT_MAX_NEW} tokens")
+    print(f"machine: {cpu_name()} ({os.cpu_count()} CPUs); default comparison {', '.join(DEFAULT_STRATEGIES)}, "
+          f"{DEFAULT_MAX_NEW} tokens")
     lines = []
     try:
-        Client(url, verbose=False).predict(*page_values("Warm up.", max_new=4), api_name="/run")   # untimed
+        page_run(Client(url, verbose=False), **page_request("Warm up.", max_new=4))   # untimed
         if not args.skip_crowd:
-            lines.append(summary("one visitor alone", rows := crowd(url, [page_values(prompts[-1])]), "token_s"))
+            lines.append(summary("one visitor alone", rows := crowd(url, [page_request(prompts[-1])]), "token_s"))
             lines.append(summary("one visitor alone", rows, "done_s"))
-            same = [page_values(prompts[0])] * args.clients
+            same = [page_request(prompts[0])] * args.clients
             lines.append(summary("same example, first press (shared)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, first press (shared)", rows, "done_s"))
             lines.append(summary("same example, recorded (replayed)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, recorded (replayed)", rows, "done_s"))
-            distinct = [page_values(p) for p in prompts[1:1 + args.distinct]]
+            distinct = [page_request(p) for p in prompts[1:1 + args.distinct]]
             lines.append(summary("distinct prompts", rows := crowd(url, distinct), "place_s"))
             lines.append(summary("distinct prompts", rows, "done_s"))
         rounds = []
         for r in range(args.stop_rounds):
             rounds.append(stop_round(url, args.clients, args.stop_calls, args.stop_tokens, seed=100 + r))
             print(f"Stop round {r + 1}: {rounds[-1]}")
-        after = Client(url, verbose=False).predict(*page_values("Name a planet.", max_new=8, strategies=["greedy"]),
-                                                   api_name="/run")
-        with open(after[5], encoding="utf-8") as fh:
-            tokens = json.load(fh)["results"][0]["token_ids"]
-        lm = load_model(app.default_target())
+        after = page_run(Client(url, verbose=False), **page_request("Name a planet.", max_new=8,
+                                                                    strategies=["greedy"]))
+        tokens = after.document()["results"][0]["token_ids"]
+        lm = load_model(default_target())
         ids = encode_prompt(lm.tokenizer, "Name a planet.", chat=True)
         exact = tokens == greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=8).token_ids
         print(f"a run afterwards: {len(tokens)} tokens, greedy's: {exact}")

@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-import app
+from web.page_client import page_run
+from web.requests import DEFAULT_MAX_NEW
 
 BUNDLED = "smollm2-135m-instruct"
 RACE_PARAMETERS = ["prompt", "strategies", "target", "assistant", "max_new_tokens", "seed", "chat", "params",
@@ -36,7 +37,7 @@ def test_race_with_prompt_and_strategies_alone_returns_the_cli_document(client, 
     assert list(rows) == ["greedy", "prompt_lookup", "lookahead"]          # greedy added as the reference
     assert rows["greedy"]["reference"] and all(r["error"] is None for r in rows.values())
     greedy = rows["greedy"]["token_ids"]
-    assert len(greedy) == app.DEFAULT_MAX_NEW or rows["greedy"]["stop_reason"] == "eos"   # the page's default
+    assert len(greedy) == DEFAULT_MAX_NEW or rows["greedy"]["stop_reason"] == "eos"   # the page's default
     for name in ("prompt_lookup", "lookahead"):                           # lossless: greedy's ids exactly
         assert rows[name]["lossless"] and rows[name]["token_ids"] == greedy and rows[name]["matches_greedy"]
         assert rows[name]["wall_s"] > 0 and rows[name]["text"] and "stats" in rows[name]
@@ -73,13 +74,10 @@ def test_race_takes_the_five_generation_settings_the_cli_takes(client):
 def test_a_race_and_the_pages_run_of_the_same_request_share_one_recording(client):
     prompt = "Name one planet."
     doc = client.predict(prompt=prompt, strategies=["greedy"], max_new_tokens=4, api_name="/race")
-    page = [app.ui_default(s, f) for s, f in app.param_fields()]           # what the page sends untouched
-    out = client.predict(BUNDLED, "none", ["greedy"], prompt, True, 4, 0, *page,
-                         *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER),
-                         api_name="/run")
-    assert out[6].startswith("Replay of a recorded run")                   # the API's run, recorded and shared
-    with open(out[5], encoding="utf-8") as fh:
-        assert json.load(fh)["results"][0]["token_ids"] == doc["results"][0]["token_ids"]
+    out = page_run(client, model=BUNDLED, strategies=["greedy"], prompt=prompt, max_new_tokens=4, seed=0,
+                   page_defaults=True)                                       # what the page sends untouched
+    assert out.status.startswith("Replay of a recorded run")                # the API's run, recorded and shared
+    assert out.document()["results"][0]["token_ids"] == doc["results"][0]["token_ids"]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -127,4 +125,4 @@ def test_the_api_page_shows_race_with_named_parameters_and_nothing_positional(cl
     assert [n for n, p in race.items() if not p["parameter_has_default"]] == ["prompt", "strategies"]
     # no fixed default target: a call without one races the version this machine serves (chosen at start)
     assert race["target"]["parameter_has_default"] and race["target"]["parameter_default"] is None
-    assert race["max_new_tokens"]["parameter_default"] == app.DEFAULT_MAX_NEW
+    assert race["max_new_tokens"]["parameter_default"] == DEFAULT_MAX_NEW

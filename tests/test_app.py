@@ -8,26 +8,24 @@ import re
 
 import pytest
 
-import app
+from web.handlers import import_file
+from web.loading import prepare
+from web.page_client import PageViews, page_run, run_values
+from web.page_names import STEP_VIEWS, run_inputs
+from web.playground import PlaygroundApp
+from decoding.runtime.models import load_presets
+from web.validation import build_plan, check_model_name, parse_sweep_spec
 
 BUNDLED = "smollm2-135m-instruct"
 
 
 def run(client, strategies, prompt="Say hi in five words.", max_new=12, seed=0, model=BUNDLED,
         assistant="none", params=None, chat=True):
-    values = [None] * len(app.param_fields())
-    for (s, f), v in (params or {}).items():
-        values[app.param_fields().index((s, f))] = v
-    # /run is the page's event, off the API page: the client knows no defaults for it, so every value is sent
-    out = client.predict(model, assistant, strategies, prompt, chat, max_new, seed, *values,
-                         *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER),
-                         api_name="/run")
-    # API outputs (gr.State stays in the session): step, columns, speed, timeline, sources, trace, status
-    step, columns, trace, status = out[0], out[1], out[5], out[6]
-    html = columns if isinstance(columns, str) else columns.get("value", "")
-    with open(trace, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    return {"doc": doc, "html": html, "trace": trace, "status": status, "step": step}
+    # /run is the page's event, off the API page: the helper sends every value, by name
+    views = page_run(client, model=model, assistant=assistant, strategies=strategies, prompt=prompt, chat=chat,
+                     max_new_tokens=max_new, seed=seed, params=params)
+    return {"doc": views.document(), "html": views.columns_html, "trace": views.download, "status": views.status,
+            "step": views.step}
 
 
 def test_real_run_side_by_side(client):
@@ -41,8 +39,8 @@ def test_real_run_side_by_side(client):
     assert out["html"].count("class='dp-col'") == 3 and "dp-tok" in out["html"]
     # the replay slider's handler redraws every column at an earlier step (state kept in the session)
     views = client.predict(1, api_name="/replay")
-    assert len(views) == len(app.STEP_VIEWS)              # columns, lookahead window, Jacobi, drafts, cross-tokenizer
-    frame = views[app.STEP_VIEWS.index("columns")]
+    assert len(views) == len(STEP_VIEWS)              # columns, lookahead window, Jacobi, drafts, cross-tokenizer
+    frame = views[STEP_VIEWS.index("columns")]
     assert frame.count("step 1 / ") == 3
     # the wall-clock replay: at 0 ms nothing is committed yet, at the end every column is finished
     start, readout = client.predict(0, 1.0, api_name="/race_at")
@@ -105,13 +103,13 @@ def test_values_json_cannot_carry_are_refused_by_the_validation_layer(field, val
                   needs_assistant=False)
     kwargs[field] = value
     with pytest.raises(ValueError, match=re.escape(message)):
-        app.prepare(**kwargs)
+        prepare(**kwargs)
 
 
 def test_non_finite_sampling_parameters_are_refused():
     for bad in (float("inf"), float("nan")):
         with pytest.raises(ValueError, match="temperature must be finite"):
-            app.build_plan(["sample"], {("sample", "temperature"): bad})
+            build_plan(["sample"], {("sample", "temperature"): bad})
 
 
 def _raw_call(app_url: str, data: list) -> str:
@@ -126,20 +124,19 @@ def _raw_call(app_url: str, data: list) -> str:
         return resp.read().decode("utf-8", "replace")
 
 
-@pytest.mark.parametrize("index,value,message", [
-    (5, float("nan"), "max_new_tokens must be an integer"),
-    (5, float("inf"), "max_new_tokens must be"),
-    (5, 2.5, "max_new_tokens must be an integer"),
-    (6, float("nan"), "seed must be an integer"),
-    (6, 1.5, "seed must be an integer"),
-    (5, "lots", "max_new_tokens must be"),    # a wrong type
-    (2, "greedy", "strategies must be a list of strategy names"),   # a string where a list belongs
+@pytest.mark.parametrize("name,value,message", [
+    ("max_new_tokens", float("nan"), "max_new_tokens must be an integer"),
+    ("max_new_tokens", float("inf"), "max_new_tokens must be"),
+    ("max_new_tokens", 2.5, "max_new_tokens must be an integer"),
+    ("seed", float("nan"), "seed must be an integer"),
+    ("seed", 1.5, "seed must be an integer"),
+    ("max_new_tokens", "lots", "max_new_tokens must be"),    # a wrong type
+    ("strategies", "greedy", "strategies must be a list of strategy names"),   # a string where a list belongs
 ])
-def test_non_json_values_sent_over_raw_http_are_refused(app_url, client, index, value, message):
+def test_non_json_values_sent_over_raw_http_are_refused(app_url, client, name, value, message):
     # json.dumps writes NaN / Infinity literals, which gradio_client refuses to send
-    data = [BUNDLED, "none", ["greedy"], "Say hi.", True, 4, 0] + [None] * len(app.param_fields()) \
-        + [None] * len(app.GENERATION_FIELDS) + [None] * len(app.RUN_LATER)
-    data[index] = value
+    data = run_values(model=BUNDLED, strategies=["greedy"], prompt="Say hi.", max_new_tokens=4)
+    data[run_inputs().index(name)] = value
     stream = _raw_call(app_url, data)
     assert "event: error" in stream and "event: complete" not in stream
     if message is not None:
@@ -149,13 +146,13 @@ def test_non_json_values_sent_over_raw_http_are_refused(app_url, client, index, 
 
 
 def test_bad_model_names_are_refused_in_the_validation_layer():
-    presets = app.load_presets()
+    presets = load_presets()
     with pytest.raises(ValueError, match="not one of the presets"):
-        app.check_model_name("someone/some-model", "model", presets)
+        check_model_name("someone/some-model", "model", presets)
     with pytest.raises(ValueError, match="choose a model"):
-        app.check_model_name("", "model", presets)
+        check_model_name("", "model", presets)
     with pytest.raises(ValueError, match="unknown strategy"):
-        app.build_plan(["nope"], {})
+        build_plan(["nope"], {})
 
 
 def test_html_in_prompt_is_escaped_and_server_still_answers(client):
@@ -171,11 +168,10 @@ def test_import_rejects_bad_files_and_replays_good_ones(client, tmp_path):
     with pytest.raises(Exception, match="not valid JSON"):
         client.predict(handle_file(str(bad)), api_name="/import_trace")
     out = run(client, ["greedy"], max_new=6)
-    good = client.predict(handle_file(out["trace"]), api_name="/import_trace")
-    assert good[6].startswith("Imported a trace with 1 strategies")
-    assert good[5] is None                      # an imported trace is not written out again
-    columns = good[1] if isinstance(good[1], str) else good[1]["value"]
-    assert columns == out["html"]               # the same replay frame as the run's, with no model
+    good = PageViews.of(client.predict(handle_file(out["trace"]), api_name="/import_trace"))
+    assert good.status.startswith("Imported a trace with 1 strategies")
+    assert good.download is None                # an imported trace is not written out again
+    assert good.columns_html == out["html"]     # the same replay frame as the run's, with no model
 
 
 @pytest.mark.parametrize("content,message", [
@@ -265,11 +261,11 @@ def test_trace_files_and_replay_documents_are_bounded(tmp_path):
 def test_sweep_specs_are_counted_before_they_are_built():
     spec = ";".join(f"k{i}=" + ",".join(str(v) for v in range(10)) for i in range(12))   # 10**12 points
     with pytest.raises(ValueError, match="sweep at most 2 parameters, got 12"):
-        app.parse_sweep_spec("lookahead", spec[:500])
+        parse_sweep_spec("lookahead", spec[:500])
     from decoding.harness.bench import parse_sweep
     with pytest.raises(ValueError, match="1000000000000 combinations; the limit is 4096"):
         parse_sweep("lookahead:" + spec)        # counted: building them first would never get here
-    assert app.parse_sweep_spec("lookahead", "window=2,3;ngram=3")[1] == [("2", "3"), ("3", "3")]
+    assert parse_sweep_spec("lookahead", "window=2,3;ngram=3")[1] == [("2", "3"), ("3", "3")]
 
 
 def test_an_oversized_trace_is_reported_with_its_real_size(tmp_path):
@@ -278,7 +274,7 @@ def test_an_oversized_trace_is_reported_with_its_real_size(tmp_path):
     with open(big, "wb") as fh:
         fh.truncate(50 * 2**20)                 # a sparse 50 MB file: nothing is written to disk
     with pytest.raises(gr.Error, match=re.escape("trace: trace file is 50.0 MB; the limit is 20 MB")):
-        app.import_file(app.PlaygroundApp(), str(big))
+        import_file(PlaygroundApp(), str(big))
 
 
 def _history_drafts(doc: dict) -> int:

@@ -253,8 +253,8 @@ def test_the_shipped_bf16_preset_is_its_own_model_and_its_drafts_equal_its_greed
 
 
 def test_the_target_picker_labels_the_bf16_preset():
-    import app
-    values = {(c[1] if isinstance(c, tuple) else c): c for c in app.target_choices(load_presets())}
+    from web.page_form import target_choices
+    values = {(c[1] if isinstance(c, tuple) else c): c for c in target_choices(load_presets())}
     if kernels.bf16_available():
         label, value = values[PRESET]
         assert value == PRESET and "bfloat16 weights" in label and "own greedy" in label

@@ -18,9 +18,11 @@ from web import compute, handlers
 from web.playground import PlaygroundApp
 from web.crowd import Board, Computation, Estimator, Line, QueueFull, request_key
 from web.recordings import Recording, Recordings
-from web.requests import default_request, run_request
-
-import app
+from decoding.runtime.models import default_target
+from web.page_client import page_run, page_submit
+from web.requests import default_request, run_request, ui_default
+from web.settings import DEFAULT_STRATEGIES
+from web.validation import GENERATION_FIELDS, param_fields
 
 BUNDLED = "smollm2-135m-instruct"
 
@@ -175,17 +177,17 @@ def test_recordings_outlive_a_restart_on_disk(tmp_path):
 
 
 def test_request_keys_are_the_same_exactly_when_the_run_would_be():
-    fields = app.param_fields()
+    fields = param_fields()
     base = dict(model=BUNDLED, assistant="none", strategies=["greedy", "prompt_lookup"], prompt="Hi.", chat=True,
-                max_new_tokens=8, seed=0, generation=[None] * len(app.GENERATION_FIELDS))
+                max_new_tokens=8, seed=0, generation=[None] * len(GENERATION_FIELDS))
     key = run_request(**base, params={}).key
     # what the page sends: every field, numbers as floats, the defaults spelled out
     page = {(s, f): (float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
-            for (s, f) in fields for v in [app.ui_default(s, f)]}
+            for (s, f) in fields for v in [ui_default(s, f)]}
     assert run_request(**{**base, "max_new_tokens": 8.0}, params=page).key == key
     for change in ({"seed": 1}, {"prompt": "Hi!"}, {"chat": False}, {"max_new_tokens": 9},
                    {"strategies": ["prompt_lookup", "greedy"]},
-                   {"generation": [1.2] + [None] * (len(app.GENERATION_FIELDS) - 1)}):
+                   {"generation": [1.2] + [None] * (len(GENERATION_FIELDS) - 1)}):
         assert run_request(**{**base, **change}, params={}).key != key, change
     assert run_request(**base, params={("prompt_lookup", "ngram_size"): 2}).key != key
     # an assistant no chosen strategy drafts with does not change the run
@@ -195,7 +197,7 @@ def test_request_keys_are_the_same_exactly_when_the_run_would_be():
 
 def test_a_run_that_drafts_from_the_visitors_history_is_private():
     base = dict(model=BUNDLED, assistant="none", strategies=["suffix"], prompt="Hi.", chat=True, max_new_tokens=8,
-                seed=0, params={}, generation=[None] * len(app.GENERATION_FIELDS))
+                seed=0, params={}, generation=[None] * len(GENERATION_FIELDS))
     assert not run_request(**base, history=[]).private
     assert run_request(**base, history=[[1, 2, 3]]).private
     unused = {**base, "params": {("suffix", "history"): False}}
@@ -205,9 +207,9 @@ def test_a_run_that_drafts_from_the_visitors_history_is_private():
 
 
 def test_zero_gpu_durations_follow_the_request():
-    short = run_request(BUNDLED, "none", ["greedy"], "Hi.", True, 8, 0, {}, [None] * len(app.GENERATION_FIELDS))
+    short = run_request(BUNDLED, "none", ["greedy"], "Hi.", True, 8, 0, {}, [None] * len(GENERATION_FIELDS))
     long = run_request(BUNDLED, "none", ["greedy", "jacobi"], "Hi.", True, 256, 0, {},
-                       [None] * len(app.GENERATION_FIELDS))
+                       [None] * len(GENERATION_FIELDS))
     state = PlaygroundApp()
     assert (compute.budget_seconds(state, short.units) < compute.budget_seconds(state, long.units)
             <= state.limits.time_limit_s)
@@ -230,7 +232,7 @@ def test_the_recorder_yields_to_a_visitor_and_records_again_later(monkeypatch):
     recorder.start()
     wait_for(lambda: calls == ["Example."])
     visitor, _ = compute.submit_run(state, run_request(BUNDLED, "none", ["greedy"], "Mine.", True, 4, 0, {},
-                                                 [None] * len(app.GENERATION_FIELDS)))
+                                                 [None] * len(GENERATION_FIELDS)))
     wait_for(lambda: visitor.state == "running")         # the recording gave its slot up
     assert state.recordings.get(default_request("Example.").key) is None
     gate.set()
@@ -268,7 +270,7 @@ def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
     def fake(stop, req, budget_s=0):
         yield "done", doc, "Ran 1.", []
     monkeypatch.setattr(compute, "compute_run", fake)
-    req = run_request(BUNDLED, "none", ["greedy"], "Drawn once.", True, 4, 0, {}, [None] * len(app.GENERATION_FIELDS))
+    req = run_request(BUNDLED, "none", ["greedy"], "Drawn once.", True, 4, 0, {}, [None] * len(GENERATION_FIELDS))
     comp, _ = compute.submit_run(state, req)
     wait_for(comp.done.is_set)
     assert len(drawn) == 2 and state.recordings.get(req.key).views is comp.result.views        # drawn with the run
@@ -278,14 +280,13 @@ def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
 
 
 # --------------------------------------------------------------------------- through the app
-def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> list:
-    return [BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *[None] * len(app.param_fields()),
-            *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER)]     # every value: /run is off the API page, with no defaults
+def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> dict:
+    """A run by name, page_run's keyword arguments (/run is off the API page: the helper sends every value)."""
+    return dict(model=BUNDLED, strategies=list(strategies), prompt=prompt, max_new_tokens=max_new, seed=seed)
 
 
 def _doc(out) -> dict:
-    with open(out[5], encoding="utf-8") as fh:
-        return json.load(fh)
+    return out.document()
 
 
 @pytest.fixture
@@ -304,20 +305,20 @@ def counted(monkeypatch):
 def test_identical_requests_at_once_are_computed_once_then_replayed(app_url, counted):
     values = _values(("greedy", "prompt_lookup"), prompt="Name four colours of the rainbow.", max_new=16, seed=7)
     clients = [Client(app_url, verbose=False) for _ in range(4)]
-    jobs = [c.submit(*values, api_name="/run") for c in clients]
+    jobs = [page_submit(c, **values) for c in clients]
     outs = [j.result(timeout=300) for j in jobs]
     assert len(counted) == 1
     docs = [_doc(o) for o in outs]
     assert all(d["results"][0]["token_ids"] == docs[0]["results"][0]["token_ids"] for d in docs)
-    assert all("4 visitors asked for this same run" in o[6] for o in outs)
-    again = Client(app_url, verbose=False).predict(*values, api_name="/run")
+    assert all("4 visitors asked for this same run" in o.status for o in outs)
+    again = page_run(Client(app_url, verbose=False), **values)
     assert len(counted) == 1                                         # replayed, not computed
-    assert again[6].startswith("Replay of a recorded run") and "Ran 2 strategies" in again[6]
+    assert again.status.startswith("Replay of a recorded run") and "Ran 2 strategies" in again.status
     replayed = _doc(again)
     assert [r["token_ids"] for r in replayed["results"]] == [r["token_ids"] for r in docs[0]["results"]]
     assert [r["wall_s"] for r in replayed["results"]] == [r["wall_s"] for r in docs[0]["results"]]  # its timings
-    Client(app_url, verbose=False).predict(*_values(("greedy", "prompt_lookup"), prompt="Name four colours of "
-                                                    "the rainbow.", max_new=16, seed=8), api_name="/run")
+    page_run(Client(app_url, verbose=False), **_values(("greedy", "prompt_lookup"), prompt="Name four colours of "
+                                                       "the rainbow.", max_new=16, seed=8))
     assert len(counted) == 2                                         # another seed is another run
 
 
@@ -329,14 +330,13 @@ def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url,
     assert compute.record_examples(app_state, [prompt]) == 0       # already recorded
     req = default_request(prompt)
     # exactly what the page sends when the visitor only picks the example and presses Run
-    page = [app.default_target(), "prophet", list(app.DEFAULT_STRATEGIES), prompt, True, 16, 0,
-            *[app.ui_default(s, f) for s, f in app.param_fields()], *[None] * len(app.GENERATION_FIELDS),
-            *[None] * len(app.RUN_LATER)]
+    page = dict(model=default_target(), assistant="prophet", strategies=list(DEFAULT_STRATEGIES), prompt=prompt,
+                max_new_tokens=16, seed=0, page_defaults=True)
     t0 = time.perf_counter()
-    out = Client(app_url, verbose=False).predict(*page, api_name="/run")
+    out = page_run(Client(app_url, verbose=False), **page)
     took = time.perf_counter() - t0
-    assert len(counted) == 1 and out[6].startswith("Replay of a recorded run")
-    assert [r["strategy"] for r in _doc(out)["results"]] == list(app.DEFAULT_STRATEGIES)
+    assert len(counted) == 1 and out.status.startswith("Replay of a recorded run")
+    assert [r["strategy"] for r in _doc(out)["results"]] == list(DEFAULT_STRATEGIES)
     assert app_state.recordings.get(req.key) is not None
     print(f"\n[crowd] a recorded example replayed in {took:.2f} s")
 
@@ -344,14 +344,14 @@ def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url,
 def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted):
     values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=160, seed=3)
     stays, leaves = Client(app_url, verbose=False), Client(app_url, verbose=False)
-    kept = stays.submit(*values, api_name="/run")
+    kept = page_submit(stays, **values)
     wait_for(lambda: "tokens" in ((kept.status().progress_data or [None])[-1] or type("E", (), {"desc": ""})).desc,
              timeout=120)
-    gone = leaves.submit(*values, api_name="/run")
+    gone = page_submit(leaves, **values)
     wait_for(lambda: len(gone.outputs()) > 0, timeout=60)
     leaves.predict(api_name="/stop")
     out = gone.result(timeout=120)
-    assert "1 other visitor asked for this same run, so it goes on for them" in out[6]
+    assert "1 other visitor asked for this same run, so it goes on for them" in out.status
     full = kept.result(timeout=300)
     result = _doc(full)["results"][0]
     assert len(counted) == 1 and result["stop_reason"] != "cancelled" and len(result["token_ids"]) == 160
@@ -360,14 +360,14 @@ def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, count
 def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, app_state, monkeypatch):
     monkeypatch.setattr(app_state.line, "capacity", 1)
     holder, waiter, late = (Client(app_url, verbose=False) for _ in range(3))
-    long = holder.submit(*_values(prompt="Write a long poem about rivers.", max_new=300, seed=11), api_name="/run")
+    long = page_submit(holder, **_values(prompt="Write a long poem about rivers.", max_new=300, seed=11))
     wait_for(lambda: app_state.line.counts()["running"] == 1, timeout=120)
-    queued = waiter.submit(*_values(prompt="Write a long poem about hills.", max_new=300, seed=11), api_name="/run")
+    queued = page_submit(waiter, **_values(prompt="Write a long poem about hills.", max_new=300, seed=11))
     wait_for(lambda: app_state.line.counts()["waiting"] == 1, timeout=60)
     with pytest.raises(Exception, match="queue full: 1 runs are waiting"):
-        late.predict(*_values(prompt="Write a long poem about lakes.", max_new=4, seed=11), api_name="/run")
+        page_run(late, **_values(prompt="Write a long poem about lakes.", max_new=4, seed=11))
     waiter.predict(api_name="/stop")
     holder.predict(api_name="/stop")
-    assert queued.result(timeout=120)[6] == "Stopped the queued run before it started."
-    assert "Ran 1 strategies" in long.result(timeout=120)[6]
-    assert "Ran 1 strategies" in late.predict(*_values(prompt="Name a lake.", max_new=2, seed=11), api_name="/run")[6]
+    assert queued.result(timeout=120).status == "Stopped the queued run before it started."
+    assert "Ran 1 strategies" in long.result(timeout=120).status
+    assert "Ran 1 strategies" in page_run(late, **_values(prompt="Name a lake.", max_new=2, seed=11)).status

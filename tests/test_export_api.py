@@ -7,15 +7,14 @@ value accepted or refused without its name, an export computed beside a run inst
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-import app
 from visualize import animation
+from web.page_client import page_run
 
 BUNDLED = "smollm2-135m-instruct"
 PROMPT = "Export test: name three rivers of Europe."
@@ -24,15 +23,10 @@ PROMPT = "Export test: name three rivers of Europe."
 @pytest.fixture(scope="module")
 def race(client):
     """A real race of the bundled model (three strategies, 16 tokens) run by the page's /run: (race id, doc)."""
-    page = [app.ui_default(s, f) for s, f in app.param_fields()]
-    out = client.predict(BUNDLED, "none", ["greedy", "prompt_lookup", "lookahead"], PROMPT, True, 16, 0, *page,
-                         *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER),
-                         api_name="/run")
-    race_id = out[app.RUN_VIEWS.index("race_id") - 1]     # gr.State ("key") is not among the API's outputs
-    with open(out[app.RUN_VIEWS.index("download") - 1], encoding="utf-8") as fh:
-        doc = json.load(fh)
-    assert len(race_id) == 16, out[-2:]
-    return race_id, doc
+    out = page_run(client, model=BUNDLED, strategies=["greedy", "prompt_lookup", "lookahead"], prompt=PROMPT,
+                   max_new_tokens=16, seed=0, page_defaults=True)
+    assert len(out.race_id) == 16, (out.share, out.race_id)
+    return out.race_id, out.document()
 
 
 def _cells(frame: Image.Image, n: int) -> list[int]:
@@ -122,11 +116,9 @@ def test_a_run_drafting_from_the_visitors_own_history_gets_no_share_link(app_url
     its drafts would show the visitor's earlier outputs to whoever the link reached."""
     from gradio_client import Client
     me = Client(app_url, verbose=False)
-    page = [app.ui_default(s, f) for s, f in app.param_fields()]
-    values = (BUNDLED, "none", ["suffix"], "Share test: list the months, separated by commas.", True, 12, 0, *page,
-              *[None] * len(app.GENERATION_FIELDS), *[None] * len(app.RUN_LATER))
-    share, race_id = (app.RUN_VIEWS.index(name) - 1 for name in ("share", "race_id"))
-    first = me.predict(*values, api_name="/run")
-    assert len(first[race_id]) == 16 and "share-link" in first[share]
-    second = me.predict(*values, api_name="/run")                      # drafts from the first one's output
-    assert second[race_id] == "" and "No share link" in second[share] and "share-link" not in second[share]
+    values = dict(model=BUNDLED, strategies=["suffix"], prompt="Share test: list the months, separated by commas.",
+                  max_new_tokens=12, seed=0, page_defaults=True)
+    first = page_run(me, **values)
+    assert len(first.race_id) == 16 and "share-link" in first.share
+    second = page_run(me, **values)                                    # drafts from the first one's output
+    assert second.race_id == "" and "No share link" in second.share and "share-link" not in second.share

@@ -130,12 +130,12 @@ def test_the_shipped_fp16_preset_is_its_own_model_with_the_base_head():
 
 
 def test_the_target_picker_labels_the_fp16_preset_and_hides_it_where_it_cannot_load(monkeypatch):
-    import app
+    from web import page_form
     presets = load_presets()
-    values = {(c[1] if isinstance(c, tuple) else c): c for c in app.target_choices(presets)}
+    values = {(c[1] if isinstance(c, tuple) else c): c for c in page_form.target_choices(presets)}
     assert "smollm2-135m-instruct" in values and values["smollm2-135m-instruct"] == "smollm2-135m-instruct"
     if kernels.half_available():
         label, value = values[PRESET]
         assert value == PRESET and "float16 weights" in label and "own greedy" in label
-    monkeypatch.setattr(app, "runs_here", lambda preset: preset.weights != "fp16")    # a GPU host, say
-    assert PRESET not in {(c[1] if isinstance(c, tuple) else c) for c in app.target_choices(presets)}
+    monkeypatch.setattr(page_form, "runs_here", lambda preset: preset.weights != "fp16")    # a GPU host, say
+    assert PRESET not in {(c[1] if isinstance(c, tuple) else c) for c in page_form.target_choices(presets)}

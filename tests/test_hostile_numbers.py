@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-import app
 from web import playback
 from web.playground import PlaygroundApp
 from web.requests import run_request
+from web.validation import GENERATION_FIELDS, param_fields, parse_sweep_spec
 
 BUNDLED = "smollm2-135m-instruct"
 HOSTILE = [10**400, -10**400, 2**63, -(2**63), 1e308, -1e308, float("nan"), float("inf"), float("-inf"), -0.0,
            1.5, True, None, "12", "lots", [], {}, [1, 2]]
-GENERATION = [None] * len(app.GENERATION_FIELDS)
+GENERATION = [None] * len(GENERATION_FIELDS)
 
 
 def _request(**change):
@@ -38,12 +38,12 @@ def test_top_level_numbers_get_named_errors(value):
 
 @pytest.mark.parametrize("value", HOSTILE, ids=lambda v: repr(v)[:24])
 def test_every_strategy_parameter_and_setting_gets_a_named_error(value):
-    for strategy, field in app.param_fields():
+    for strategy, field in param_fields():
         try:
             _request(strategies=[strategy], params={(strategy, field): value})
         except ValueError as exc:
             assert field in str(exc) or "unknown" not in str(exc), (strategy, field, str(exc))
-    for i, name in enumerate(app.GENERATION_FIELDS):
+    for i, name in enumerate(GENERATION_FIELDS):
         generation = list(GENERATION)
         generation[i] = value
         try:
@@ -69,7 +69,7 @@ def test_a_prompt_without_visible_text_is_refused(prompt):
 
 def test_the_api_refuses_a_sweep_the_page_does_not_offer():
     with pytest.raises(ValueError, match="'beam' cannot be swept; choose one of lookahead"):
-        app.parse_sweep_spec("beam", "num_beams=1,2")
+        parse_sweep_spec("beam", "num_beams=1,2")
 
 
 @pytest.mark.parametrize("value", HOSTILE, ids=lambda v: repr(v)[:24])

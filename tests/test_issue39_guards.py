@@ -20,7 +20,6 @@ import gradio as gr
 import pytest
 import torch
 
-import app
 from decoding.training import prophet_data
 from visualize import jsonstream as js
 from visualize import traces
@@ -28,6 +27,7 @@ from web import handlers, queue_guard
 from web.crowd import Board, Computation, Line
 from web.redact import redact_paths
 from web.requests import run_request
+from web.validation import GENERATION_FIELDS
 
 BUNDLED = "smollm2-135m-instruct"
 OTHER = "distilgpt2"
@@ -36,7 +36,7 @@ OTHER = "distilgpt2"
 # --------------------------------------------------------------------------- the request key
 def _key(**change) -> str:
     values = dict(model=BUNDLED, assistant="none", strategies=["greedy"], prompt="Hi.", chat=True, max_new_tokens=8,
-                  seed=0, params={}, generation=[None] * len(app.GENERATION_FIELDS))
+                  seed=0, params={}, generation=[None] * len(GENERATION_FIELDS))
     values.update(change)
     return run_request(**values).key
 

@@ -27,16 +27,18 @@ from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 
 import app
+from web.limits import DEFAULT_LIMITS
+from web.page_client import page_run, page_submit, run_values
+from web.settings import Settings
 
 BUNDLED = "smollm2-135m-instruct"
 CLIENTS, RUNS, TOKENS = 16, 2, 3
 
 
 def _request(client: Client, prompt: str, seed: int, max_new: int = TOKENS, strategies=("greedy",)) -> dict:
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
-    out = client.predict(BUNDLED, "none", list(strategies), prompt, True, max_new, seed, *values, api_name="/run")
-    with open(out[5], encoding="utf-8") as fh:
-        return {"doc": json.load(fh), "status": out[6]}
+    out = page_run(client, model=BUNDLED, strategies=list(strategies), prompt=prompt, max_new_tokens=max_new,
+                   seed=seed)
+    return {"doc": out.document(), "status": out.status}
 
 
 def _wait_for_tokens(job, timeout: float = 120) -> None:
@@ -95,18 +97,15 @@ def test_sixteen_concurrent_clients_get_their_own_results(app_url):
 def test_stop_returns_the_partial_trace_and_frees_the_worker(app_url):
     slow = Client(app_url, verbose=False)
     other = Client(app_url, verbose=False)
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
-    job = slow.submit(BUNDLED, "none", ["greedy"], "Write a very long story about a lighthouse.", True, 400, 0,
-                      *values, api_name="/run")
+    job = page_submit(slow, model=BUNDLED, strategies=["greedy"], prompt="Write a very long story about a lighthouse.",
+                      max_new_tokens=400, seed=0)
     _wait_for_tokens(job)
     time.sleep(1.0)
     t_stop = time.perf_counter()
     slow.predict(api_name="/stop")
     out = job.result(timeout=120)
     stopped_after = time.perf_counter() - t_stop
-    with open(out[5], encoding="utf-8") as fh:
-        doc = json.load(fh)
-    result = doc["results"][0]
+    result = out.document()["results"][0]
     assert result["stop_reason"] == "cancelled" and 0 < len(result["token_ids"]) < 400
     t_next = time.perf_counter()
     got = _request(other, "Name a planet.", seed=1)
@@ -119,10 +118,9 @@ def test_stop_returns_the_partial_trace_and_frees_the_worker(app_url):
 @pytest.mark.parametrize("bad", [{"max_new": -1}, {"strategies": []}])
 def test_a_bad_request_does_not_block_the_queue(app_url, bad):
     client = Client(app_url, verbose=False)
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     with pytest.raises(Exception):
-        client.predict(BUNDLED, "none", bad.get("strategies", ["greedy"]), "Hi.", True, bad.get("max_new", 3), 0,
-                       *values, api_name="/run")
+        page_run(client, model=BUNDLED, strategies=bad.get("strategies", ["greedy"]), prompt="Hi.",
+                 max_new_tokens=bad.get("max_new", 3), seed=0)
     assert "Ran 1 strategies" in _request(client, "Hi.", seed=0)["status"]
 
 
@@ -160,7 +158,6 @@ def _raw_run(app_url: str, api: str, head: bytes, chunk: bytes, repeats: int, ta
 def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_url):
     client = Client(app_url, verbose=False)
     _request(client, "Warm up.", seed=0)                        # the model is loaded before measuring
-    values = [None] * len(app.param_fields())
     rss0 = _rss_mb()
     timings: dict[str, float] = {}
     for keys in (7, 9):                                         # 1.3 GB and ~130 GB of combinations before
@@ -172,8 +169,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
     answers: dict[str, str] = {}
 
     def attack(name: str, api: str, prompt_chars: int) -> None:
-        data = ([BUNDLED, "none", ["greedy"], "P", True, 4, 0] + values + [None] * len(app.GENERATION_FIELDS)
-                + [None] * len(app.RUN_LATER) if api == "run"
+        data = (run_values(model=BUNDLED, strategies=["greedy"], prompt="P", max_new_tokens=4) if api == "run"
                 else [BUNDLED, "none", "P", True, 4, 0, "lookahead", "window=2"])
         head, tail = json.dumps({"data": data}).encode().split(b'"P"')
         seconds, answers[name] = _raw_run(app_url, api, head + b'"', b"p" * 2**16, prompt_chars // 2**16,
@@ -205,10 +201,9 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     slow_limits = dataclasses.replace(app_state.limits, time_limit_s=1800.0)
     monkeypatch.setattr(app_state, "settings", dataclasses.replace(app_state.settings, limits=slow_limits))
     slow = Client(app_url, verbose=False)
-    values = [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))   # /run: every value
     plan = ["greedy", "sample", "beam", "prompt_lookup", "jacobi", "lookahead"]   # minutes of work
-    job = slow.submit(BUNDLED, "none", plan, "Write a very long story about a lighthouse.", True, 512, 0,
-                      *values, api_name="/run")
+    job = page_submit(slow, model=BUNDLED, strategies=plan, prompt="Write a very long story about a lighthouse.",
+                      max_new_tokens=512, seed=0)
     _wait_for_tokens(job)
     held = len(app_state.jobs)
 
@@ -227,8 +222,7 @@ def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, 
     slow.predict(api_name="/stop")
     out = job.result(timeout=120)
     honoured = time.perf_counter() - t_stop
-    with open(out[5], encoding="utf-8") as fh:
-        results = json.load(fh)["results"]
+    results = out.document()["results"]
     stopped = next(r for r in results if r["stop_reason"] == "cancelled")
     print(f"\n[stop] 5000 Stops from other sessions in {storm:.1f} s ({held} job tickets held throughout); "
           f"the real Stop returned the partial trace ({stopped['strategy']}: {len(stopped['token_ids'])} tokens) "
@@ -250,7 +244,7 @@ def test_temp_files_stay_bounded_over_fifty_runs(monkeypatch):
     from conftest import launch_local
     # every 1 s, files older than 10 s: a client on a busy machine fetches its trace before it goes (a 3 s age
     # once answered 403 to a fetch on a machine at load 10)
-    demo = app.build_demo(app.Settings(limits=dataclasses.replace(app.DEFAULT_LIMITS, cache_cleanup_s=(1, 10))))
+    demo = app.build_demo(Settings(limits=dataclasses.replace(DEFAULT_LIMITS, cache_cleanup_s=(1, 10))))
     files = demo.playground.trace_files
     files.keep = 8
     url = launch_local(demo)

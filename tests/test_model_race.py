@@ -161,27 +161,28 @@ def test_the_test_adapter_names_real_layers_of_the_bundled_model(tmp_path):
 
 def test_the_page_offers_the_race_only_for_a_trained_preset(test_presets, monkeypatch):
     import app
-    races = app.model_races(load_presets())
-    assert races == [app.ModelRace(BASE, PRESET, "jacobi", (("block_size", 8),))]
+    from web.page_model_races import ModelRace, model_races
+    races = model_races(load_presets())
+    assert races == [ModelRace(BASE, PRESET, "jacobi", (("block_size", 8),))]
     assert races[0].title == f"Example: Jacobi on {BASE} vs Jacobi on {PRESET} (consistency-trained)"
     demo = app.build_demo()
     buttons = [b for b in demo.blocks.values() if getattr(b, "value", None) == races[0].title]
     assert len(buttons) == 1
     monkeypatch.delenv(EXTRA_PRESETS)
-    assert app.model_races(load_presets()) == []
+    assert model_races(load_presets()) == []
     demo = app.build_demo()
     assert not [b for b in demo.blocks.values() if str(getattr(b, "value", "")).startswith("Example: ")]
 
 
 def test_a_trained_preset_with_parameters_its_strategy_refuses_gets_no_example(tmp_path, monkeypatch, capsys):
-    import app
+    from web.page_model_races import model_races
     path = tmp_path / "models.yaml"
     path.write_text(f"models:\n  bad:\n    base: {BASE}\n    trained_for: jacobi\n    trained_params: "
                     f"{{block_size: 999}}\n  unknown:\n    base: {BASE}\n    trained_for: no-such-strategy\n"
                     f"  listed:\n    base: {BASE}\n    trained_for: jacobi\n    trained_params: [1, 2]\n",
                     encoding="utf-8")
     monkeypatch.setenv(EXTRA_PRESETS, str(path))
-    assert app.model_races(load_presets()) == []
+    assert model_races(load_presets()) == []
     assert "preset bad: trained_params for jacobi ignored (block_size must be in [0, 64]" in capsys.readouterr().out
 
 

@@ -23,6 +23,7 @@ import pytest
 from gradio_client import Client
 
 from web import queue_guard
+from web.page_client import page_run, page_submit
 
 import app
 from conftest import launch_local
@@ -34,14 +35,13 @@ SESSIONS = 40          # Gradio's bound is 2000; shrunk so the Stop loop pushes 
 STOP_CALLS = 100       # calls per Stop loop (enough to push every waiting session out twice over)
 
 
-def _values() -> list:
-    """/run's values after the first seven (every one: /run is off the API page, so the client has no defaults)."""
-    return [None] * (len(app.param_fields()) + len(app.GENERATION_FIELDS) + len(app.RUN_LATER))
+def _run(prompt: str, max_new: int, seed: int) -> dict:
+    """A greedy run by name (page_run's keyword arguments)."""
+    return dict(model=BUNDLED, strategies=["greedy"], prompt=prompt, max_new_tokens=max_new, seed=seed)
 
 
 def _doc(out) -> dict:
-    with open(out[5], encoding="utf-8") as fh:
-        return json.load(fh)
+    return out.document()
 
 
 def _health(url: str) -> tuple[int, dict]:
@@ -186,12 +186,11 @@ def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     # the clients are kept: a collected Client stops its heartbeat, and Gradio then cancels its run (as it should
     # for a closed tab), which a busy machine's garbage collector turned into a flaky CancelledError here
     clients = [Client(url, verbose=False) for _ in prompts]
-    jobs = [c.submit(BUNDLED, "none", ["greedy"], p, True, TOKENS, i, *_values(), api_name="/run")
+    jobs = [page_submit(c, **_run(p, TOKENS, i))
             for i, (c, p) in enumerate(zip(clients, prompts))]
     # a client that gives up on its run (gradio_client's job.cancel()) is part of the traffic
     quitter_client = Client(url, verbose=False)
-    quitter = quitter_client.submit(BUNDLED, "none", ["greedy"], "Count to five.", True, 64, 0,
-                                                *_values(), api_name="/run")
+    quitter = page_submit(quitter_client, **_run("Count to five.", 64, 0))
     counts: dict[str, int] = {}
     done = threading.Event()
     t0 = time.perf_counter()
@@ -220,8 +219,7 @@ def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
         doc = _doc(job.result())
         assert doc["prompt"] == prompt and doc["results"][0]["token_ids"] == expected(prompt, TOKENS)
     # the queue goes on serving: a run afterwards gives greedy's tokens
-    out = Client(url, verbose=False).predict(BUNDLED, "none", ["greedy"], "Name a planet.", True, 4, 1,
-                                             *_values(), api_name="/run")
+    out = page_run(Client(url, verbose=False), **_run("Name a planet.", 4, 1))
     assert _doc(out)["results"][0]["token_ids"] == expected("Name a planet.", 4)
     status, health = _health(url)
     assert status == 200 and health["ok"], health
@@ -236,8 +234,7 @@ def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monke
     monkeypatch.setattr(queue_guard, "WATCH_S", 2.0)        # long enough to see the 503 before the restart
     time.sleep(1.2)                                        # the watchdog's current sleep (1 s) ends first
     client = Client(url, verbose=False)                    # kept: a collected client's run is cancelled
-    job = client.submit(BUNDLED, "none", ["greedy"], "Write a long story about a fox.", True, 256, 0, *_values(),
-                        api_name="/run")
+    job = page_submit(client, **_run("Write a long story about a fox.", 256, 0))
     while not queue.get_active_worker_count():
         time.sleep(0.1)
     restarts = queue.guard_restarts
@@ -264,8 +261,7 @@ def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monke
     with pytest.raises(Exception) as failed:
         job.result(timeout=30)
     assert not isinstance(failed.value, TimeoutError)
-    out = Client(url, verbose=False).predict(BUNDLED, "none", ["greedy"], "Name a planet.", True, 2, 1,
-                                             *_values(), api_name="/run")
+    out = page_run(Client(url, verbose=False), **_run("Name a planet.", 2, 1))
     assert _doc(out)["results"][0]["token_ids"]
     print(f"\n[queue] processing loop killed: /healthz said 503 then 200 after {recovered:.1f} s "
           f"({statuses.count(503)} probes refused); the running job was answered with an error")

@@ -28,6 +28,8 @@ from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 from visualize import traces
 from web.limits import DEFAULT_LIMITS
+from web.page_client import PageViews, page_run, page_submit, run_values
+from web.settings import Settings
 
 import app
 
@@ -46,13 +48,11 @@ def expected():
 
 
 def run_data(model=BUNDLED, assistant="none", strategies=("greedy",), prompt="Say hi.", chat=True, max_new=3,
-             seed=0, params=None, generation=None) -> list:
-    values = [None] * len(app.param_fields())
-    for (s, f), v in (params or {}).items():
-        values[app.param_fields().index((s, f))] = v
-    settings = [(generation or {}).get(name) for name in app.GENERATION_FIELDS]   # None: the default
+             seed=0, params=None, generation=None) -> dict:
+    """A run by name: page_run's / run_values' keyword arguments (None: a parameter's default)."""
     strategies = list(strategies) if isinstance(strategies, tuple) else strategies
-    return [model, assistant, strategies, prompt, chat, max_new, seed, *values, *settings, *[None] * len(app.RUN_LATER)]
+    return dict(model=model, assistant=assistant, strategies=strategies, prompt=prompt, chat=chat,
+                max_new_tokens=max_new, seed=seed, params=params, generation=generation)
 
 
 def sweep_data(strategy="lookahead", spec="window=2", prompt="Say hi.", max_new=3, model=BUNDLED) -> list:
@@ -71,10 +71,8 @@ def raw_call(app_url: str, api: str, data: list) -> str:
 
 
 def still_serving(client, expected) -> None:
-    out = client.predict(*run_data(prompt=GOOD_PROMPT), api_name="/run")
-    with open(out[5], encoding="utf-8") as fh:
-        doc = json.load(fh)
-    assert "Ran 1 strategies" in out[6] and doc["results"][0]["token_ids"] == expected
+    out = page_run(client, **run_data(prompt=GOOD_PROMPT))
+    assert "Ran 1 strategies" in out.status and out.document()["results"][0]["token_ids"] == expected
 
 
 # --------------------------------------------------------------------------- requests: (id, api, via, data, message)
@@ -148,10 +146,10 @@ CASES = [
 def test_hostile_request_gets_the_exact_error(client, app_url, expected, api, via, data, message):
     if via == "client":
         with pytest.raises(Exception) as err:
-            client.predict(*data, api_name=f"/{api}")
+            page_run(client, **data) if api == "run" else client.predict(*data, api_name=f"/{api}")
         assert message in str(err.value)
     else:
-        stream = raw_call(app_url, api, data)
+        stream = raw_call(app_url, api, run_values(**data) if api == "run" else data)
         assert "event: error" in stream and "event: complete" not in stream
         assert message in stream, stream[-400:]
     still_serving(client, expected)
@@ -163,7 +161,7 @@ def any_model_client():
     from gradio_client import Client
 
     from conftest import launch_local
-    demo = app.build_demo(app.Settings(allow_any_model=True))
+    demo = app.build_demo(Settings(allow_any_model=True))
     yield Client(launch_local(demo), verbose=False)
     demo.close()
 
@@ -177,7 +175,7 @@ def any_model_client():
 ])
 def test_any_model_mode_refuses_local_names_and_reveals_no_paths(any_model_client, expected, name, message):
     with pytest.raises(Exception) as err:
-        any_model_client.predict(*run_data(model=name), api_name="/run")
+        page_run(any_model_client, **run_data(model=name))
     text = str(err.value)
     assert message in text
     assert os.getcwd() not in text and os.path.expanduser("~") not in text
@@ -186,11 +184,11 @@ def test_any_model_mode_refuses_local_names_and_reveals_no_paths(any_model_clien
 
 def test_prophet_assistant_without_a_drafting_strategy(client, expected):
     # a target without a prophet head, the default assistant, greedy only: runs, and the status names no prophet
-    out = client.predict(*run_data(model="gemma-3-270m", assistant="prophet", max_new=2), api_name="/run")
-    assert out[6].endswith("Ran 1 strategies on gemma-3-270m.")
-    out = client.predict(*run_data(assistant="prophet", strategies=["greedy", "prompt_lookup"]), api_name="/run")
-    assert out[6].endswith(f"Ran 2 strategies on {BUNDLED}.")
-    with open(out[5], encoding="utf-8") as fh:
+    out = page_run(client, **run_data(model="gemma-3-270m", assistant="prophet", max_new=2))
+    assert out.status.endswith("Ran 1 strategies on gemma-3-270m.")
+    out = page_run(client, **run_data(assistant="prophet", strategies=["greedy", "prompt_lookup"]))
+    assert out.status.endswith(f"Ran 2 strategies on {BUNDLED}.")
+    with open(out.download, encoding="utf-8") as fh:
         env = json.dumps(json.load(fh)["environment"])
     assert os.path.expanduser("~") not in env and os.getcwd() not in env   # the download reveals no server paths
     still_serving(client, expected)
@@ -254,10 +252,10 @@ REFUSED = [
 ]
 
 
-def _upload(client, tmp_path, doc) -> tuple:
+def _upload(client, tmp_path, doc) -> PageViews:
     path = tmp_path / f"{uuid.uuid4().hex}.json"
     path.write_text(json.dumps(doc))         # json.dumps writes Infinity literals and \\ud800 escapes
-    return client.predict(handle_file(str(path)), api_name="/import_trace")
+    return PageViews.of(client.predict(handle_file(str(path)), api_name="/import_trace"))
 
 
 @pytest.mark.parametrize("mutate,message", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
@@ -277,15 +275,15 @@ def test_markup_in_an_accepted_trace_is_escaped_everywhere(client, expected, tmp
              params={XSS: XSS}, error=XSS, matches_greedy=False, first_divergence=1)
     r["vocab"]["9"] = "<svg onload=alert(1)>"
     out = _upload(client, tmp_path, doc)
-    assert out[6] == "Imported a trace with 1 strategies (no model needed)." and out[5] is None
-    final = out[1] if isinstance(out[1], str) else out[1]["value"]
+    assert out.status == "Imported a trace with 1 strategies (no model needed)." and out.download is None
+    final = out.columns_html
     assert "&lt;svg&nbsp;onload=alert(1)&gt;" in final          # the rejected draft, struck through
     for html in (final, client.predict(1, api_name="/replay")[0]):  # the import, and a replay step
         for raw in ("<img", "<script", "<svg", "' onmouseover="):
             assert raw not in html
         assert "&lt;img src=x onerror=alert(1)&gt;" in html
         assert "data-strategy='x&#x27; onmouseover=&#x27;alert(1)'" in html
-    timeline = json.loads(out[3]["plot"])                            # plotly decodes the entities to text
+    timeline = json.loads(out.timeline["plot"])                            # plotly decodes the entities to text
     assert timeline["data"][0]["y"] == ["&lt;img src=x onerror=alert(1)&gt;"]
     still_serving(client, expected)
 
@@ -294,7 +292,7 @@ def test_version_one_traces_still_import(client, expected, tmp_path):
     doc = base_trace()
     doc["version"] = 1
     out = _upload(client, tmp_path, doc)
-    assert out[6].startswith("Imported a trace with 1 strategies")
+    assert out.status.startswith("Imported a trace with 1 strategies")
     still_serving(client, expected)
 
 
@@ -369,33 +367,33 @@ def test_stops_from_strangers_create_nothing(app_url, app_state, client, expecte
 def _status_of(job) -> str:
     """The status line of a submitted run's latest streamed update ("" before the first)."""
     outputs = job.outputs()
-    return outputs[-1][6] if outputs else ""
+    return outputs[-1].status if outputs else ""
 
 
 def test_one_session_cannot_fill_the_queue_and_a_queued_stop_holds(app_url, app_state, expected):
     from gradio_client import Client
     busy, me = Client(app_url, verbose=False), Client(app_url, verbose=False)
     long_run = run_data(prompt="Write a very long story about a lighthouse.", max_new=400)
-    first = busy.submit(*long_run, api_name="/run")                  # holds the one compute slot
+    first = page_submit(busy, **long_run)                  # holds the one compute slot
     deadline = time.time() + 120
     while time.time() < deadline and "tokens" not in ((first.status().progress_data or [None])[-1] or Empty).desc:
         time.sleep(0.1)
     # other requests than busy's (an identical one would join its computation), waiting in line behind it
-    mine = [me.submit(*run_data(prompt=f"Write a very long story about lighthouse {i}.", max_new=400),
-                      api_name="/run") for i in range(2)]
+    mine = [page_submit(me, **run_data(prompt=f"Write a very long story about lighthouse {i}.", max_new=400))
+            for i in range(2)]
     deadline = time.time() + 60
     while time.time() < deadline and sum(t.session == me.session_hash for t in app_state.jobs._tickets.values()) < 2:
         time.sleep(0.1)                                              # both admitted (submit sends in the background)
     with pytest.raises(Exception, match="this session already has 2 jobs queued or running"):
-        me.predict(*long_run, api_name="/run")                       # a third from the same session
+        page_run(me, **long_run)                       # a third from the same session
     deadline = time.time() + 60                                      # both in line, told their place
     while time.time() < deadline and not all("Waiting for the compute slot" in _status_of(j) for j in mine):
         time.sleep(0.1)
     me.predict(api_name="/stop")
     busy.predict(api_name="/stop")
-    assert "Ran 1 strategies" in first.result(timeout=300)[6]     # the partial trace comes back
+    assert "Ran 1 strategies" in first.result(timeout=300).status     # the partial trace comes back
     for job in mine:                                                 # Stop pressed while waiting in line holds
-        assert job.result(timeout=300)[6] == "Stopped the queued run before it started."
+        assert job.result(timeout=300).status == "Stopped the queued run before it started."
     still_serving(me, expected)
 
 

@@ -205,17 +205,17 @@ def test_inductor_caches_where_the_readme_says_not_in_the_temporary_folder(monke
 
 
 def test_a_page_built_before_the_choices_shows_them_when_it_loads():
-    """``app.start_views``: what a page built with the first settings changes on load once the start chose (the
+    """``start_views`` (web/page_start.py): what a page built with the first settings changes on load once the start chose (the
     target, its head, the strategies, ``fast`` where the forward now runs compiled, the notes), and nothing for a
     page built with the settings it shows (a change would overwrite a visitor's form for nothing)."""
-    import app
+    from web.page_start import start_views
     built = Settings(target_note="being timed")
-    assert app.start_views(built, built) == {}
+    assert start_views(built, built) == {}
     chosen = Settings(target="smollm2-135m-instruct-fp16w", target_note="fp16w <compiled> serves",
                       compiled=True, compiled_note="on", strategies=("greedy", "prophet"))
-    views = app.start_views(chosen, built)
+    views = start_views(chosen, built)
     assert views["model"] == "smollm2-135m-instruct-fp16w" and views["strategies"] == ["greedy", "prophet"]
     assert views[("fast", "greedy")] is True and views[("fast", "prophet")] is True
     assert "&lt;compiled&gt;" in views["target_note"]["value"] and views["target_note"]["visible"]
-    notes_only = app.start_views(Settings(target_note="still timing, 40 s"), built)
+    notes_only = start_views(Settings(target_note="still timing, 40 s"), built)
     assert set(notes_only) == {"target_note", "compiled_note", "strategies_note"}     # the form stays the visitor's

@@ -17,15 +17,17 @@ import pytest
 import app
 from web import handlers
 from web.crowd import QueueFull
+from web.page_names import SWEEP_INPUTS, generation_input, param_input, run_inputs
+from web.validation import GENERATION_FIELDS
 
 BUNDLED = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
 def moved():
-    order = list(app.run_inputs())
+    order = list(run_inputs())
     assert order[3] == "prompt" and order[6] == "seed"       # /run's order, which API callers send by position
-    order.insert(len(order) - len(app.GENERATION_FIELDS), order.pop(3))
+    order.insert(len(order) - len(GENERATION_FIELDS), order.pop(3))
     order.insert(0, order.pop(order.index("seed")))
     return tuple(order), app.build_demo(run_order=tuple(order))
 
@@ -43,7 +45,7 @@ def test_the_run_event_takes_its_inputs_in_the_order_given(moved):
     order, demo = moved
     names = {c._id: n for n, c in demo.inputs.items()}
     assert [names[c._id] for c in _event(demo, "run").inputs] == list(order)
-    assert [names[c._id] for c in _event(demo, "sweep").inputs] == list(app.SWEEP_INPUTS)
+    assert [names[c._id] for c in _event(demo, "sweep").inputs] == list(SWEEP_INPUTS)
     with pytest.raises(ValueError, match="run_order must name each"):
         app.build_demo(run_order=order[1:])
 
@@ -53,8 +55,8 @@ def test_the_runs_handler_gets_every_value_under_its_name(moved, monkeypatch):
     sent = dict.fromkeys(order)
     sent.update({"model": BUNDLED, "assistant": "none", "strategies": ["greedy", "beam", "lookahead"],
                  "prompt": "A prompt that moved.", "chat": False, "max_new_tokens": 7, "seed": 5,
-                 app.param_input("beam", "num_beams"): 3, app.param_input("lookahead", "window"): 4,
-                 app.generation_input("repetition_penalty"): 1.5, app.generation_input("min_new_tokens"): 2})
+                 param_input("beam", "num_beams"): 3, param_input("lookahead", "window"): 4,
+                 generation_input("repetition_penalty"): 1.5, generation_input("min_new_tokens"): 2})
     caught = []
 
     def submit(state, req, background=False):
@@ -83,7 +85,7 @@ def test_the_sweeps_handler_gets_every_value_under_its_name(moved, monkeypatch):
     sent = {"model": BUNDLED, "assistant": "none", "prompt": "Sweep this.", "chat": True, "max_new_tokens": 9,
             "seed": 11, "sweep_strategy": "lookahead", "sweep_spec": "window=2,3"}
     with pytest.raises(gr.Error, match="caught before the line"):
-        asyncio.run(_drain(_event(demo, "sweep").fn(None, None, *[sent[name] for name in app.SWEEP_INPUTS])))
+        asyncio.run(_drain(_event(demo, "sweep").fn(None, None, *[sent[name] for name in SWEEP_INPUTS])))
     assert caught[0][:8] == (BUNDLED, "none", "Sweep this.", True, 9, 11, "lookahead", "window=2,3")
 
 

@@ -1,0 +1,70 @@
+"""The start's choices on the page (web/startup.py makes them after the page was built): a page opened after them
+shows them on load (``start_views``); one opened before has its notes updated by a timer until the start is done."""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from decoding.runtime.pair import PROPHET, has_prophet
+from decoding.strategies import registry
+from web.page_names import param_input
+from web.page_parts import LIGHT, Inputs
+from web.playground import PlaygroundApp
+from web.requests import ui_default
+from web.settings import Settings
+from web.validation import param_fields
+
+
+def strategies_note(settings: Settings) -> str:
+    if not settings.strategies_note:
+        return ""
+    return "Not ticked by default here (each stays one click away):\n\n" + "\n".join(
+        f"- {html.escape(line)}" for line in settings.strategies_note.splitlines())
+
+
+def inputs_fast(inputs: Inputs) -> dict:
+    """The strategies' ``fast`` checkboxes: (strategy, "fast") -> component."""
+    return {(s, f): inputs[param_input(s, f)] for s, f in param_fields() if f == "fast"
+            and param_input(s, f) in inputs}
+
+
+def start_views(settings: Settings, built: Settings) -> dict:
+    """What a page built with ``built`` must change to show ``settings`` (the start's choices, made after the page
+    was built: web/startup.py): the default target and its assistant, the default strategies, ``fast`` where the
+    forward now runs compiled, and the notes. Nothing when nothing changed (a page that was built with them)."""
+    if settings == built:
+        return {}
+    target = settings.default_target()
+    views = {"target_note": gr.update(value=html.escape(settings.target_note), visible=bool(settings.target_note)),
+             "compiled_note": gr.update(value=html.escape(settings.compiled_note),
+                                        visible=bool(settings.compiled_note)),
+             "strategies_note": gr.update(value=strategies_note(settings), visible=bool(settings.strategies_note))}
+    if (target, settings.strategies, settings.compiled) != (built.default_target(), built.strategies, built.compiled):
+        views.update(model=target, assistant=PROPHET if has_prophet(target) else "none",
+                     strategies=[n for n in settings.strategies if n in registry()])
+        views.update({("fast", s): ui_default(s, "fast", settings) for s, f in param_fields() if f == "fast"})
+    return views
+
+
+def wire_start(demo: gr.Blocks, state: PlaygroundApp, built: Settings, views: dict, fast: dict) -> None:
+    """A page opened after the start's choices were made shows them (``start_views``); one opened before them
+    has its notes updated by a timer until the start is done (its form is the visitor's by then)."""
+    components = {**views, **{("fast", s): c for s, c in fast.items()}}
+    names = list(components)
+
+    def _load():
+        got = start_views(state.settings, built)
+        return [got.get(name, gr.skip()) for name in names]
+
+    notes = [n for n in names if isinstance(n, str) and n.endswith("_note")]
+    ticker = gr.Timer(3.0, active=state.startup is not None and not state.startup.done.is_set())
+
+    def _tick():
+        got = start_views(state.settings, built)
+        done = state.startup is None or state.startup.done.is_set()
+        return [got.get(name, gr.skip()) for name in notes] + [gr.Timer(active=not done)]
+
+    demo.load(_load, None, [components[n] for n in names], **LIGHT)
+    ticker.tick(_tick, None, [components[n] for n in notes] + [ticker], **LIGHT)
