@@ -64,7 +64,7 @@ def batch_panel(fields: dict, app: PlaygroundApp) -> None:
         return gr.update(**shown(app, model, assistant, strategies, prompt, chat, max_new, size))
 
     order = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens")
-    button.click(run, [fields[k] for k in order] + [batch], view, api_visibility="private")
+    button.click(run, [fields[k] for k in order] + [batch], view, api_name="batch_race", api_visibility="private")
 
 
 def shown(app: PlaygroundApp, *values: Any) -> dict:
