@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -353,6 +354,33 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   return out;
 }
 
+// ------------------------------------------------------------------------------------------------- the FMA probe
+// What this machine's cores can multiply: every worker runs ``iters`` rounds of 12 independent 8-float
+// multiply-adds (enough chains to cover the adder's latency on AVX2 and AVX-512 cores alike), and the call returns
+// the floating-point operations done (2 per lane per multiply-add). The caller times it: the compute floor under a
+// wide forward (a 16-position forward's products are 16 times a one-position one's work; see
+// runtime/forward_cost.compute_floor). A virtual CPU may share its core with a neighbour: the probe measures what
+// this one gets, which is what a kernel gets too.
+double fma_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters) {
+  const int64_t workers = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<float> sink(static_cast<size_t>(workers), 0.f);
+  at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      v8 acc[12];
+      for (int j = 0; j < 12; ++j) acc[j] = v8{} + 0.001f * static_cast<float>(j + t);
+      const v8 a = v8{} + 0.9999f, b = v8{} + 1e-5f;
+      for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j) acc[j] = mul_add(b, acc[j], a);
+      float s = 0.f;
+      for (int j = 0; j < 12; ++j) s += acc[j][0];
+      sink[static_cast<size_t>(t)] = s;               // kept, so the loop is not optimised away
+    }
+  });
+  float total = 0.f;
+  for (float s : sink) total += s;
+  return total == total ? static_cast<double>(workers) * static_cast<double>(iters) * 12.0 * 16.0 : 0.0;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(decoding_attention, m) {
@@ -361,6 +389,7 @@ TORCH_LIBRARY(decoding_attention, m) {
   m.def("values(Tensor weights, Tensor values, SymInt span) -> Tensor");   // normalized: the softmax's output
   m.def("move_rows(Tensor(a!)[] caches, Tensor src, int base) -> ()");
   m.def("argmax_rows(Tensor x) -> Tensor");
+  m.def("fma_probe(Tensor cpu, int iters) -> float");
 }
 
 TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
@@ -369,4 +398,5 @@ TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
   m.impl("move_rows", move_rows);
   m.impl("argmax_rows", argmax_rows);
   m.impl("half_linear", half_linear);
+  m.impl("fma_probe", fma_probe);
 }

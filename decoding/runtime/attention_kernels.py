@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -159,6 +160,30 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     if ready() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[1] > 0:
         return (_argmax_op or torch.ops.decoding_attention.argmax_rows)(x)
     return x.argmax(-1)
+
+
+def fma_gflops(seconds: float = 0.2, repeats: int = 3) -> Optional[float]:
+    """What this machine's cores multiply-add per second, GFLOP/s, over all of PyTorch's threads (the kernel's
+    ``fma_probe``: 12 independent 8-float multiply-add chains per worker): the best of ``repeats`` timings of about
+    ``seconds`` each. None when the kernel is not loaded. The compute floor under a wide forward
+    (``forward_cost.compute_floor_ms``) divides a forward's products by it."""
+    if not ready():
+        return None
+    cpu = torch.empty(0)
+    iters, spent = 100_000, 0.0
+    while spent < seconds / 4 and iters < 1 << 34:           # size one timing to about ``seconds``
+        t0 = time.perf_counter()
+        torch.ops.decoding_attention.fma_probe(cpu, iters)
+        spent = time.perf_counter() - t0
+        if spent < seconds / 4:
+            iters *= 4
+    iters = max(1, int(iters * seconds / max(spent, 1e-6)))
+    best = 0.0
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        flops = torch.ops.decoding_attention.fma_probe(cpu, iters)
+        best = max(best, flops / (time.perf_counter() - t0) / 1e9)
+    return best
 
 
 _argmax_op = None          # tests put a counting wrapper here

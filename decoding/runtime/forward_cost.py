@@ -272,3 +272,29 @@ def forward_cost(lm: Any, max_width: int, *, fast: bool = False,
     if curve is None or curve.max_width < max_width:
         curve = curves[bool(fast)] = (measure or calibrate)(lm, max_width, fast=fast)
     return curve
+
+
+def product_flops(model: torch.nn.Module) -> int:
+    """Floating-point operations of one position through the model's linear layers (the LM head included): 2 per
+    weight of every module that holds a 2-d ``weight`` and is not an embedding (a lookup, not a product)."""
+    total = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Embedding) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        if any(isinstance(getattr(child, "weight", None), torch.Tensor) for child in module.children()):
+            continue                                   # a wrapper: its inner linear is counted once, on its own
+        total += 2 * weight.numel()
+    return total
+
+
+def compute_floor_ms(model: torch.nn.Module, width: int, gflops: float) -> float:
+    """The least a ``width``-position forward can cost on cores that multiply-add ``gflops`` GFLOP/s
+    (``attention_kernels.fma_gflops``): its products' operations at that peak, nothing else counted. A forward
+    whose products are compute-bound cannot beat it, so ``c(T) / c(1)`` cannot fall below
+    ``compute_floor_ms(T) / c(1)`` on that machine, whatever the kernel."""
+    if not gflops > 0:
+        raise ValueError(f"gflops must be positive, got {gflops!r}")
+    if width < 1:
+        raise ValueError(f"width must be at least 1, got {width!r}")
+    return width * product_flops(model) / (gflops * 1e6)

@@ -1,0 +1,80 @@
+"""The compute floor under a wide forward: the cores' measured multiply-add peak and a forward's product operations.
+
+The CPU table (benchmarks/bench_cpu_table.py) divides a 16-position forward's products by the peak the kernel's FMA
+probe measures, so a ``c(16) / c(1)`` that no kernel can beat on a machine reads as such. These tests check the two
+counts that division rests on; none asserts a speed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from decoding.runtime import attention_kernels, kernels
+from decoding.runtime.forward_cost import compute_floor_ms, product_flops
+from tests.tiny_models import tiny_causal
+
+
+def tiny_llama() -> nn.Module:
+    return tiny_causal("llama").model
+
+
+def _weights(model: nn.Module) -> int:
+    """A Llama's linear weights from its config: per layer q, k, v, o and the MLP's three, then the LM head."""
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    attention = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * c.num_key_value_heads * head_dim
+    return c.num_hidden_layers * (attention + 3 * c.hidden_size * c.intermediate_size) + c.vocab_size * c.hidden_size
+
+
+def test_product_flops_counts_every_linear_once_and_no_embedding():
+    model = tiny_llama()
+    expected = 2 * _weights(model)
+    assert product_flops(model) == expected
+    embedding = model.get_input_embeddings().weight.numel()
+    assert expected > 0 and embedding > 0
+    # an embedding is a lookup: counting it would add exactly its weights
+    assert product_flops(model) != expected + 2 * embedding
+
+
+def test_product_flops_is_the_same_after_the_linears_are_wrapped_for_a_kernel():
+    model = tiny_llama()
+    before = product_flops(model)
+    for name, child in list(model.model.layers[0].mlp.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model.model.layers[0].mlp, name, kernels.PackedLinear(child))
+    assert any(isinstance(m, kernels.PackedLinear) for m in model.modules())
+    assert product_flops(model) == before
+
+
+def test_the_floor_grows_with_the_width_and_falls_with_the_peak():
+    model = tiny_llama()
+    one = compute_floor_ms(model, 1, 50.0)
+    assert compute_floor_ms(model, 16, 50.0) == pytest.approx(16 * one)
+    assert compute_floor_ms(model, 1, 100.0) == pytest.approx(one / 2)
+    assert one == pytest.approx(product_flops(model) / 50e9 * 1e3)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="gflops"):
+            compute_floor_ms(model, 1, bad)
+    with pytest.raises(ValueError, match="width"):
+        compute_floor_ms(model, 0, 50.0)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    reason = attention_kernels.load_default()
+    if reason is not None:
+        pytest.skip(f"the project's kernel does not build here: {reason}")
+
+
+def test_the_fma_probe_reports_the_operations_it_ran(kernel):
+    workers = torch.get_num_threads()
+    done = torch.ops.decoding_attention.fma_probe(torch.empty(0), 1000)
+    assert done == workers * 1000 * 12 * 8 * 2          # 12 chains of 8-float multiply-adds, 2 operations each
+    assert torch.ops.decoding_attention.fma_probe(torch.empty(0), 3000) == 3 * done
+
+
+def test_fma_gflops_is_a_positive_rate(kernel):
+    rate = attention_kernels.fma_gflops(seconds=0.02, repeats=2)
+    assert rate is not None and rate > 0.0
