@@ -70,11 +70,13 @@ def kernel():
 
 def test_the_fma_probe_reports_the_operations_it_ran(kernel):
     workers = torch.get_num_threads()
-    done = torch.ops.decoding_attention.fma_probe(torch.empty(0), 1000)
-    assert done == workers * 1000 * 12 * 8 * 2          # 12 chains of 8-float multiply-adds, 2 operations each
-    assert torch.ops.decoding_attention.fma_probe(torch.empty(0), 3000) == 3 * done
+    for loads in (False, True):
+        done = torch.ops.decoding_attention.fma_probe(torch.empty(0), 1000, loads)
+        assert done == workers * 1000 * 12 * 8 * 2          # 12 chains of 8-float multiply-adds, 2 operations each
+        assert torch.ops.decoding_attention.fma_probe(torch.empty(0), 3000, loads) == 3 * done
 
 
 def test_fma_gflops_is_a_positive_rate(kernel):
-    rate = attention_kernels.fma_gflops(seconds=0.02, repeats=2)
-    assert rate is not None and rate > 0.0
+    for loads in (False, True):
+        rate = attention_kernels.fma_gflops(seconds=0.02, repeats=2, loads=loads)
+        assert rate is not None and rate > 0.0

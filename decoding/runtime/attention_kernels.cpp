@@ -356,25 +356,33 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
 
 // ------------------------------------------------------------------------------------------------- the FMA probe
 // What this machine's cores can multiply: every worker runs ``iters`` rounds of 12 independent 8-float
-// multiply-adds (enough chains to cover the adder's latency on AVX2 and AVX-512 cores alike), and the call returns
-// the floating-point operations done (2 per lane per multiply-add). The caller times it: the compute floor under a
-// wide forward (a 16-position forward's products are 16 times a one-position one's work; see
-// runtime/forward_cost.compute_floor). A virtual CPU may share its core with a neighbour: the probe measures what
-// this one gets, which is what a kernel gets too.
-double fma_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters) {
+// multiply-adds (enough chains to cover the adder's latency), and the call returns the floating-point operations
+// done (2 per lane per multiply-add). The caller times it. With ``loads`` each multiply-add takes one operand from
+// memory (a 16 KB buffer that stays in L1), as a product's inner loop does: on an AMD EPYC Zen 3 that rate, not the
+// registers-only one, bounds the products (runtime/forward_cost.compute_floor_ms). A virtual CPU may share its
+// core with a neighbour: the probe measures what this one gets, which is what a kernel gets too.
+template <bool LOADS>
+float fma_rounds(int64_t iters, int64_t seed) {
+  alignas(64) float buf[4096];
+  for (int i = 0; i < 4096; ++i) buf[i] = 1e-6f * static_cast<float>((i + seed) % 7);
+  v8 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = v8{} + 0.001f * static_cast<float>(j + seed);
+  const v8 a = v8{} + 0.9999f, b = v8{} + 1e-5f;
+  for (int64_t i = 0; i < iters; ++i) {
+    const float* p = buf + (i & 127) * 32;
+    for (int j = 0; j < 12; ++j) acc[j] = mul_add(LOADS ? load8(p + (j & 3) * 8) : b, acc[j], a);
+  }
+  float s = 0.f;
+  for (int j = 0; j < 12; ++j) s += acc[j][0];
+  return s;
+}
+
+double fma_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters, bool loads) {
   const int64_t workers = std::max<int64_t>(1, at::get_num_threads());
   std::vector<float> sink(static_cast<size_t>(workers), 0.f);
   at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      v8 acc[12];
-      for (int j = 0; j < 12; ++j) acc[j] = v8{} + 0.001f * static_cast<float>(j + t);
-      const v8 a = v8{} + 0.9999f, b = v8{} + 1e-5f;
-      for (int64_t i = 0; i < iters; ++i)
-        for (int j = 0; j < 12; ++j) acc[j] = mul_add(b, acc[j], a);
-      float s = 0.f;
-      for (int j = 0; j < 12; ++j) s += acc[j][0];
-      sink[static_cast<size_t>(t)] = s;               // kept, so the loop is not optimised away
-    }
+    for (int64_t t = lo; t < hi; ++t)        // kept, so the loop is not optimised away
+      sink[static_cast<size_t>(t)] = loads ? fma_rounds<true>(iters, t) : fma_rounds<false>(iters, t);
   });
   float total = 0.f;
   for (float s : sink) total += s;
@@ -389,7 +397,7 @@ TORCH_LIBRARY(decoding_attention, m) {
   m.def("values(Tensor weights, Tensor values, SymInt span) -> Tensor");   // normalized: the softmax's output
   m.def("move_rows(Tensor(a!)[] caches, Tensor src, int base) -> ()");
   m.def("argmax_rows(Tensor x) -> Tensor");
-  m.def("fma_probe(Tensor cpu, int iters) -> float");
+  m.def("fma_probe(Tensor cpu, int iters, bool loads) -> float");
 }
 
 TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {

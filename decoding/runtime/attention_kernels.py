@@ -162,18 +162,20 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(-1)
 
 
-def fma_gflops(seconds: float = 0.2, repeats: int = 3) -> Optional[float]:
+def fma_gflops(seconds: float = 0.2, repeats: int = 3, loads: bool = True) -> Optional[float]:
     """What this machine's cores multiply-add per second, GFLOP/s, over all of PyTorch's threads (the kernel's
     ``fma_probe``: 12 independent 8-float multiply-add chains per worker): the best of ``repeats`` timings of about
-    ``seconds`` each. None when the kernel is not loaded. The compute floor under a wide forward
-    (``forward_cost.compute_floor_ms``) divides a forward's products by it."""
+    ``seconds`` each. ``loads``: each multiply-add takes an operand from L1, as a product's inner loop does (the
+    rate that bounds a product); else registers only (the arithmetic units' peak). None when the kernel is not
+    loaded. The compute floor under a wide forward (``forward_cost.compute_floor_ms``) divides a forward's products
+    by it."""
     if not ready():
         return None
     cpu = torch.empty(0)
     iters, spent = 100_000, 0.0
     while spent < seconds / 4 and iters < 1 << 34:           # size one timing to about ``seconds``
         t0 = time.perf_counter()
-        torch.ops.decoding_attention.fma_probe(cpu, iters)
+        torch.ops.decoding_attention.fma_probe(cpu, iters, loads)
         spent = time.perf_counter() - t0
         if spent < seconds / 4:
             iters *= 4
@@ -181,7 +183,7 @@ def fma_gflops(seconds: float = 0.2, repeats: int = 3) -> Optional[float]:
     best = 0.0
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
-        flops = torch.ops.decoding_attention.fma_probe(cpu, iters)
+        flops = torch.ops.decoding_attention.fma_probe(cpu, iters, loads)
         best = max(best, flops / (time.perf_counter() - t0) / 1e9)
     return best
 
