@@ -253,6 +253,24 @@ def test_hf_early_exit_gives_greedys_tokens_and_really_exits_early(models):
     assert get_strategy("hf_early_exit").lossless
 
 
+def test_hf_early_exit_never_lowers_the_shared_models_config_while_it_drafts():
+    """transformers lowers ``config.num_hidden_layers`` during its drafts. The run calls ``generate`` on a view with
+    a config of its own, so whoever reads the shared model's config meanwhile (a background compile, another
+    run) sees every layer: a run on the shared model itself reads 2 here at each draft."""
+    lm = tiny_causal("llama", seed=0, scale=8.0, dtype=F64, layers=4)
+    seen = []
+    hook = lm.model.model.layers[0].register_forward_pre_hook(
+        lambda module, args: seen.append((lm.model.config.num_hidden_layers,
+                                          lm.model.model.config.num_hidden_layers)))
+    try:
+        res = hf_early_exit(prompt(8, 2), ModelPair(lm), HFEarlyExitParams(exit_layer=2), max_new_tokens=20)
+    finally:
+        hook.remove()
+    assert res.draft_forwards > 0                                   # it drafted, with layers 0-1 only
+    assert len(seen) == res.target_forwards + res.draft_forwards
+    assert set(seen) == {(4, 4)}
+
+
 def test_hf_early_exit_is_refused_where_transformers_would_run_every_layer(models):
     for arch in ("gpt2", "gptneox"):
         with pytest.raises(ValueError, match="does not cut"):

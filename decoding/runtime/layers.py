@@ -72,3 +72,15 @@ def layer_view(model: Any, kept: Sequence[int]) -> nn.Module:
     object.__setattr__(view, "_modules", dict(model._modules))
     view._modules[model.base_model_prefix] = base_view
     return view
+
+
+def config_view(model: Any) -> nn.Module:
+    """The model with every layer, every weight shared, and a config of its own: the view and its decoder hold one
+    copy of ``model.config``, so code that edits the config while it runs (transformers' ``assistant_early_exit``
+    lowers ``num_hidden_layers`` during its drafts) leaves ``model``, and any other run on it, untouched."""
+    _, _, stack = decoder_stack(model)
+    view = layer_view(model, range(len(stack)))
+    config = copy.deepcopy(model.config)
+    object.__setattr__(view, "config", config)
+    object.__setattr__(view._modules[model.base_model_prefix], "config", config)
+    return view

@@ -36,6 +36,7 @@ from decoding.drafting.universal import shares_tokenizer
 from decoding.events import CorrectionToken, DraftProposed, ForwardPass, StepTiming, TokenVerified
 from decoding.params import HFAssistedParams, HFEarlyExitParams, HFGreedyParams, HFPromptLookupParams
 from decoding.result import Result
+from decoding.runtime.layers import config_view
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.stages import acceptance
 from decoding.strategies.strategy import Strategy
@@ -252,19 +253,21 @@ def _generate_kwargs(pair: ModelPair, max_new_tokens: int, context: Optional[Run
 
 def _run(prompt_ids: Sequence[int], pair: ModelPair, max_new_tokens: int, tracer: Any,
          context: Optional[RunContext], mode: str, draft_source: str = "", tap_options: Optional[dict] = None,
-         **extra: Any) -> Result:
+         model: Any = None, **extra: Any) -> Result:
     """Call ``generate`` once with the tap attached; the result's tokens are what ``generate`` returned.
-    ``tap_options``: the tap's ``drafting`` and ``draft_fields`` (a target drafting for itself)."""
+    ``tap_options``: the tap's ``drafting`` and ``draft_fields`` (a target drafting for itself); ``model``: the
+    module to call ``generate`` on (a view of the target's, sharing its weights), else the target's own."""
     lm = pair.target
+    model = lm.model if model is None else model
     assistant = extra.get("assistant_model")
     out = Output(lm.eos_token_ids, max_new_tokens, tracer)
     prefix = 1 if lm.is_encoder_decoder else len(prompt_ids)
     kwargs = {**_generate_kwargs(pair, max_new_tokens, context), **extra}
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=lm.device)              # [1, T]
-    tap = _Tap(out, tracer, mode, prefix, draft_source, lm.model, assistant, **(tap_options or {}))
+    tap = _Tap(out, tracer, mode, prefix, draft_source, model, assistant, **(tap_options or {}))
     try:
         with torch.inference_mode():
-            sequences = lm.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=tap, **kwargs)
+            sequences = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=tap, **kwargs)
     finally:
         tap.remove()
     new = sequences[0, (1 if lm.is_encoder_decoder else len(prompt_ids)):].tolist()
@@ -355,8 +358,9 @@ def hf_early_exit(prompt_ids: Sequence[int], pair: ModelPair, params: HFEarlyExi
     """``model.generate(assistant_early_exit=exit_layer)``: transformers' self-speculative decoding, greedy.
 
     The draft length settings go on the target's ``generation_config`` for this call (it is its own assistant),
-    as ``hf_assisted`` does. transformers lowers ``config.num_hidden_layers`` while it drafts and puts it back
-    after; a run stopped inside a draft would leave it lowered, so it is put back here too.
+    as ``hf_assisted`` does. transformers lowers ``config.num_hidden_layers`` while it drafts: ``generate`` runs on
+    a view of the target with a config of its own (``layers.config_view``, every weight shared), so the shared
+    model's config is never lowered, whoever else reads it meanwhile (a background compile, another run).
     """
     lm = pair.target
     layers = early_exit_layers(lm)
@@ -364,7 +368,8 @@ def hf_early_exit(prompt_ids: Sequence[int], pair: ModelPair, params: HFEarlyExi
     if not 1 <= exit_layer < layers:
         raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this model ({layers} decoder layers; "
                          f"0 = half of them), got {exit_layer}")
-    config, base = lm.model.generation_config, getattr(lm.model, lm.model.base_model_prefix)
+    view = config_view(lm.model)
+    config, base = lm.model.generation_config, getattr(view, view.base_model_prefix)
     names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     options = {"drafting": lambda: base.config.num_hidden_layers < layers,
                "draft_fields": {"layers": layers, "exit_layer": exit_layer}}
@@ -374,9 +379,8 @@ def hf_early_exit(prompt_ids: Sequence[int], pair: ModelPair, params: HFEarlyExi
             setattr(config, name, getattr(params, name))
         try:
             return _run(prompt_ids, pair, max_new_tokens, tracer, context, DRAFTED, "self", tap_options=options,
-                        assistant_early_exit=exit_layer)
+                        model=view, assistant_early_exit=exit_layer)
         finally:
-            base.config.num_hidden_layers = layers
             for name, value in saved.items():
                 setattr(config, name, value)
 
