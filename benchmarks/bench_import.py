@@ -32,6 +32,8 @@ Run it on a quiet machine: it times one CPU core's work (the draw holds the GIL)
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import json
 import os
 import socket
@@ -71,15 +73,26 @@ def traces(folder: Path) -> dict[str, Path]:
 
 
 def handler_s(path: Path) -> tuple[float, float]:
-    """(seconds to the first update with views, seconds to the last) through the page's import handler."""
+    """(seconds to the first update with views, seconds to the last) through the page's import handler (async
+    since issue 48's one watched-computation primitive; a plain generator before)."""
     app = PlaygroundApp()
     t0 = time.perf_counter()
-    first = None
+    stamps: list[float] = []
+
+    def seen(update: dict) -> None:
+        if not stamps and "timeline" in update:
+            stamps.append(time.perf_counter() - t0)
+
+    async def drain(updates) -> None:
+        async for update in updates:
+            seen(update)
     updates = handlers.import_views(app, str(path)) if STREAMED else iter([handlers.import_file(app, str(path))])
-    for update in updates:
-        if first is None and "timeline" in update:
-            first = time.perf_counter() - t0
-    return first, time.perf_counter() - t0
+    if inspect.isasyncgen(updates):
+        asyncio.run(drain(updates))
+    else:
+        for update in updates:
+            seen(update)
+    return (stamps or [None])[0], time.perf_counter() - t0
 
 
 def in_process(path: Path, repeats: int) -> dict:

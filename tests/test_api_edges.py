@@ -113,7 +113,7 @@ def test_an_export_error_is_plain_for_an_api_client_and_escaped_for_the_page():
 def test_an_export_in_one_mode_is_never_served_for_the_other(monkeypatch, tmp_path):
     """The cache key of an export names its mode: a "steps" export after a "time" one of the same race and
     format is made again, not the "time" file."""
-    from web import compute
+    from web import handlers
     from web.handlers import export_race
     from web.playground import PlaygroundApp
     from web.recordings import Recording
@@ -125,7 +125,7 @@ def test_an_export_in_one_mode_is_never_served_for_the_other(monkeypatch, tmp_pa
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(mode)
         return files.add(key, path)
-    monkeypatch.setattr(compute, "render", fake_render)
+    monkeypatch.setattr(handlers, "render", fake_render)
     state = PlaygroundApp()
     doc = {"results": [{"strategy": "greedy", "token_ids": [1], "events": []}], "environment": {}}
     rec = Recording("k", doc, json.dumps(doc), "Ran 1.", 1.7e9, "cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -274,7 +275,7 @@ def test_an_oversized_trace_is_reported_with_its_real_size(tmp_path):
     with open(big, "wb") as fh:
         fh.truncate(50 * 2**20)                 # a sparse 50 MB file: nothing is written to disk
     with pytest.raises(gr.Error, match=re.escape("trace: trace file is 50.0 MB; the limit is 20 MB")):
-        import_file(PlaygroundApp(), str(big))
+        asyncio.run(import_file(PlaygroundApp(), str(big)))
 
 
 def _history_drafts(doc: dict) -> int:

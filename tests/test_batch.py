@@ -4,6 +4,7 @@ accepts, and count the steps it waited for the slowest row."""
 
 from __future__ import annotations
 
+import asyncio
 import pytest
 import torch
 
@@ -215,13 +216,13 @@ def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
     seen = []
     monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings: seen.append(values) or "<p>race</p>")
     started = app.line.started
-    out = batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 2)
+    out = asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 2))
     assert out == dict(value="<p>race</p>", visible=True) and len(seen) == 1
     assert app.line.started == started + 1
 
     def full(comp):
         raise QueueFull("queue full: 32 runs are waiting for the compute slot")
     monkeypatch.setattr(app.line, "submit", full)
-    out = batch_panel.shown(app, "m", "none", ["greedy"], "<b>Hi</b>", True, 8, 2)
+    out = asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "<b>Hi</b>", True, 8, 2))
     assert "queue full" in out["value"] and len(seen) == 1
-    assert batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 12)["value"].startswith("<p>batch")
+    assert asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 12))["value"].startswith("<p>batch")

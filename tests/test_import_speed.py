@@ -14,6 +14,7 @@ Speed itself is measured by ``benchmarks/bench_import.py``, never asserted here.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import gc
 import json
@@ -264,6 +265,14 @@ def _trace(tmp_path, n: int = 3):
     return path
 
 
+async def _first_views(updates) -> dict:
+    """The import's first update that holds the views (``timeline``), the generator left where it was."""
+    async for update in updates:
+        if "timeline" in update:
+            return update
+    raise AssertionError("the import ended without its first views")
+
+
 def test_the_import_streams_its_first_views_before_the_token_columns(tmp_path, monkeypatch):
     gate, drawn = threading.Event(), []
     real = compute.column_views
@@ -274,13 +283,16 @@ def test_the_import_streams_its_first_views_before_the_token_columns(tmp_path, m
         return real(doc, step)
     monkeypatch.setattr(compute, "column_views", columns_later)
     app = PlaygroundApp()
-    updates = handlers.import_views(app, str(_trace(tmp_path)))
-    first = next(u for u in updates if "timeline" in u)
-    assert drawn == [] and first["columns"] == handlers.DRAWING
-    assert first["status"] == "Imported a trace with 3 strategies (no model needed). Drawing the token columns…"
-    assert app.store.get(first["key"]) is not None            # the step slider works already
-    gate.set()
-    rest = list(updates)
+
+    async def main() -> tuple[dict, list]:
+        updates = handlers.import_views(app, str(_trace(tmp_path)))
+        first = await _first_views(updates)
+        assert drawn == [] and first["columns"] == handlers.DRAWING
+        assert first["status"] == "Imported a trace with 3 strategies (no model needed). Drawing the token columns…"
+        assert app.store.get(first["key"]) is not None            # the step slider works already
+        gate.set()
+        return first, [u async for u in updates]
+    first, rest = asyncio.run(main())
     assert drawn == [40] and len(rest) == 1
     last = rest[0]
     assert set(last) == set(first) and last["status"] == "Imported a trace with 3 strategies (no model needed)."
@@ -288,35 +300,40 @@ def test_the_import_streams_its_first_views_before_the_token_columns(tmp_path, m
     doc = import_trace_file(_trace(tmp_path))
     assert {k: v for k, v in last.items() if k in compute.draw_views(doc)} == \
         {k: v for k, v in compute.draw_views(doc).items()}   # the same views as drawn in one go
-    assert handlers.import_file(app, str(_trace(tmp_path)))["columns"] == last["columns"]
+    assert asyncio.run(handlers.import_file(app, str(_trace(tmp_path))))["columns"] == last["columns"]
 
 
 def test_stop_between_the_first_views_and_the_columns(tmp_path, monkeypatch):
     gate, held = threading.Event(), []
-    real_columns, real_submit = compute.column_views, handlers.submit_import
+    real_columns, real_alone = compute.column_views, handlers.alone
     monkeypatch.setattr(compute, "column_views", lambda doc, step: (gate.wait(60), real_columns(doc, step))[1])
-    monkeypatch.setattr(handlers, "submit_import", lambda app, path: held.append(real_submit(app, path)) or held[0])
+    monkeypatch.setattr(handlers, "alone", lambda *a, **k: held.append(real_alone(*a, **k)) or held[0])
     app = PlaygroundApp()
-    updates = handlers.import_views(app, str(_trace(tmp_path)))
-    first = next(u for u in updates if "timeline" in u)
-    assert handlers.stop_run(app)[0] == "Stopping after the current step…"
-    rest: list = []
-    watcher = threading.Thread(target=lambda: rest.extend(updates))
-    watcher.start()
-    assert held[0].stop.wait(30)             # the handler saw Stop while the columns were being drawn
-    gate.set()
-    watcher.join(30)
+
+    async def main() -> tuple[dict, list]:
+        updates = handlers.import_views(app, str(_trace(tmp_path)))
+        first = await _first_views(updates)
+        assert handlers.stop_run(app)[0] == "Stopping after the current step…"
+        rest = asyncio.ensure_future(_drain(updates))
+        assert await asyncio.to_thread(held[0].stop.wait, 30)   # the handler saw Stop while the columns were drawn
+        gate.set()
+        return first, await asyncio.wait_for(rest, 30)
+    first, rest = asyncio.run(main())
     assert rest[-1]["status"] == ("Imported a trace with 3 strategies (no model needed). Stopped before its token "
                                   "columns were shown.")
     assert rest[-1]["columns"] == handlers.STOPPED
     assert "step 40 / 40" in playback.replay(app, first["key"], 40)["columns"]   # still replayable
 
 
+async def _drain(updates) -> list:
+    return [u async for u in updates]
+
+
 def test_a_refused_upload_still_raises_its_message(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(V.over_the_cap()))
     with pytest.raises(Exception, match="holds 65537 numbers; the limit is 65536"):
-        list(handlers.import_views(PlaygroundApp(), str(path)))
+        asyncio.run(_drain(handlers.import_views(PlaygroundApp(), str(path))))
 
 
 def test_garbage_collection_pauses_nest_and_restore():

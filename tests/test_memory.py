@@ -11,6 +11,7 @@ What would break it, and the test that fails:
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -109,7 +110,7 @@ def test_environment_bomb_uploads_leave_the_store_empty(tmp_path):
     state = PlaygroundApp()
     for _ in range(3):
         with pytest.raises(Exception, match="environment"):
-            handlers.import_file(state, str(path))
+            asyncio.run(handlers.import_file(state, str(path)))
     assert len(state.store) == 0 and state.store.held_bytes == 0
 
 
@@ -127,7 +128,7 @@ def test_an_import_waits_in_the_line_behind_a_run(tmp_path, monkeypatch):
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
     out = []
-    importer = threading.Thread(target=lambda: out.append(handlers.import_file(state, str(path))))
+    importer = threading.Thread(target=lambda: out.append(asyncio.run(handlers.import_file(state, str(path)))))
     importer.start()
     while state.line.counts()["waiting"] < 1:
         threading.Event().wait(0.01)

@@ -8,6 +8,7 @@ refused there like any other bad number, with the field in the message, and reac
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import gradio as gr
@@ -88,5 +89,5 @@ def test_the_upload_handler_sends_the_message_to_the_browser(tmp_path, field):
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(gr.Error) as err:
-        handlers.import_file(PlaygroundApp(), str(path))
+        asyncio.run(handlers.import_file(PlaygroundApp(), str(path)))
     assert f"trace: {FIELDS[field]} must be a finite number, got an integer of about 309 digits" in str(err.value)

@@ -16,9 +16,10 @@ from typing import Any, Callable, Optional
 import gradio as gr
 
 from web.documents import cli_document
-from web.handlers import Finished, follow_run, job, user_error
+from web.handlers import Finished, follow_run, job
 from web.playground import PlaygroundApp
 from web.requests import DEFAULT_MAX_NEW, race_request
+from web.watch import user_error
 
 async def run_race(app: PlaygroundApp, prompt: Any, strategies: Any, target: Any, assistant: Any, max_new_tokens: Any, seed: Any,
                    chat: Any, params: Any, request: Any = None, versus: Any = None, generation: Any = None) -> dict:

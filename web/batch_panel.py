@@ -1,29 +1,29 @@
 """The page's batch race (issue 49): the visitor's prompt and ``batch - 1`` example prompts as one batch of the
 ticked strategies that batch (greedy always), against the same prompts one after another, drawn as
 ``visualize.batchgrid``'s grid. A panel of its own: ``batch_panel`` builds it and wires it, so the page's layout
-(``app.py``) gains one line. The race is a computation in the app's line (``web/compute.submit_watched``), like a
-run, a sweep or an export: it waits its turn for the cores, counts toward the line's bound (QueueFull is a message),
-and never computes beside another visitor's run.
+(``app.py``) gains one line. The race is a computation in the app's line, watched as a run, a sweep or an export
+is (``web/watch.watch``): it waits its turn for the cores, counts toward the line's bound (a full line is a
+message), and never computes beside another visitor's run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
+import threading
 from typing import Any
 
 import gradio as gr
 
 from decoding.harness.batch_race import batch_prompts, race_batch
 from decoding.harness.runner import encode_prompt
-from decoding.runtime.models import ModelLoadError
 from decoding.strategies import get_strategy
 from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.batchgrid import batch_race_html
-from web.compute import submit_watched
-from web.crowd import QueueFull
 from web.loading import prepare
 from web.playground import PlaygroundApp
 from web.settings import DEFAULT_SETTINGS, Settings
+from web.watch import Settled, alone, watch
 
 MAX_NEW = 64            # tokens per row in a batch race (each strategy runs every row twice)
 
@@ -60,24 +60,22 @@ def batch_panel(fields: dict, app: PlaygroundApp) -> None:
             button = gr.Button("Run the batch race", elem_id="batch-run")
         view = gr.HTML(visible=False, elem_id="batch-view")
 
-    def run(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new: Any, size: Any) -> Any:
-        return gr.update(**shown(app, model, assistant, strategies, prompt, chat, max_new, size))
+    async def run(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new: Any, size: Any) -> Any:
+        return gr.update(**await shown(app, model, assistant, strategies, prompt, chat, max_new, size))
 
     order = ("model", "assistant", "strategies", "prompt", "chat", "max_new_tokens")
     button.click(run, [fields[k] for k in order] + [batch], view, api_name="batch_race", api_visibility="private")
 
 
-def shown(app: PlaygroundApp, *values: Any) -> dict:
+async def shown(app: PlaygroundApp, *values: Any) -> dict:
     """The view's value and visibility for one press: the race computed in ``app``'s line, or the refusal (a bad
     field, a model that does not load, a full line) as an escaped message."""
     try:
-        check_batch(values[-1])
-        comp = submit_watched(app, "batch", lambda c: batch_race(*values, settings=app.settings),
-                              units=float(check_batch(values[-1])))
-        comp.done.wait()
-        if comp.error is not None:
-            raise comp.error
-        page = comp.result
-    except (ValueError, ModelLoadError, QueueFull) as exc:
+        work = alone("batch", lambda c: batch_race(*values, settings=app.settings), float(check_batch(values[-1])))
+        async with contextlib.aclosing(watch(app, work, threading.Event())) as updates:   # no Stop: it ends
+            page = [item async for item in updates if isinstance(item, Settled)][0].result
+    except gr.Error as exc:                 # watch's refusal (a full line, a bad field, a model): escaped already
+        return dict(value=f"<p>{exc.message}</p>", visible=True)
+    except ValueError as exc:               # the batch size, checked before anything waits
         return dict(value=f"<p>{html.escape(str(exc))}</p>", visible=True)
     return dict(value=page, visible=bool(page))

@@ -164,6 +164,14 @@ class Bounded:
     def __len__(self) -> int:
         return len(self._cache) + (self._alone is not None)
 
+    def __contains__(self, key: Any) -> bool:
+        """Whether ``key`` is held (its place in the order unchanged)."""
+        with self._lock:
+            try:
+                return key in self._cache or (self._alone is not None and self._alone[0] == key)
+            except TypeError:
+                return False
+
     @property
     def held_bytes(self) -> float:
         """Bytes of the entries held (0 without a byte bound)."""

@@ -1,6 +1,6 @@
 """What happens between a checked request and the library's runner: runs, sweeps and the recordings of the
 example prompts, as computations in an app's line (``web/playground.py``). No Gradio event lives here; the handlers
-(``web/handlers.py``) only submit, watch and show.
+(``web/handlers.py``) hand this work to ``web/watch.watch``, which submits and watches it, and show it.
 
 On Hugging Face ZeroGPU the ``gpu``-wrapped compute runs in a forked process, so it takes and yields plain data
 only (the request and the seconds it may hold the GPU), and every store is read and written by the callers
@@ -15,7 +15,6 @@ import gc
 import statistics
 import threading
 import time
-import uuid
 from typing import Any, Callable, Iterator, Optional
 
 from decoding.context import RunContext
@@ -30,7 +29,6 @@ from web.playground import PlaygroundApp
 from web.quiet import RunWindow, baselines_of, decode_step_ms, greedy_result
 from web.crowd import Computation, QueueFull
 from web.recordings import Recording
-from web.export import render
 from web.gradio_overrides import plot_once
 from web.guards import history_from
 from web.validation import needs_assistant
@@ -193,23 +191,9 @@ def submit_run(app: PlaygroundApp, req: RunRequest, background: bool = False) ->
     return app.board.join(req.key, make, app.line)
 
 
-def _watched(app: PlaygroundApp, kind: str, work: Callable[[Computation], Any], units: float = 0) -> Computation:
-    """``work`` as a computation in ``app``'s line, watched by its one caller and never shared (QueueFull when the
-    line is full). Sweeps, imports and exports use the cores as a run does, so they wait in the same line."""
-    comp = Computation(f"{kind}-{uuid.uuid4().hex}", work, units=units)
-    comp.subscribe()
-    app.line.submit(comp)
-    return comp
-
-
-def submit_watched(app: PlaygroundApp, kind: str, work: Callable[[Computation], Any], units: float = 0) -> Computation:
-    """Any other computation of a visitor's (the batch race) in ``app``'s line, as a sweep waits there."""
-    return _watched(app, kind, work, units)
-
-
-def submit_sweep(app: PlaygroundApp, req: SweepRequest) -> Computation:
-    """A sweep: one greedy reference, then each setting."""
-    return _watched(app, "sweep", lambda c: compute_sweep(c.stop, req, budget_seconds(app, req.units)), req.units)
+def sweep_work(app: PlaygroundApp, req: SweepRequest) -> Callable[[Computation], tuple[dict, str]]:
+    """What the computation thread does for a sweep: one greedy reference, then each setting."""
+    return lambda comp: compute_sweep(comp.stop, req, budget_seconds(app, req.units))
 
 
 def imported(path: str, max_bytes: int) -> Iterator[tuple[dict, dict]]:
@@ -238,11 +222,6 @@ def import_work(path: str, max_bytes: int) -> Callable[[Computation], tuple[dict
     return work
 
 
-def submit_import(app: PlaygroundApp, path: str) -> Computation:
-    """Reading and drawing an upload: no run is timed while a large import is drawn (issue 39)."""
-    return _watched(app, "import", import_work(path, app.limits.upload_bytes))
-
-
 _gc_lock = threading.Lock()
 _gc_pauses = [0, False]      # pauses under way, and whether collection was enabled before the first
 
@@ -266,12 +245,6 @@ def paused_gc() -> Iterator[None]:
             _gc_pauses[0] -= 1
             if _gc_pauses[0] == 0 and _gc_pauses[1]:
                 gc.enable()
-
-
-def submit_export(app: PlaygroundApp, doc: dict, fmt: str, mode: str, note: str, key: Any) -> Computation:
-    """A race drawn and encoded as an animation (``web/export.render``, into ``app.exports`` under ``key``); its
-    result is the file's path."""
-    return _watched(app, "export", lambda c: render(doc, fmt, mode, note, app.exports, key))
 
 
 def record_examples(app: PlaygroundApp, prompts: list[str], stop: Optional[Any] = None, idle_s: float = 1.0) -> int:

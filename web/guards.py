@@ -12,7 +12,6 @@ import os
 import secrets
 import tempfile
 import threading
-from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Optional
 
 from decoding.drafting.suffix import SuffixHistory
@@ -161,7 +160,9 @@ class Histories:
     the browser round-trips). Bounded three ways: at most ``sessions`` histories
     (the least recently used dropped first), ``max_tokens`` tokens each (the
     history drops its oldest outputs), and ``max_nodes`` suffix-tree nodes over
-    all of them (``trim`` drops least recently used histories until under).
+    all of them (least recently used histories dropped until under; one over the
+    whole budget on its own is dropped too). The two outer bounds are a
+    :class:`web.bounded.Bounded` sized in nodes, counted again after each add.
     """
 
     def __init__(self, sessions: int, max_tokens: int, max_nodes: int,
@@ -169,20 +170,18 @@ class Histories:
         self.sessions, self.max_tokens, self.max_nodes = sessions, max_tokens, max_nodes
         self.unshared = unshared      # session ids that name no single visitor: they get no history
         self._factory = factory or _suffix_history
-        self._items: "OrderedDict[str, Any]" = OrderedDict()
+        self._held = Bounded(max_items=sessions, max_bytes=max_nodes, sizeof=lambda history: len(history.tree))
         self._lock = threading.Lock()
 
     def get(self, session: Optional[str]) -> Any:
         """This session's history (created on first use); None without a session (nothing keeps it apart)."""
         if not session or session in self.unshared:
             return None
-        with self._lock:
-            history = self._items.get(session)
+        with self._lock:                # one history per session, however many of its requests ask at once
+            history = self._held.get(session)
             if history is None:
-                history = self._items[session] = self._factory(self.max_tokens)
-                while len(self._items) > self.sessions:
-                    self._items.popitem(last=False)
-            self._items.move_to_end(session)
+                history = self._factory(self.max_tokens)
+                self._held.put(session, history)
             return history
 
     def items(self, session: Optional[str]) -> Optional[list[list[int]]]:
@@ -194,36 +193,27 @@ class Histories:
             return [list(tokens) for tokens in history.items]
 
     def add(self, session: Optional[str], outputs: list[list[int]]) -> None:
-        """Remember a run's outputs for this session, then keep every bound."""
+        """Remember a run's outputs for this session, then keep every bound (its nodes counted again)."""
         history = self.get(session)
         if history is not None:
             for tokens in outputs:
                 history.add(tokens)
-        self.trim()
+            self._held.resize(session)
 
     def clear(self, session: Optional[str]) -> int:
         """Forget this session's earlier outputs; returns how many there were."""
-        with self._lock:
-            history = self._items.pop(session, None) if session else None
+        history = self._held.pop(session) if session else None
         return len(history) if history is not None else 0
 
     def nodes(self) -> int:
-        with self._lock:
-            return sum(len(h.tree) for h in self._items.values())
-
-    def trim(self) -> None:
-        """Drop least recently used histories while all of them together hold more than ``max_nodes`` nodes."""
-        with self._lock:
-            total = sum(len(h.tree) for h in self._items.values())
-            while total > self.max_nodes and self._items:
-                _, old = self._items.popitem(last=False)
-                total -= len(old.tree)
+        """Suffix-tree nodes held over all sessions."""
+        return int(self._held.held_bytes)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._held)
 
     def __contains__(self, session: str) -> bool:
-        return session in self._items
+        return session in self._held
 
 
 def _suffix_history(max_tokens: int) -> Any:

@@ -1,17 +1,15 @@
 """The app's Gradio event functions: thin functions of one app object (``web/playground.PlaygroundApp``).
 
 Each handler takes the app first, then plain values: it validates (``web/validation.py``, ``web/requests.py``), hands the work to the
-app's line (``web/compute.py``) or its stores, and returns (or, for a run, yields) ``{view name: value}``;
+app's line (``web/compute.py``'s work, watched by ``web/watch.watch``) or its stores, and returns (or, for a run, yields) ``{view name: value}``;
 ``app.py`` maps view names onto components, builds the page and wires the events by name. Which view shows
 what comes from ``visualize/page.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import html
 import time
 import uuid
 from typing import Any, AsyncIterator, Iterator, Optional
@@ -19,25 +17,24 @@ from typing import Any, AsyncIterator, Iterator, Optional
 import anyio
 import gradio as gr
 
-from decoding.runtime.models import ModelLoadError
 from visualize.animation import check_mode
 from visualize.charts import sweep_figure
 from visualize.page import drafted, survey, top_step
 from visualize.race import live_columns_html, live_status, race_length_ms
-from web.compute import Outcome, draw_views, submit_export, submit_import, submit_run, submit_sweep
-from web.crowd import Computation, QueueFull
+from web.compute import Outcome, draw_views, import_work, submit_run, sweep_work
+from web.crowd import Computation
 from web.recordings import Recording
 from web.documents import history_outputs
-from web.export import caption, check_format
+from web.export import caption, check_format, render
 from web.jobs import SESSION_FALLBACK
 from web.playground import PlaygroundApp
-from web.redact import public_message
 from web.requests import RunRequest, run_request, sweep_request
 from web.validation import GENERATION_FIELDS
 from web.share import check_id, share_views, shared_note, unknown_note
+from web.watch import Settled, alone, progress_to, user_error, watch
 
-WATCH_S = 0.1         # how often a visitor's handler looks at its computation (an await, no thread held)
-IMPORT_POLL_S = 0.02  # ... and at a running import (its first views are shown the moment they are drawn)
+IMPORT_POLL_S = 0.02  # how often a running import is looked at (its first views are shown the moment they are drawn)
+SWEEPING = "sweeping (one greedy reference, then each setting)"
 
 # --------------------------------------------------------------------------- jobs
 def _session(request: Any) -> str:
@@ -97,14 +94,7 @@ def clear_history(app: PlaygroundApp, request: gr.Request = None) -> str:
     return f"Cleared this session's history ({n} earlier output{'s' * (n != 1)})."
 
 
-# --------------------------------------------------------------------------- compute (plain data in and out)
-def user_error(exc: BaseException, prefix: str = "", page: bool = True) -> gr.Error:
-    """A message for the caller, without server paths: for the page, markup escaped so it shows as text (Gradio
-    renders a page's error as HTML); for an API client (``page=False``), plain text as it was written."""
-    message = prefix + public_message(exc)
-    return gr.Error(html.escape(message, quote=False) if page else message)
-
-
+# --------------------------------------------------------------------------- who asked
 def from_page(request: Any) -> bool:
     """Whether an event came from the page rather than an API client: Gradio's own browser client says
     ``x-gradio-user: app`` (its Python and JavaScript clients say ``api``); no request (a direct call) is not
@@ -113,66 +103,12 @@ def from_page(request: Any) -> bool:
     return headers is not None and headers.get("x-gradio-user") == "app"
 
 
-
-
-# --------------------------------------------------------------------------- following a computation
-def waiting_text(place: Optional[tuple[int, int, float]]) -> Optional[str]:
-    if place is None:
-        return None
-    position, waiting, eta = place
-    ahead = "you are next" if position == 1 else f"you are number {position} in line"
-    return (f"Waiting for the compute slot: {ahead} ({waiting} waiting); starts in about "
-            f"{max(1, round(eta))} s.")
-
-
 def _frame(comp: Computation) -> dict:
     """The live columns and status line of a running computation (drawn once per update for all watchers)."""
-    snap, max_new = comp.live
-    return {"columns": live_columns_html(snap), "status": live_status(snap, max_new)}
-
-
-async def _watch(app: PlaygroundApp, comp: Computation, stop: Any, progress: Any,
-                 frames: bool = True) -> AsyncIterator[dict]:
-    """What a visitor sees until the computation is done or they press Stop: their place in line while it
-    waits, the live columns while it runs (none drawn without ``frames``: a caller with no page)."""
-    seen: Any = None
-    while not comp.done.is_set() and not stop.is_set():
-        if comp.state == "waiting":
-            text = waiting_text(app.line.place(comp))
-            if text is not None and text != seen:
-                seen = text
-                _progress(progress, 0.0, text)
-                yield {"status": text}
-        elif frames and comp.live is not None and comp.version != seen:
-            seen = version = comp.version
-            frame = comp.memo("frame", version, lambda: _frame(comp))
-            snap, max_new = comp.live
-            _progress(progress, _fraction(snap, max_new), frame["status"])
-            yield frame
-        await asyncio.sleep(WATCH_S)
-
-
-def _progress(progress: Any, fraction: float, desc: str) -> None:
-    if progress is not None:
-        progress(fraction, desc=desc)
-
-
-CANCELLED = object()     # what a computation taken out of line before it started leaves
-
-
-async def _settled(comp: Computation, page: bool = True) -> Any:
-    """The result of a computation, once it is done (awaited, no thread held); ``CANCELLED`` when it was taken
-    out of line before it started. A bad request only the model can tell becomes a message for the browser; any
-    other failure is raised as it was."""
-    while not comp.done.is_set():
-        await asyncio.sleep(WATCH_S)
-    if comp.state == "cancelled":
-        return CANCELLED
-    if comp.error is not None:
-        if isinstance(comp.error, (ValueError, ModelLoadError)):
-            raise user_error(comp.error, page=page) from None
-        raise comp.error
-    return comp.result
+    def draw() -> dict:
+        snap, max_new = comp.live
+        return {"columns": live_columns_html(snap), "status": live_status(snap, max_new)}
+    return comp.memo("frame", comp.version, draw)
 
 
 # --------------------------------------------------------------------------- a checked run, for any caller
@@ -202,27 +138,25 @@ async def follow_run(app: PlaygroundApp, req: RunRequest, stop: Any, progress: A
         app.histories.add(session, history_outputs(rec.doc["results"]))
         yield Finished(rec.doc, recording=rec)
         return
-    try:
-        comp, _ = submit_run(app, req)
-    except QueueFull as exc:
-        raise gr.Error(str(exc)) from None
-    _progress(progress, 0.0, "starting")
-    try:
-        async for update in _watch(app, comp, stop, progress, frames):
-            yield update
-    finally:
-        others = comp.leave()           # the last one to leave (Stop, a closed tab) stops the computation
-    if not comp.done.is_set() and others > 0:
-        frame = comp.memo("frame", comp.version, lambda: _frame(comp)) if frames and comp.live else {}
-        yield {**frame, "status": f"Stopped watching. {others} other visitor{'s' * (others != 1)} asked for "
-                                  f"this same run, so it goes on for them."}
-        return
-    outcome: Outcome = await _settled(comp, page=frames)
-    if outcome is CANCELLED:
-        yield {"status": "Stopped the queued run before it started."}
-        return
-    app.histories.add(session, outcome.outputs)
-    yield Finished(outcome.doc, outcome=outcome, joined=comp.visitors)
+
+    def frame(comp: Computation) -> dict:
+        update = _frame(comp)
+        progress_to(progress, _fraction(*comp.live), update["status"])
+        return update
+    async with contextlib.aclosing(watch(app, lambda: submit_run(app, req)[0], stop, progress=progress,
+                                         starting="starting", frame=frame if frames else None, page=frames)) as ups:
+        async for item in ups:
+            if not isinstance(item, Settled):
+                yield item
+            elif item.others:
+                n, shown = item.others, _frame(item.comp) if frames and item.comp.live else {}
+                yield {**shown, "status": f"Stopped watching. {n} other visitor{'s' * (n != 1)} asked for this "
+                                          f"same run, so it goes on for them."}
+            elif item.cancelled:
+                yield {"status": "Stopped the queued run before it started."}
+            else:
+                app.histories.add(session, item.result.outputs)
+                yield Finished(item.result.doc, outcome=item.result, joined=item.comp.visitors)
 
 
 # --------------------------------------------------------------------------- handlers: return {view name: value}
@@ -290,22 +224,16 @@ async def run_sweep(app: PlaygroundApp, model: Any, assistant: Any, prompt: Any,
             req = sweep_request(model, assistant, prompt, chat, max_new_tokens, seed, strategy, spec, app.settings)
         except ValueError as exc:
             raise user_error(exc) from None
-        try:
-            comp = submit_sweep(app, req)
-        except QueueFull as exc:
-            raise gr.Error(str(exc)) from None
-        _progress(progress, 0.0, "sweeping (one greedy reference, then each setting)")
-        try:
-            async for update in _watch(app, comp, stop, progress):
-                yield gr.skip(), update["status"]
-        finally:
-            comp.leave()
-        result = await _settled(comp)
-        if result is CANCELLED:
-            yield gr.skip(), "Stopped the queued sweep before it started."
-            return
-        sweep, message = result
-        yield sweep_figure(sweep), message
+        work = alone("sweep", sweep_work(app, req), req.units)
+        async with contextlib.aclosing(watch(app, work, stop, progress=progress, starting=SWEEPING)) as updates:
+            async for item in updates:
+                if not isinstance(item, Settled):
+                    yield gr.skip(), item["status"]
+                elif item.cancelled:
+                    yield gr.skip(), "Stopped the queued sweep before it started."
+                else:
+                    sweep, message = item.result
+                    yield sweep_figure(sweep), message
 
 
 def _outputs(app: PlaygroundApp, doc: dict, message: str, trace_path: Optional[str], views: Optional[dict] = None,
@@ -332,62 +260,50 @@ def _imported(doc: dict, drawn: str = "") -> str:
     return f"Imported a trace with {len(doc['results'])} strategies (no model needed).{drawn}"
 
 
-def import_views(app: PlaygroundApp, path: Any, request: gr.Request = None) -> Iterator[dict]:
+async def import_views(app: PlaygroundApp, path: Any, request: gr.Request = None) -> AsyncIterator[dict]:
     """Replay an uploaded trace (no model needed), streamed: its place in line while it waits, then every view
     but the token columns as soon as they are drawn (the trace goes into the store: the step slider works),
     then the columns, the costliest (issue 39). It is read, checked and drawn in the app's line, as a run is
-    computed (``compute.submit_import``), and Stop ends it. The last update holds every view. The file is not
+    computed (``compute.import_work``), and Stop ends it. The last update holds every view. The file is not
     exported again: its owner has it."""
     with job(app, request) as (_, stop):
         if not isinstance(path, str) or not path:
             raise gr.Error("trace: choose a JSON file exported from this app")
-        try:
-            comp = submit_import(app, path)
-        except QueueFull as exc:
-            raise gr.Error(str(exc)) from None
-        shown: Optional[dict] = None        # the first views, as sent
-        said, left = None, False
-        try:
-            while not comp.done.wait(IMPORT_POLL_S if comp.state == "running" else WATCH_S):
-                if stop.is_set():
-                    comp.leave()            # its only watcher: taken out of line or stopped (a read under way ends)
-                    left = True
-                    comp.done.wait()
-                    yield {"status": "Stopped the import."} if shown is None else {
-                        "status": _imported(comp.live[0], " Stopped before its token columns were shown."),
-                        "columns": STOPPED}
-                    return
-                text = waiting_text(app.line.place(comp)) if comp.state == "waiting" else None
-                if text is not None and text != said:
-                    said = text
-                    yield {"status": text}
-                if shown is None and comp.live is not None:
-                    doc, views = comp.live
-                    shown = _outputs(app, doc, _imported(doc, " Drawing the token columns…"), None,
-                                     {**views, "columns": DRAWING})
-                    yield shown
-        finally:
-            if not left:
-                comp.leave()                # done; or the page went away (the generator closed): stop it
-    if comp.state == "cancelled":
-        yield {"status": "Stopped the import before it started."}
-        return
-    if comp.error is not None:
-        if isinstance(comp.error, (OSError, ValueError)):    # a file over a cap, or not a trace: say which
-            raise user_error(comp.error, "trace: ") from None
-        raise comp.error
-    doc, views = comp.result
-    if shown is None:                       # done before its first views were looked at: all at once
-        yield _outputs(app, doc, _imported(doc), None, views)
-    else:                                   # every view again (unchanged ones cost nothing: Gradio sends diffs),
-        yield {**shown, **views, "status": _imported(doc)}     # so the last update is the whole page
+        first: list[dict] = []          # the first views, as sent
+
+        async def frame(comp: Computation) -> Optional[dict]:
+            if first:
+                return None
+            doc, views = comp.live
+            first.append(await anyio.to_thread.run_sync(lambda: _outputs(
+                app, doc, _imported(doc, " Drawing the token columns…"), None, {**views, "columns": DRAWING})))
+            return first[0]
+        work = alone("import", import_work(path, app.limits.upload_bytes))
+        async with contextlib.aclosing(watch(app, work, stop, frame=frame, refused=(OSError, ValueError),
+                                             prefix="trace: ", running_s=IMPORT_POLL_S)) as updates:
+            async for item in updates:
+                yield item if not isinstance(item, Settled) else await _import_ended(app, item, first)
 
 
-def import_file(app: PlaygroundApp, path: Any, request: gr.Request = None) -> dict:
+async def _import_ended(app: PlaygroundApp, end: Settled, first: list[dict]) -> dict:
+    """An import's last update: every view (unchanged ones cost nothing: Gradio sends diffs), or what Stop left."""
+    if end.cancelled or (end.left and not first):
+        return {"status": "Stopped the import."}
+    if end.left:
+        return {"status": _imported(end.comp.live[0], " Stopped before its token columns were shown."),
+                "columns": STOPPED}
+    doc, views = end.result
+    if not first:                           # done before its first views were looked at: all at once
+        return await anyio.to_thread.run_sync(lambda: _outputs(app, doc, _imported(doc), None, views))
+    return {**first[0], **views, "status": _imported(doc)}
+
+
+async def import_file(app: PlaygroundApp, path: Any, request: gr.Request = None) -> dict:
     """:func:`import_views` to its end, as one update (for callers without a page)."""
     values: dict = {}
-    for update in import_views(app, path, request):
-        values.update(update)
+    async with contextlib.aclosing(import_views(app, path, request)) as updates:
+        async for update in updates:
+            values.update(update)
     return values
 
 
@@ -430,16 +346,10 @@ async def export_race(app: PlaygroundApp, race_id: Any, fmt: Any, mode: Any, req
         made = app.exports.get(key)
         if made is not None:
             return made
-        try:
-            comp = submit_export(app, rec.doc, fmt, mode, caption(rec.when(), rec.device), key)
-        except QueueFull as exc:
-            raise gr.Error(str(exc)) from None
-        try:
-            async for _ in _watch(app, comp, stop, None, frames=False):   # its place in line: no page to show it
-                pass
-        finally:
-            comp.leave()
-        path = await _settled(comp, page=from_page(request))
-        if path is CANCELLED or path is None:
-            raise gr.Error("Stopped the export before it finished.")
-        return path
+        note = caption(rec.when(), rec.device)
+        work = alone("export", lambda c: render(rec.doc, fmt, mode, note, app.exports, key))
+        async with contextlib.aclosing(watch(app, work, stop, page=from_page(request))) as updates:
+            async for item in updates:      # its place in line: no page to show it
+                if isinstance(item, Settled) and item.result is not None:
+                    return item.result
+        raise gr.Error("Stopped the export before it finished.")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import gradio as gr
 
 from web.handlers import import_views
@@ -21,9 +23,10 @@ def build_import(ui: Views) -> None:
 
 def wire_import(ui: Views, state: PlaygroundApp, admit) -> None:
     """An import is admitted like a run and shows the run's views, streamed: the first ones, then the columns."""
-    def _import(path, request: gr.Request = None):
-        for item in import_views(state, path, request=request):
-            yield ui.pack(item)
+    async def _import(path, request: gr.Request = None):
+        async with contextlib.aclosing(import_views(state, path, request=request)) as updates:
+            async for item in updates:      # closed with the page's event: the import is left, its slot freed
+                yield ui.pack(item)
 
     ui["upload"].upload(_import, ui["upload"], ui.list(RUN_VIEWS), api_name="import_trace", concurrency_id="import",
                         concurrency_limit=1, validator=admit, **NAMED)
