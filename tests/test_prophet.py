@@ -261,14 +261,14 @@ def keep_threads():
 
 
 def test_training_command_smoke(tmp_path, keep_threads):
-    from decoding.train_prophet import main
+    from playground.train_prophet import main
     out = tmp_path / "out"
     summary = main(["--data-dir", str(tmp_path / "data"), "--out-dir", str(out), "--prompts", "3",
                     "--gen-batch", "3", "--max-new", "6", "--steps", "2", "--batch", "4", "--eval-every", "1",
                     "--depth", "2", "--vocab", "64", "--held-out", "0.34", "--threads", "1",
                     "--export", str(tmp_path / "w" / "p.safetensors")])
     assert summary["steps_done"] == 2 and summary["train_tokens"] > 0
-    from decoding.train_prophet import bf16_is_native
+    from playground.train_prophet import bf16_is_native
     assert summary["bf16"] is bf16_is_native(torch.device("cpu"))   # default: only where bf16 GEMMs are native
     assert set(summary["alpha"]) == {1, 2} and len(summary["top1"]) == 2
     assert (out / "checkpoint.pt").is_file() and (tmp_path / "w" / "p.safetensors").is_file()
@@ -333,7 +333,7 @@ def test_training_prompts_never_include_the_benchmark_prompts():
     import yaml
 
     from decoding.runtime.models import PRESETS_DIR
-    from decoding.train_prophet import build_prompts
+    from playground.train_prophet import build_prompts
     sets = yaml.safe_load((PRESETS_DIR / "prompts.yaml").read_text(encoding="utf-8"))
     bench = {p if isinstance(p, str) else str(p) for prompts in sets.values() for p in prompts}
     assert len(bench) >= 40

@@ -14,8 +14,8 @@ from decoding.runtime.head import Prophet, ProphetConfig, load_prophet, save_pro
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 from decoding.strategies.speculative import prophet as prophet_run
-from decoding.train_prophet import Answers, unrolled_loss
-from decoding.training import prophet_data
+from playground.train_prophet import Answers, unrolled_loss
+from playground.training import prophet_data
 
 from tiny_models import prompt, tiny_causal
 
