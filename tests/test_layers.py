@@ -8,6 +8,7 @@ the library import them. An import goes down or stays on its floor, never up; no
 function; and there is no import cycle. decoding/ has no exception: it imports nothing from playground/, web/,
 app.py or visualize/.
 """
+
 from __future__ import annotations
 
 import ast

@@ -98,7 +98,7 @@ def test_random_prophet_trees_are_exact_on_tiny_models(arch):
 
 def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
     """A few hundred steps on the tiny target's own greedy chains: agreement with the target rises."""
-    from decoding import train_prophet as tp
+    from playground import train_prophet as tp
     target = tiny_causal("llama", seed=0, scale=8.0)
     records = []
     with torch.no_grad():
@@ -281,7 +281,7 @@ def test_training_command_smoke(tmp_path, keep_threads):
 def test_bf16_autocast_is_on_by_default_only_where_it_is_native(monkeypatch):
     """On an AVX2-only CPU a bfloat16 GEMM falls back to a reference loop (a training step took 13.8 s
     instead of 0.4 s): the default follows the hardware, an explicit flag wins."""
-    from decoding import train_prophet
+    from playground import train_prophet
     assert train_prophet.parse_args([]).bf16 is None
     assert train_prophet.parse_args(["--bf16"]).bf16 is True and train_prophet.parse_args(["--no-bf16"]).bf16 is False
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
@@ -296,7 +296,7 @@ def test_training_continues_a_shipped_head_on_fresh_prompts(tmp_path, keep_threa
     earlier round used."""
     from safetensors.torch import load_file
 
-    from decoding import train_prophet
+    from playground import train_prophet
     from decoding.runtime.models import load_model
     first = tmp_path / "w" / "p.safetensors"
     common = ["--out-dir", str(tmp_path / "out"), "--gen-batch", "3", "--max-new", "6", "--batch", "4",

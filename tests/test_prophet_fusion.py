@@ -238,7 +238,7 @@ def _fake_units(folder, hidden=576, vocab=49152):
 
 
 def test_the_training_command_trains_a_fusion_head_and_its_same_data_baseline(tmp_path):
-    from decoding import train_prophet
+    from playground import train_prophet
     from decoding.runtime.models import load_model
     data = tmp_path / "data"
     _fake_units(data)
