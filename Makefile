@@ -96,14 +96,14 @@ bench-default-comparison: setup
 	    --json benchmarks/results/default-comparison-cpu.json
 
 bench-strategies: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --assistant prophet --strategy prompt_lookup --strategy speculative \
+	HF_HUB_OFFLINE=1 $(PY) -m playground bench --assistant prophet --strategy prompt_lookup --strategy speculative \
 	    --strategy lookahead --anchor hf_greedy --anchor hf_prompt_lookup --per-category 2 --repeats 2 \
 	    --max-new-tokens 64 --json benchmarks/results/bench-cpu.json \
 	    --markdown benchmarks/results/bench-cpu.md --html benchmarks/results/bench-cpu.html
 
 # Prompt lookup on input-grounded prompts: the three code-edit prompts and three summaries.
 bench-prompt-lookup: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prompt_lookup --anchor hf_greedy --anchor hf_prompt_lookup \
+	HF_HUB_OFFLINE=1 $(PY) -m playground bench --strategy prompt_lookup --anchor hf_greedy --anchor hf_prompt_lookup \
 	    --category code:2,4,7 --category summarization:0,1,2 --repeats 3 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-prompt-lookup.json --markdown benchmarks/results/bench-cpu-prompt-lookup.md
 
@@ -131,7 +131,7 @@ bench-multiturn: setup
 # The prophet head on the held-out chat and math prompts (none was used to train it): its tree (the default)
 # against its chain in one run.
 bench-prophet: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat --category math --repeats 2 \
+	HF_HUB_OFFLINE=1 $(PY) -m playground bench --strategy prophet --category chat --category math --repeats 2 \
 	    --max-new-tokens 64 --sweep "prophet:tree=false" --json benchmarks/results/bench-cpu-prophet.json \
 	    --markdown benchmarks/results/bench-cpu-prophet.md --html benchmarks/results/bench-cpu-prophet.html
 
@@ -155,14 +155,14 @@ bench-tree-budget: setup
 
 # The sweep behind the CPU tree defaults (drafting/dynamic.py TREE_DEFAULTS): node budget x top-k.
 bench-prophet-sweep: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy prophet --category chat:0,2,4,6 --category math:0,2,4,6 \
+	HF_HUB_OFFLINE=1 $(PY) -m playground bench --strategy prophet --category chat:0,2,4,6 --category math:0,2,4,6 \
 	    --repeats 1 --max-new-tokens 64 --sweep "prophet:tree_nodes=8,12,16,24,32;tree_topk=2,4,8" \
 	    --json benchmarks/results/bench-cpu-prophet-sweep.json --markdown benchmarks/results/bench-cpu-prophet-sweep.md \
 	    --html benchmarks/results/bench-cpu-prophet-sweep.html
 
 # Jacobi and lookahead on code and chat prompts, with a (W, N, G) sweep (heatmap: W x N, best over G).
 bench-lookahead: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --strategy lookahead --strategy jacobi --category code \
+	HF_HUB_OFFLINE=1 $(PY) -m playground bench --strategy lookahead --strategy jacobi --category code \
 	    --category chat --per-category 2 --repeats 2 --max-new-tokens 64 \
 	    --sweep "lookahead:window=1,2,3,5;ngram=3,4;guess_set=2,4" \
 	    --json benchmarks/results/bench-cpu-lookahead.json --markdown benchmarks/results/bench-cpu-lookahead.md \
@@ -172,7 +172,7 @@ bench-lookahead: setup
 # by smollm2-135m-instruct, against our greedy and transformers' own different-tokenizer assisted generation
 # (hf_assisted: Universal Assisted Decoding) on the same pair, in one run.
 bench-crosstok: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding bench --target gemma-3-270m --assistant smollm2-135m-instruct \
+	HF_HUB_OFFLINE=1 $(PY) -m playground bench --target gemma-3-270m --assistant smollm2-135m-instruct \
 	    --strategy speculative --anchor hf_greedy --anchor hf_assisted --no-chat --category chat --category code \
 	    --category summarization --per-category 2 --repeats 2 --max-new-tokens 64 \
 	    --json benchmarks/results/bench-cpu-crosstok.json --markdown benchmarks/results/bench-cpu-crosstok.md
@@ -184,7 +184,7 @@ bench-gpu: setup
 
 # Retrain the prophet head shipped in presets/prophet/ (data: the target's own greedy answers).
 train-prophet: setup
-	HF_HUB_OFFLINE=1 $(PY) -m decoding.train_prophet --target smollm2-135m-instruct --prompts 4096 \
+	HF_HUB_OFFLINE=1 $(PY) -m playground.train_prophet --target smollm2-135m-instruct --prompts 4096 \
 	    --gen-batch 32 --max-new 96 --gen-minutes 60 --vocab 8192 --depth 5 --context --batch 2 --steps 4000 \
 	    --train-minutes 18 --export presets/prophet/smollm2-135m-instruct.safetensors
 

@@ -1,7 +1,7 @@
 """The consistency-trained preset (CLLM) against the base model: Jacobi's tokens per forward and speed over
 each model's own greedy, on prompts no training used, in one process after a warm-up, medians of repeats.
 No adapter is shipped: it needs a preset ``smollm2-135m-instruct-cllm`` (``base:`` + ``adapter:`` in
-presets/models.yaml) made from your own ``python -m decoding.train_consistency --export`` (docs/consistency-training.md).
+presets/models.yaml) made from your own ``python -m playground.train_consistency --export`` (docs/consistency-training.md).
 
     python benchmarks/bench_consistency.py [--repeats 3] [--max-new-tokens 64] [--lossless-prompts N] [--json FILE]
 

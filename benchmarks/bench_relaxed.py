@@ -15,38 +15,24 @@ the claim, the times are not). The machine is named in the output and the JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decoding.harness.bench import load_prompt_set  # noqa: E402
+from common import add_prompt_args, add_run_args, by_category, keyvals, print_finish, start, write_json  # first: repository root on sys.path
 from decoding.harness.cost import differing_tokens, first_divergence  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
 from decoding.runtime.head import prophet_for  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
-from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
-    p.add_argument("--category", action="append", help="only these categories (NAME or NAME:I,J)")
-    p.add_argument("--per-category", type=int, default=None)
+    add_prompt_args(p)
     p.add_argument("--strategy", action="append", help="prophet, prompt_lookup, ... (default: those two)")
     p.add_argument("--acceptance", action="append", metavar="NAME[:KEY=V,...]",
                    help="exact, lenient, typical, with parameters (default: the three at their defaults)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--json", type=Path, default=None)
+    add_run_args(p)
     return p.parse_args(argv)
 
 
@@ -57,15 +43,13 @@ def _methods(args: argparse.Namespace) -> dict[str, tuple]:
         strategy = get_strategy(sname)
         for spec in args.acceptance or ["exact", "lenient", "typical"]:
             name, _, rest = spec.partition(":")
-            values = {k: v for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
-            methods[f"{sname}/{spec}"] = (strategy, strategy.parse({"acceptance": name, **values}))
+            methods[f"{sname}/{spec}"] = (strategy, strategy.parse({"acceptance": name, **keyvals(rest)}))
     return methods
 
 
 def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
     out = []
-    for cat in list(dict.fromkeys(r["category"] for r in rows)) + ["all"]:
-        rs = [r for r in rows if cat in ("all", r["category"])]
+    for cat, rs in by_category(rows):
         for m in methods:
             vals = [r["methods"][m] for r in rs]
             firsts = [v["first_difference"] for v in vals if v["first_difference"] is not None]
@@ -92,11 +76,7 @@ def _print_summary(summary: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
-    target = load_model(args.target)
-    machine = f"{cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    print(f"machine: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    prompts = load_prompt_set(args.prompts, args.category, args.per_category)
+    target, machine, prompts = start(args)
     pair = ModelPair(target, None, prophet=prophet_for(target))
     greedy, g_params = get_strategy("greedy"), get_strategy("greedy").parse({})
     methods = _methods(args)
@@ -123,15 +103,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['tokens_per_forward']:.2f}/{v['differing']}"
                                               for m, v in row["methods"].items()), flush=True)
     summary = summarize(rows, list(methods))
-    print(f"\nmachine: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
-          f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
+    print_finish(machine, len(prompts), args.max_new_tokens, t_start)
     _print_summary(summary)
     doc = {"machine": machine, "target": args.target, "prompts_file": str(args.prompts),
            "max_new_tokens": args.max_new_tokens, "methods": {m: dict(vars(p)) for m, (_, p) in methods.items()},
            "rows": rows, "summary": summary}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1))
+    write_json(args.json, doc)
     return doc
 
 

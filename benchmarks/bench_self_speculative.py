@@ -18,24 +18,18 @@ mean speed-up, the mean alpha and how many outputs equal greedy's. The CPU is na
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import (add_prompt_args, add_run_args, named_keyvals, print_finish, prompt_row, speedup_line,  # first:
+                    start, write_json)                                        # it puts the root on sys.path
 from decoding.drafting.selfdraft import kept_layers, resolve_form, search  # noqa: E402
-from decoding.harness.bench import load_prompt_set  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
 from decoding.runtime.forward_cost import filler_ids  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
 from decoding.runtime.kvcache import crop_each_layer  # noqa: E402
 from decoding.runtime.layers import check_layers, layer_view  # noqa: E402
-from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.runtime.session import Session  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
@@ -45,26 +39,13 @@ DEFAULT_VARIANTS = ["half:", "exit24:exit_layer=24", "auto:skip_layers=auto"]
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
-    p.add_argument("--category", action="append", help="only these categories (NAME or NAME:I,J)")
-    p.add_argument("--per-category", type=int, default=None)
+    add_prompt_args(p)
     p.add_argument("--variant", action="append", help="NAME:KEY=V[,KEY=V] self_speculative parameters")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--context", type=int, default=128, help="prefilled tokens before the timed draft forwards")
     p.add_argument("--cost-repeats", type=int, default=9)
-    p.add_argument("--json", type=Path, default=None)
+    add_run_args(p)
     return p.parse_args(argv)
-
-
-def _variants(specs: list[str]) -> dict[str, dict]:
-    out = {}
-    for spec in specs:
-        name, _, rest = spec.partition(":")
-        out[name] = {k: v for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
-    return out
 
 
 @torch.inference_mode()
@@ -101,13 +82,9 @@ def _forms(lm, variants: dict, strategy, first_prompt: list[int]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
-    target = load_model(args.target)
-    machine = f"{cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    print(f"machine: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    prompts = load_prompt_set(args.prompts, args.category, args.per_category)
+    target, machine, prompts = start(args)
     greedy, selfspec = get_strategy("greedy"), get_strategy("self_speculative")
-    variants = _variants(args.variant or DEFAULT_VARIANTS)
+    variants = named_keyvals(args.variant or DEFAULT_VARIANTS)
     methods = {name: selfspec.parse(values) for name, values in variants.items()}
     pair, g_params = ModelPair(target), greedy.parse({})
     # 1. what a draft forward costs against a full one
@@ -140,18 +117,13 @@ def main(argv: list[str] | None = None) -> dict:
             for m, params in methods.items():
                 results[m], seconds, _ = timed(selfspec, params, ids)
                 times[m].append(seconds)
-        ref = results["greedy"].token_ids
-        row = {"category": cat, "prompt": text[:80], "tokens": len(ref), "methods": {}}
-        for m in methods:
-            res = results[m]
-            row["methods"][m] = {"speedup": statistics.median(times["greedy"]) / statistics.median(times[m]),
-                                 "tokens_per_forward": len(res.token_ids) / max(1, res.target_forwards),
-                                 "alpha": res.stats.get("alpha", 0.0), "equal": res.token_ids == ref,
-                                 "skipped": res.stats.get("skipped"), "exit_layer": res.stats.get("exit_layer")}
+        row = prompt_row(cat, text, list(methods), results, times)
+        for m, values in row["methods"].items():
+            stats = results[m].stats
+            values.update(alpha=stats.get("alpha", 0.0), skipped=stats.get("skipped"),
+                          exit_layer=stats.get("exit_layer"))
         rows.append(row)
-        print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['speedup']:.2f}x/{v['tokens_per_forward']:.2f}"
-                                              f"{'' if v['equal'] else ' (DIFFERS)'}" for m, v in row["methods"].items()),
-              flush=True)
+        print(speedup_line(i, cat, row["methods"]), flush=True)
     summary = []
     for m in methods:
         vals = [r["methods"][m] for r in rows]
@@ -161,8 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "median_tokens_per_forward": statistics.median(v["tokens_per_forward"] for v in vals),
                         "mean_alpha": statistics.fmean(v["alpha"] for v in vals),
                         "equal": sum(v["equal"] for v in vals)})
-    print(f"\nmachine: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
-          f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
+    print_finish(machine, len(prompts), args.max_new_tokens, t_start, args.repeats)
     print("| variant | draft / full forward (layers run) | median speed-up vs greedy | geomean | "
           "median tokens / target forward | mean alpha | = greedy |")
     print("|---|---|---|---|---|---|---|")
@@ -174,9 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     doc = {"machine": machine, "target": args.target, "variants": variants, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "prompts_file": str(args.prompts), "draft_cost": cost_rows,
            "rows": rows, "summary": summary}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1))
+    write_json(args.json, doc)
     return doc
 
 

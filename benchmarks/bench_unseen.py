@@ -26,59 +26,42 @@ our fast greedy. ``--device``/``--dtype`` as for the CLI; on a GPU the output na
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decoding.harness.bench import load_prompt_set  # noqa: E402
+from common import (add_prompt_args, add_run_args, by_category, keyvals, named_keyvals, print_finish,  # first: it
+                    prompt_row, speedup_line, start, write_json)                    # puts the root on sys.path
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
 from decoding.runtime.head import load_prophet, shipped_head  # noqa: E402
-from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
-from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
+from decoding.runtime.models import load_model  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", type=Path, default=PRESETS_DIR / "bench_unseen.yaml")
-    p.add_argument("--category", action="append", help="only these categories (NAME or NAME:I,J)")
-    p.add_argument("--per-category", type=int, default=None)
+    add_prompt_args(p)
     p.add_argument("--head", action="append", help="NAME:FILE (default: the shipped head)")
     p.add_argument("--variant", action="append", help="NAME:KEY=V[,KEY=V] prophet parameters (default: defaults)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--target", default="smollm2-135m-instruct")
+    add_run_args(p)
     p.add_argument("--baseline", default=None, help="another model whose greedy is timed too (speedups vs it)")
     p.add_argument("--strategy", action="append", default=[], metavar="NAME[:KEY=V,...]",
                    help="another strategy timed as a method (e.g. prompt_lookup, lookahead)")
     p.add_argument("--fast", action="store_true", help="greedy and every method with fast=true (the fast path)")
     p.add_argument("--device", default=None, help="cpu, cuda or auto (default)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, ... (default: the device's)")
-    p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
 
-def _keyvals(text: str) -> dict[str, str]:
-    """``"K=V,K=V"`` -> {K: V}."""
-    return {k: v for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
-
-
 def _variants(specs: list[str] | None) -> dict[str, dict]:
-    return {name: _keyvals(rest) for name, _, rest in (spec.partition(":") for spec in specs or ["defaults:"])}
+    return named_keyvals(specs or ["defaults:"])
 
 
 def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
     out = []
-    for cat in list(dict.fromkeys(r["category"] for r in rows)) + ["all"]:
-        rs = [r for r in rows if cat in ("all", r["category"])]
+    for cat, rs in by_category(rows):
         for m in methods:
             s = [r["methods"][m]["speedup"] for r in rs]
             out.append({"category": cat, "method": m, "prompts": len(rs), "median": statistics.median(s),
@@ -93,13 +76,7 @@ def summarize(rows: list[dict], methods: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
-    target = load_model(args.target, device=args.device, dtype=args.dtype)
-    gpu = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None
-    machine = (f"{gpu} (GPU, {str(target.dtype).replace('torch.', '')}), host {cpu_label()}" if gpu else
-               f"{cpu_label()}, {torch.get_num_threads()} threads") + f", torch {torch.__version__}"
-    print(f"machine: {machine}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    prompts = load_prompt_set(args.prompts, args.category, args.per_category)
+    target, machine, prompts = start(args, device=args.device, dtype=args.dtype)
     greedy, prophet = get_strategy("greedy"), get_strategy("prophet")
     heads = dict(h.split(":", 1) for h in args.head or [f"shipped:{shipped_head(target)}"])
     pairs = {name: ModelPair(target, None, prophet=load_prophet(Path(path), target)) for name, path in heads.items()}
@@ -112,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     for spec in args.strategy:          # other strategies, on the target alone
         sname, _, rest = spec.partition(":")
         other = get_strategy(sname)
-        methods[sname] = (other, g_pair, other.parse({**fast, **_keyvals(rest)}))
+        methods[sname] = (other, g_pair, other.parse({**fast, **keyvals(rest)}))
     if args.baseline:   # timed like a method; "greedy (TARGET)" below is the target's own greedy against it
         methods[f"greedy ({args.target})"] = (greedy, g_pair, g_params)
         b_pair = ModelPair(load_model(args.baseline))
@@ -141,25 +118,18 @@ def main(argv: list[str] | None = None) -> dict:
             for m, (strategy, pair, params) in methods.items():
                 results[m], seconds, _ = timed(strategy, params, ids, pair)
                 times[m].append(seconds)
-        ref = results["greedy"].token_ids
-        row = {"category": cat, "prompt": text[:80], "tokens": len(ref), "methods": {}}
-        for m in methods:
+        row = prompt_row(cat, text, list(methods), results, times)
+        for m, values in row["methods"].items():
             res = results[m]
-            row["methods"][m] = {"speedup": statistics.median(times["greedy"]) / statistics.median(times[m]),
-                                 "tokens_per_forward": len(res.token_ids) / max(1, res.target_forwards),
-                                 "nodes_per_step": res.stats.get("mean_nodes_per_step", 0.0),
-                                 "equal": res.token_ids == ref}
+            values["nodes_per_step"] = res.stats.get("mean_nodes_per_step", 0.0)
             if args.baseline:   # per token: the baseline's greedy may stop at another length
                 b_rate = statistics.median(times["baseline"]) / max(1, len(results["baseline"].token_ids))
                 rate = statistics.median(times[m]) / max(1, len(res.token_ids))
-                row["methods"][m]["vs_baseline"] = b_rate / rate
+                values["vs_baseline"] = b_rate / rate
         rows.append(row)
-        print(f"{i:2d} {cat:10s} " + " ".join(f"{m}:{v['speedup']:.2f}x/{v['tokens_per_forward']:.2f}"
-                                              f"{'' if v['equal'] else ' (DIFFERS)'}" for m, v in row["methods"].items()),
-              flush=True)
+        print(speedup_line(i, cat, row["methods"]), flush=True)
     summary = summarize(rows, list(methods))
-    print(f"\nmachine: {machine}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.repeats} repeats, "
-          f"{time.time() - t_start:.0f} s, load average {os.getloadavg()[0]:.1f} at the end")
+    print_finish(machine, len(prompts), args.max_new_tokens, t_start, args.repeats)
     print("| category | method | median speedup vs greedy | geomean | range | tokens / target forward "
           "| nodes / step | = greedy |" + (" median vs baseline |" if args.baseline else ""))
     print("|---|---|---|---|---|---|---|---|" + ("---|" if args.baseline else ""))
@@ -172,9 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
            "prompts_file": str(args.prompts), "heads": heads,
            "variants": {k: dict(v) for k, v in _variants(args.variant).items()}, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "rows": rows, "summary": summary}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1))
+    write_json(args.json, doc)
     return doc
 
 

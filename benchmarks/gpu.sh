@@ -76,28 +76,28 @@ bench() {
   sha256sum "$GGUF"
   "$PY" benchmarks/bench_fastpath.py --device cuda --dtype bfloat16 --max-new-tokens 128 --repeats 3 \
       --json "$OUTDIR/fastpath-gpu.json"
-  "$PY" -m decoding bench --device cuda --dtype bfloat16 --strategy prompt_lookup --strategy prophet \
+  "$PY" -m playground bench --device cuda --dtype bfloat16 --strategy prompt_lookup --strategy prophet \
       --strategy lookahead --sweep "greedy:fast=true" --sweep "prompt_lookup:fast=true" \
       --sweep "prophet:fast=true" --sweep "lookahead:fast=true" --sweep "jacobi:fast=true" \
       --anchor hf_greedy --anchor hf_prompt_lookup --per-category 1 --repeats 2 --max-new-tokens 64 \
       --json "$OUTDIR/bench-gpu.json" --markdown "$OUTDIR/bench-gpu.md" --quiet || echo "bench exit $?"
 }
 fast() {
-  "$PY" -m decoding bench --device cuda --dtype bfloat16 --per-category 3 --repeats 2 --max-new-tokens 64 \
+  "$PY" -m playground bench --device cuda --dtype bfloat16 --per-category 3 --repeats 2 --max-new-tokens 64 \
       --anchor hf_greedy --set fast=true --sweep "greedy:fast=true" --sweep "prompt_lookup:fast=true" \
       --sweep "prophet:fast=true" --sweep "lookahead:fast=true" --sweep "lookahead:window=4;ngram=5;guess_set=2" \
       --sweep "jacobi:fast=true" --json "$OUTDIR/bench-gpu-fast.json" --markdown "$OUTDIR/bench-gpu-fast.md" \
       --quiet || echo "fast exit $?"
 }
 sweep() {
-  "$PY" -m decoding bench --device cuda --dtype bfloat16 --category chat --category code --per-category 1 \
+  "$PY" -m playground bench --device cuda --dtype bfloat16 --category chat --category code --per-category 1 \
       --repeats 1 --max-new-tokens 64 --anchor hf_greedy --sweep "greedy:fast=true" \
       --set prophet.fast=true --set prophet.adaptive=false --sweep "prophet:draft_tokens=1,2,4,6" \
       --set lookahead.fast=true --sweep "lookahead:window=1,4,8;ngram=3,5;guess_set=2,8" \
       --json "$OUTDIR/bench-gpu-sweep.json" --markdown "$OUTDIR/bench-gpu-sweep.md" --quiet || echo "sweep exit $?"
 }
 exact() {
-  "$PY" -m decoding bench --device cuda --dtype float32 --per-category 1 --repeats 1 --max-new-tokens 64 \
+  "$PY" -m playground bench --device cuda --dtype float32 --per-category 1 --repeats 1 --max-new-tokens 64 \
       --strategy prompt_lookup --strategy prophet --strategy lookahead --strategy jacobi \
       --sweep "greedy:fast=true" --sweep "prophet:fast=true" --sweep "lookahead:fast=true" --anchor hf_greedy \
       --json "$OUTDIR/bench-gpu-fp32.json" --markdown "$OUTDIR/bench-gpu-fp32.md" --quiet || echo "exact exit $?"
@@ -105,7 +105,7 @@ exact() {
 train() {
   # the prophet head's data (the target's greedy answers with hidden states, ~31k prompts in batches of 1024)
   # and training (64 answers per step), starting from the shipped head; both stages stop at their time caps
-  "$PY" -m decoding.train_prophet --target smollm2-135m-instruct --device cuda --prompts 32768 \
+  "$PY" -m playground.train_prophet --target smollm2-135m-instruct --device cuda --prompts 32768 \
       --gen-batch 1024 --max-new 96 --gen-minutes ${GEN_MINUTES:-3.5} --depth 5 --context --batch 64 \
       --steps 20000 --train-minutes ${TRAIN_MINUTES:-4} --lr ${LR:-1e-3} --eval-every 250 \
       --init-from presets/prophet/smollm2-135m-instruct.safetensors --data-dir /root/prophet-data \
@@ -123,7 +123,7 @@ mix() {
       > $logs/warm.txt 2>&1
   local t0=$(date +%s)
   for i in $(seq 0 $((W - 1))); do
-    "$PY" -m decoding.train_prophet --data mix --data-only --device $DEVICE $TF32 --units 100000 --workers $W \
+    "$PY" -m playground.train_prophet --data mix --data-only --device $DEVICE $TF32 --units 100000 --workers $W \
         --worker $i --gen-batch ${GEN_BATCH:-512} --max-new 96 --gen-minutes ${GEN_MINUTES:-3.5} \
         --store-layers 2,15 --layers-every 4 --min-free-gb 12 --data-dir $data > $logs/gen-$i.txt 2>&1 &
   done
@@ -144,7 +144,7 @@ mix() {
       C) set -- --vocab 8192 --only-layered ;;
       *) echo "unknown head $h (A, B, C or D)"; return 2 ;;
     esac
-    "$PY" -m decoding.train_prophet $common "$@" --out-dir /root/h$h --export "$OUTDIR/$h.safetensors" \
+    "$PY" -m playground.train_prophet $common "$@" --out-dir /root/h$h --export "$OUTDIR/$h.safetensors" \
         > $logs/train-$h.txt 2>&1 &
   done
   wait
@@ -194,7 +194,7 @@ cllm() {
       | tee "$OUTDIR/cllm-log.txt"
   local t0=$(date +%s)
   # 1. prompts and trajectories: the base model's greedy answers (the fixed points) and its Jacobi states
-  "$PY" -m decoding.train_consistency --device $DEVICE --threads ${THREADS:-8} --data-only --data-dir $data \
+  "$PY" -m playground.train_consistency --device $DEVICE --threads ${THREADS:-8} --data-only --data-dir $data \
       --self-seeds ${SELF_SEEDS:-40} --held-seeds 2 --per-seed ${PER_SEED:-32} --templates ${TEMPLATES:-2400} \
       --held-templates 48 --block ${BLOCK:-8} --max-iters ${BLOCK:-8} --blocks-per-answer 6 --max-new 64 \
       --pad-share 0.75 --shard-size ${SHARD:-64} --pack-docs ${PACK:-16} --held-records ${HELD:-32} \
@@ -203,7 +203,7 @@ cllm() {
   echo "data: $(( $(date +%s) - t0 )) s, $(ls $data/shard-*.pt 2>/dev/null | wc -l) shards, $(du -sh $data | cut -f1)" \
       | tee -a "$OUTDIR/cllm-log.txt"
   # 2. LoRA training (the recipe of docs/consistency-training.md's last leg, with GPU-sized batches)
-  "$PY" -m decoding.train_consistency --device $DEVICE --threads ${THREADS:-8} --skip-data --data-dir $data \
+  "$PY" -m playground.train_consistency --device $DEVICE --threads ${THREADS:-8} --skip-data --data-dir $data \
       --out-dir $out --consistency ce --trim --state-rows 2 --w-ar 3 --lr ${LR:-1e-3} --batch ${BATCH:-32} \
       --states-per-block 6 --steps ${STEPS:-100000} --train-minutes ${TRAIN_MINUTES:-4} \
       --eval-every ${EVAL_EVERY:-100} --decode-every 2 --eval-records ${HELD:-32} --eval-prompts ${EVAL_PROMPTS:-12} \

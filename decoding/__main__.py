@@ -1,5 +1,10 @@
+"""``python -m decoding`` is no longer the command line: it moved above the library, to ``python -m playground``."""
+
 import sys
 
-from decoding.cli import main
+MESSAGE = ("the command line moved: python -m playground run|bench|list ... "
+           "(and python -m playground.train_prophet, python -m playground.train_consistency)")
 
-sys.exit(main())
+if __name__ == "__main__":
+    print(MESSAGE, file=sys.stderr)
+    sys.exit(2)

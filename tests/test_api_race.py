@@ -21,8 +21,8 @@ RACE_PARAMETERS = ["prompt", "strategies", "target", "assistant", "max_new_token
 
 
 def _cli_keys(tmp_path) -> tuple[list, set]:
-    """The top-level keys and a result's keys of the document ``python -m decoding run --json`` writes."""
-    from decoding import cli
+    """The top-level keys and a result's keys of the document ``python -m playground run --json`` writes."""
+    from playground import cli
     out = tmp_path / "cli.json"
     assert cli.main(["run", "--target", BUNDLED, "--strategy", "greedy", "--prompt", "Hi.", "--max-new-tokens", "2",
                      "--no-warmup", "--quiet", "--json", str(out)]) == 0

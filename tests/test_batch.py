@@ -8,7 +8,6 @@ import asyncio
 import pytest
 import torch
 
-from decoding.cli import main
 from decoding.harness.batch_race import batch_prompts, race_batch
 from decoding.harness.runner import encode_prompt
 from decoding.params import GreedyParams, PromptLookupParams, ProphetParams, SpeculativeParams
@@ -20,6 +19,7 @@ from decoding.strategies.baselines import greedy
 from decoding.strategies.batched import MAX_BATCH, batch_generate, check_batch
 from decoding.strategies.speculative import prompt_lookup, prophet, speculative
 from decoding.tracer import Tracer
+from playground.cli import main
 from visualize.batchgrid import MAX_STEPS, batch_race_html
 
 from test_prophet import random_prophet

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from decoding import cli
 from decoding.harness import bench
+from playground import cli
 from visualize.charts import sweep_figure
 
 

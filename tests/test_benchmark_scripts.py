@@ -7,6 +7,7 @@ next person measuring; this runs each one's argument parsing in its own process.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +134,66 @@ def test_the_unseen_benchmark_runs_every_method_and_greedy_on_the_fast_path_when
     assert doc["fast"] is True and [s["method"] for s in doc["summary"]][:3] == ["defaults", "prompt_lookup",
                                                                                  "lookahead"]
     assert all(row["methods"][m]["equal"] for row in doc["rows"] for m in row["methods"])
+
+
+def test_the_prompt_set_scripts_share_their_arguments_and_parsing(tmp_path):
+    """benchmarks/common.py: the prompt-set and run arguments every unseen-prompt script takes, ``K=V`` specs
+    (a value may hold ``=``), categories in first-seen order then "all", and a JSON write that makes its folder."""
+    import argparse
+    common = _bench_module("common")
+    p = argparse.ArgumentParser()
+    common.add_prompt_args(p)
+    common.add_run_args(p)
+    args = p.parse_args(["--category", "humaneval:1", "--category", "mtbench:0,2", "--max-new-tokens", "8"])
+    assert (args.prompts, args.per_category, args.threads, args.target, args.json, args.max_new_tokens) == \
+        (ROOT / "presets" / "bench_unseen.yaml", None, 2, "smollm2-135m-instruct", None, 8)
+    import yaml
+    unseen = yaml.safe_load((ROOT / "presets" / "bench_unseen.yaml").read_text(encoding="utf-8"))
+    unseen = unseen.get("categories", unseen)
+    picked = [(c, item["prompt"] if isinstance(item, dict) else item)
+              for c, item in [("mtbench", unseen["mtbench"][0]), ("mtbench", unseen["mtbench"][2]),
+                              ("humaneval", unseen["humaneval"][1])]]
+    assert common.prompt_set(args) == picked                 # the file's order, the indices picked
+    assert common.keyvals("exit_layer=24,note=a=b") == {"exit_layer": "24", "note": "a=b"}
+    assert common.named_keyvals(["half:", "e20:exit_layer=20,draft_tokens=3"]) == \
+        {"half": {}, "e20": {"exit_layer": "20", "draft_tokens": "3"}}
+    rows = [{"category": "b", "n": 1}, {"category": "a", "n": 2}, {"category": "b", "n": 3}]
+    assert [(c, [r["n"] for r in rs]) for c, rs in common.by_category(rows)] == \
+        [("b", [1, 3]), ("a", [2]), ("all", [1, 2, 3])]
+    from types import SimpleNamespace as Run
+    results = {"greedy": Run(token_ids=[1, 2, 3, 4], target_forwards=4),
+               "a": Run(token_ids=[1, 2, 3, 4], target_forwards=2), "b": Run(token_ids=[1, 2, 9], target_forwards=3)}
+    row = common.prompt_row("code", "x" * 100, ["a", "b"], results, {"greedy": [2.0, 2.0, 5.0], "a": [1.0, 4.0, 1.0],
+                                                                      "b": [4.0]})
+    assert row == {"category": "code", "prompt": "x" * 80, "tokens": 4,       # medians, greedy's over the method's
+                   "methods": {"a": {"speedup": 2.0, "tokens_per_forward": 2.0, "equal": True},
+                               "b": {"speedup": 0.5, "tokens_per_forward": 1.0, "equal": False}}}
+    line = common.speedup_line(3, "code", {"x": {"speedup": 1.5, "tokens_per_forward": 2.25, "equal": True},
+                                           "y": {"speedup": 0.5, "tokens_per_forward": 1.0, "equal": False}})
+    assert line == " 3 code       x:1.50x/2.25 y:0.50x/1.00 (DIFFERS)"
+    out = tmp_path / "deeper" / "doc.json"
+    common.write_json(None, {"a": 1})                       # no --json: nothing written, nothing raised
+    common.write_json(out, {"a": [1, 2]})
+    assert json.loads(out.read_text(encoding="utf-8")) == {"a": [1, 2]}
+
+
+def test_the_relaxed_benchmark_counts_what_each_acceptance_changes(tmp_path):
+    """bench_relaxed on one unseen prompt: exact acceptance reproduces greedy (no differing token, no first
+    difference), every method gets a row and a summary line per category and overall, and --json is written."""
+    bench_relaxed = _bench_module("bench_relaxed")
+    threads = torch.get_num_threads()
+    try:
+        doc = bench_relaxed.main(["--category", "humaneval:0", "--max-new-tokens", "6", "--threads", "1",
+                                  "--strategy", "prompt_lookup", "--acceptance", "exact", "--acceptance", "lenient",
+                                  "--json", str(tmp_path / "r" / "relaxed.json")])
+    finally:
+        torch.set_num_threads(threads)
+    [row] = doc["rows"]
+    exact = row["methods"]["prompt_lookup/exact"]
+    assert row["category"] == "humaneval" and exact["differing"] == 0 and exact["first_difference"] is None
+    assert set(row["methods"]) == {"prompt_lookup/exact", "prompt_lookup/lenient"}
+    assert [(s["category"], s["method"]) for s in doc["summary"]] == [
+        ("humaneval", "prompt_lookup/exact"), ("humaneval", "prompt_lookup/lenient"),
+        ("all", "prompt_lookup/exact"), ("all", "prompt_lookup/lenient")]
+    assert doc["methods"]["prompt_lookup/lenient"]["acceptance"] == "lenient"
+    assert json.loads((tmp_path / "r" / "relaxed.json").read_text())["rows"] == json.loads(json.dumps(doc["rows"]))

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from decoding import cli
 from decoding.runtime.models import cache_root, load_model
+from playground import cli
 
 PROMPT = "Name three colours of the rainbow."
 RESULT_KEYS = {"strategy", "params", "token_ids", "text", "wall_s", "tokens_per_s",
@@ -77,13 +77,25 @@ def test_empty_prompt(capsys):
 
 def test_module_entry_point_and_list():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "decoding", "list"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "playground", "list"], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "greedy" in proc.stdout and "smollm2-135m-instruct" in proc.stdout and "beam" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "decoding", "run", "--prompt", "x", "--strategy", "beam",
+    bad = subprocess.run([sys.executable, "-m", "playground", "run", "--prompt", "x", "--strategy", "beam",
                           "--set", "num_beams=-3"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "num_beams" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_old_entry_point_names_the_new_one():
+    """``python -m decoding`` (the library) is no command line any more: it runs nothing, exits 2 and says where
+    the command line went, for any arguments."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    for args in ([], ["run", "--prompt", "x", "--strategy", "greedy"], ["list"]):
+        proc = subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "the command line moved: python -m playground" in proc.stderr
+        assert proc.stdout == "" and "Traceback" not in proc.stderr
 
 
 def test_generation_settings_reach_every_strategy_and_the_json(tmp_path):

@@ -23,10 +23,10 @@ from decoding.runtime.adapter import merge_adapter, read_adapter
 from decoding.runtime.models import load_presets
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
-from decoding.training.consistency import Weights, losses
-from decoding.training.lora import add_lora, save_adapter
-from decoding.training.packing import Doc, float_mask, pack
-from decoding.training.trajectories import greedy_answers, record_trajectories
+from playground.training.consistency import Weights, losses
+from playground.training.lora import add_lora, save_adapter
+from playground.training.packing import Doc, float_mask, pack
+from playground.training.trajectories import greedy_answers, record_trajectories
 
 BASE = "smollm2-135m-instruct"
 
@@ -160,7 +160,7 @@ def test_a_preset_with_an_adapter_inherits_its_base_weights(tmp_path):
 
 
 def test_training_command_smoke_and_resume(tmp_path):
-    from decoding.train_consistency import main
+    from playground.train_consistency import main
     threads = torch.get_num_threads()
     common = ["--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--threads", "1",
               "--batch", "2", "--eval-every", "1", "--decode-every", "1", "--eval-records", "2", "--eval-prompts", "1",
@@ -189,7 +189,7 @@ def test_training_command_smoke_and_resume(tmp_path):
 def test_the_device_and_dtype_flags_reach_both_model_loads(tmp_path, monkeypatch):
     """``gpu.sh cllm`` trains on CUDA in float32 (``--device cuda --dtype float32``): the data's model and the
     trained one are both loaded there, and float32 is the default so the fixed points are a CPU's answers."""
-    import decoding.train_consistency as tc
+    import playground.train_consistency as tc
     calls = []
 
     class Stop(Exception):

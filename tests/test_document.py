@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from decoding import cli
 from decoding.harness.document import DOCUMENT_KEYS, GENERATION_LABELS, as_document, check_versus
 from decoding.processors import GenerationSettings
+from playground import cli
 
 
 def test_every_generation_setting_has_one_label_and_one_cli_flag():

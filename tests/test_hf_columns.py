@@ -336,7 +336,7 @@ def test_the_web_service_refuses_assisted_without_an_assistant_model(assistant):
 # --------------------------------------------------------------------------- the CLI, the bundled model
 
 def test_cli_runs_the_transformers_columns_on_the_bundled_model(tmp_path, capsys):
-    from decoding import cli
+    from playground import cli
     from decoding.runtime.models import load_model
     out = tmp_path / "out.json"
     rc = cli.main(["run", "--target", "smollm2-135m-instruct", "--strategy", "greedy", "--strategy", "hf_greedy",

@@ -20,7 +20,7 @@ import gradio as gr
 import pytest
 import torch
 
-from decoding.training import prophet_data
+from playground.training import prophet_data
 from visualize import jsonstream as js
 from visualize import traces
 from web import handlers, queue_guard

@@ -148,7 +148,7 @@ def test_forcing_each_kernel_and_bad_modes():
 
 
 def test_load_model_and_cli_check_the_kernel_arguments():
-    from decoding.cli import EXIT_USAGE, main
+    from playground.cli import EXIT_USAGE, main
     from decoding.runtime.models import load_model
     with pytest.raises(ValueError, match="kernels must be"):
         load_model("smollm2-135m-instruct", kernels="fastest")

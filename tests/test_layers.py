@@ -1,10 +1,12 @@
 """The architecture as the folders show it (docs/architecture.md), checked on every module's imports.
 
 Floors, bottom to top: the vocabulary (decoding/*.py), the runtime (decoding/runtime/), drafting
-(decoding/drafting/), strategies (decoding/strategies/), the harness (decoding/harness/), the commands
-(decoding/cli.py, decoding/train_*.py, decoding/training/), the web service (web/) and app.py. The views
-(visualize/) stand beside them: they read only the vocabulary's plain types. An import goes down or stays on
-its floor, never up; no project import hides inside a function; and there is no import cycle.
+(decoding/drafting/), strategies (decoding/strategies/), the harness (decoding/harness/) -- the library, all of
+decoding/ -- then the commands (playground/: cli.py, train_*.py, training/), the web service (web/) and app.py.
+The views (visualize/) stand beside them: they read only the vocabulary's plain types, and only the floors above
+the library import them. An import goes down or stays on its floor, never up; no project import hides inside a
+function; and there is no import cycle. decoding/ has no exception: it imports nothing from playground/, web/,
+app.py or visualize/.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ FLOORS = {"vocabulary": 0, "runtime": 1, "drafting": 2, "strategies": 3, "harnes
 
 def modules() -> dict[str, Path]:
     found = {"app": ROOT / "app.py"}
-    for top in ("decoding", "web", "visualize"):
+    for top in ("decoding", "playground", "web", "visualize"):
         for path in (ROOT / top).rglob("*.py"):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
             found[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
@@ -30,12 +32,10 @@ def floor(name: str) -> str:
     parts = name.split(".")
     if parts[0] in ("web", "app", "visualize"):
         return parts[0]
-    if len(parts) == 1:
-        return "vocabulary"
-    if parts[1] in ("runtime", "drafting", "strategies", "harness"):
-        return parts[1]
-    if parts[1] in ("cli", "__main__", "training") or parts[1].startswith("train_"):
+    if parts[0] == "playground":
         return "commands"
+    if len(parts) > 1 and parts[1] in ("runtime", "drafting", "strategies", "harness"):
+        return parts[1]
     return "vocabulary"
 
 
@@ -69,9 +69,10 @@ def graph() -> dict[str, list[tuple[str, bool]]]:
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
-def test_every_import_goes_down_the_floors():
+def upward(deps_of: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """Every import in ``deps_of`` that goes up the floors (or from the library, or the views, into the views)."""
     wrong = []
-    for name, deps in graph().items():
+    for name, deps in deps_of.items():
         mine = floor(name)
         for dep, _ in deps:
             theirs = floor(dep)
@@ -83,7 +84,24 @@ def test_every_import_goes_down_the_floors():
                 ok = FLOORS[theirs] <= FLOORS[mine]
             if not ok:
                 wrong.append(f"{name} ({mine}) imports {dep} ({theirs})")
-    assert wrong == []
+    return wrong
+
+
+def above_the_library(deps_of: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """Every import by a decoding/ module of anything outside decoding/ (the commands, the web, the views)."""
+    return [f"{name} imports {dep}" for name, deps in deps_of.items() if name.split(".")[0] == "decoding"
+            for dep, _ in deps if dep.split(".")[0] != "decoding"]
+
+
+def test_every_import_goes_down_the_floors():
+    assert upward(graph()) == []
+
+
+def test_the_library_imports_nothing_above_it():
+    """No exception for the commands: decoding/ never imports playground/, web/, app.py or visualize/."""
+    found = graph()
+    assert any(name.startswith("playground.") for name in found)     # the commands are seen, so they are checked
+    assert above_the_library(found) == []
 
 
 def test_no_project_import_hides_in_a_function():
@@ -120,6 +138,29 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     assert deps["decoding.params"] == [("decoding.runtime.models", True)]
     assert deps["decoding.runtime.models"] == [("decoding.params", False)]
     assert FLOORS[floor("decoding.runtime.models")] > FLOORS[floor("decoding.params")]
+    assert upward(deps) == ["decoding.params (vocabulary) imports decoding.runtime.models (runtime)"]
+
+
+def test_an_import_from_the_library_up_to_the_commands_is_caught(tmp_path):
+    """Negative control: a library module importing the command line, a training module or visualize.report (the
+    old upward arrow of decoding/cli.py) fails both checks; the commands importing them does not."""
+    names = ["decoding.harness.bench", "decoding.runtime.adapter", "playground.cli", "playground.training.lora",
+             "visualize.report", "decoding.params"]
+    known = {name: tmp_path / f"{name}.py" for name in names}
+    known["decoding.harness.bench"].write_text("from visualize.report import html_report\nimport playground.cli\n")
+    known["decoding.runtime.adapter"].write_text("from playground.training import lora\n")
+    known["playground.cli"].write_text("from visualize.report import html_report\nfrom decoding.harness import bench\n")
+    for name in ("playground.training.lora", "visualize.report", "decoding.params"):
+        known[name].write_text("")
+    deps = {name: imports(name, path, known) for name, path in known.items()}
+    assert above_the_library(deps) == ["decoding.harness.bench imports visualize.report",
+                                       "decoding.harness.bench imports playground.cli",
+                                       "decoding.runtime.adapter imports playground.training.lora"]
+    assert upward(deps) == ["decoding.harness.bench (harness) imports visualize.report (visualize)",
+                            "decoding.harness.bench (harness) imports playground.cli (commands)",
+                            "decoding.runtime.adapter (runtime) imports playground.training.lora (commands)"]
+    assert floor("playground") == floor("playground.training.lora") == "commands"
+    assert floor("decoding.__main__") == "vocabulary"
 
 
 def test_no_cache_is_keyed_by_an_object_id():
@@ -135,7 +176,7 @@ def test_no_module_name_repeats_across_folders():
     names: dict[str, list[str]] = {}
     for name in modules():
         leaf = name.rpartition(".")[2]
-        if leaf not in ("__main__",) and name not in ("decoding", "web", "visualize"):
+        if leaf not in ("__main__",) and name not in ("decoding", "playground", "web", "visualize"):
             names.setdefault(leaf, []).append(name)
     packages = {"runtime", "drafting", "strategies", "harness", "training"}
     assert {leaf: where for leaf, where in names.items() if len(where) > 1 and leaf not in packages} == {}

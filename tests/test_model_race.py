@@ -232,7 +232,7 @@ def test_the_jacobi_view_draws_a_bounded_number_of_panels_and_rows(monkeypatch):
 
 def test_the_cli_races_two_models_and_refuses_the_target_as_its_own_rival(test_presets, tmp_path, capsys):
     import json
-    from decoding import cli
+    from playground import cli
     out = tmp_path / "race.json"
     rc = cli.main(["run", "--prompt", "Name a river.", "--strategy", "jacobi", "--versus", PRESET,
                    "--max-new-tokens", "6", "--quiet", "--no-warmup", "--json", str(out)])

@@ -98,7 +98,7 @@ def test_random_prophet_trees_are_exact_on_tiny_models(arch):
 
 def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
     """A few hundred steps on the tiny target's own greedy chains: agreement with the target rises."""
-    from decoding import train_prophet as tp
+    from playground import train_prophet as tp
     target = tiny_causal("llama", seed=0, scale=8.0)
     records = []
     with torch.no_grad():
@@ -261,14 +261,14 @@ def keep_threads():
 
 
 def test_training_command_smoke(tmp_path, keep_threads):
-    from decoding.train_prophet import main
+    from playground.train_prophet import main
     out = tmp_path / "out"
     summary = main(["--data-dir", str(tmp_path / "data"), "--out-dir", str(out), "--prompts", "3",
                     "--gen-batch", "3", "--max-new", "6", "--steps", "2", "--batch", "4", "--eval-every", "1",
                     "--depth", "2", "--vocab", "64", "--held-out", "0.34", "--threads", "1",
                     "--export", str(tmp_path / "w" / "p.safetensors")])
     assert summary["steps_done"] == 2 and summary["train_tokens"] > 0
-    from decoding.train_prophet import bf16_is_native
+    from playground.train_prophet import bf16_is_native
     assert summary["bf16"] is bf16_is_native(torch.device("cpu"))   # default: only where bf16 GEMMs are native
     assert set(summary["alpha"]) == {1, 2} and len(summary["top1"]) == 2
     assert (out / "checkpoint.pt").is_file() and (tmp_path / "w" / "p.safetensors").is_file()
@@ -281,7 +281,7 @@ def test_training_command_smoke(tmp_path, keep_threads):
 def test_bf16_autocast_is_on_by_default_only_where_it_is_native(monkeypatch):
     """On an AVX2-only CPU a bfloat16 GEMM falls back to a reference loop (a training step took 13.8 s
     instead of 0.4 s): the default follows the hardware, an explicit flag wins."""
-    from decoding import train_prophet
+    from playground import train_prophet
     assert train_prophet.parse_args([]).bf16 is None
     assert train_prophet.parse_args(["--bf16"]).bf16 is True and train_prophet.parse_args(["--no-bf16"]).bf16 is False
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
@@ -296,7 +296,7 @@ def test_training_continues_a_shipped_head_on_fresh_prompts(tmp_path, keep_threa
     earlier round used."""
     from safetensors.torch import load_file
 
-    from decoding import train_prophet
+    from playground import train_prophet
     from decoding.runtime.models import load_model
     first = tmp_path / "w" / "p.safetensors"
     common = ["--out-dir", str(tmp_path / "out"), "--gen-batch", "3", "--max-new", "6", "--batch", "4",
@@ -333,7 +333,7 @@ def test_training_prompts_never_include_the_benchmark_prompts():
     import yaml
 
     from decoding.runtime.models import PRESETS_DIR
-    from decoding.train_prophet import build_prompts
+    from playground.train_prophet import build_prompts
     sets = yaml.safe_load((PRESETS_DIR / "prompts.yaml").read_text(encoding="utf-8"))
     bench = {p if isinstance(p, str) else str(p) for prompts in sets.values() for p in prompts}
     assert len(bench) >= 40

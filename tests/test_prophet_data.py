@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from decoding.training import magpie, prophet_data
-from decoding.training.magpie import Deduper, keep_new, reject_reason, split_by_source
+from playground.training import magpie, prophet_data
+from playground.training.magpie import Deduper, keep_new, reject_reason, split_by_source
 
 
 @pytest.mark.parametrize("text, why", [
@@ -127,7 +127,7 @@ def test_the_mix_keeps_near_duplicates_of_benchmark_prompts_out_of_its_template_
     """The templates alone drop only exact copies of benchmark prompts; "What is the difference between
     weather and climate? Answer in two sentences." was a template prompt while the template benchmark asks
     "What is the difference between weather and climate?". The mix's template units drop such near-copies."""
-    from decoding.train_prophet import benchmark_prompts, build_prompts
+    from playground.train_prophet import benchmark_prompts, build_prompts
     bench = benchmark_prompts()
     assert len(bench) > 40                                    # prompts.yaml and bench_unseen.yaml
     d = Deduper()

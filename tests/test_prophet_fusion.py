@@ -14,8 +14,8 @@ from decoding.runtime.head import Prophet, ProphetConfig, load_prophet, save_pro
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 from decoding.strategies.speculative import prophet as prophet_run
-from decoding.train_prophet import Answers, unrolled_loss
-from decoding.training import prophet_data
+from playground.train_prophet import Answers, unrolled_loss
+from playground.training import prophet_data
 
 from tiny_models import prompt, tiny_causal
 
@@ -238,7 +238,7 @@ def _fake_units(folder, hidden=576, vocab=49152):
 
 
 def test_the_training_command_trains_a_fusion_head_and_its_same_data_baseline(tmp_path):
-    from decoding import train_prophet
+    from playground import train_prophet
     from decoding.runtime.models import load_model
     data = tmp_path / "data"
     _fake_units(data)

@@ -22,7 +22,6 @@ import math
 import pytest
 import torch
 
-from decoding import cli
 from decoding.harness import runner as runner_mod
 from decoding.harness.cost import differing_tokens, first_divergence
 from decoding.harness.runner import RunResult, run_comparison
@@ -34,6 +33,7 @@ from decoding.strategies import registry, stages
 from decoding.strategies.baselines import greedy
 from decoding.tree import TokenTree
 from decoding.relaxed import typical_threshold, verify_relaxed
+from playground import cli
 from visualize.checks import check_result
 from visualize.tokens import column_html
 

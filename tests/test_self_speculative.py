@@ -314,7 +314,7 @@ def test_bundled_model_every_form_equals_greedy(bundled):
 
 @pytest.mark.bundled
 def test_cli_runs_self_speculative_and_refuses_a_bad_exit_layer(tmp_path, capsys, bundled):
-    from decoding import cli
+    from playground import cli
     out = tmp_path / "out.json"
     assert cli.main(["run", "--strategy", "self_speculative", "--set", "exit_layer=20", "--chat", "--prompt",
                      "Name two planets.", "--max-new-tokens", "16", "--no-warmup", "--quiet", "--json",

@@ -15,7 +15,6 @@ import pytest
 import torch
 from test_prophet import _greedy, exactness_cases, random_prophet
 
-from decoding.cli import _parse_sets
 from decoding.drafting.budget import choose_budget, rank_nodes
 from decoding.drafting.dynamic import grow
 from decoding.params import MEASURED_NODES, TREE_DEFAULTS
@@ -27,6 +26,7 @@ from decoding.runtime.forward_cost import ForwardCost, calibrate, forward_cost
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.speculative import prophet
 from decoding.tracer import Tracer
+from playground.cli import _parse_sets
 from visualize.checks import check_result
 
 from tiny_models import prompt, tiny_causal

@@ -244,7 +244,7 @@ def test_bundled_pair_greedy_matches_the_target_and_records_both_tokenizations(b
 
 @pytest.mark.bundled
 def test_the_cli_runs_the_bundled_pair_offline(tmp_path, bundled_pair):
-    from decoding.cli import main
+    from playground.cli import main
     out = tmp_path / "run.json"
     rc = main(["run", "--target", "gemma-3-270m", "--assistant", "smollm2-135m-instruct", "--strategy",
                "speculative", "--prompt", "The capital of France is", "--max-new-tokens", "16", "--no-warmup",

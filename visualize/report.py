@@ -1,4 +1,4 @@
-"""The benchmark's HTML report (``python -m decoding bench --html``): plotly figures of a bench document."""
+"""The benchmark's HTML report (``python -m playground bench --html``): plotly figures of a bench document."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ A call is the page's Run by another door: its values become the request the page
 ``web/validation.py``, ``web/requests.race_request``: the page's defaults for whatever is left out), and it goes through the same queue admission
 (a Stop ticket, a few jobs per session), the same compute line, the same shared identical runs and recordings,
 and the same per-session history (``web/handlers.follow_run``). Only the answer differs: the document
-``python -m decoding run --json`` writes (``web/documents.cli_document``) instead of the page's views.
+``python -m playground run --json`` writes (``web/documents.cli_document``) instead of the page's views.
 """
 
 import contextlib
@@ -53,7 +53,7 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
                    versus: Optional[str] = None, generation: Optional[dict[str, float]] = None,
                    request: gr.Request = None) -> dict[str, Any]:
         """Run decoding strategies side by side on one prompt, as the page's Run does (same checks, same line,
-        identical requests computed once), and return the document `python -m decoding run --json` writes:
+        identical requests computed once), and return the document `python -m playground run --json` writes:
         environment, prompt_ids, generation settings and, per strategy, token_ids, text, timings and stats.
 
         Args:

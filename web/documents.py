@@ -41,7 +41,7 @@ def run_document(results: list, prep: Prepared, prompt: str, chat: bool,
 
 
 def cli_document(doc: dict, generation: GenerationSettings) -> dict:
-    """The document ``python -m decoding run --json`` writes, from a run's document (:func:`run_document`, or a
+    """The document ``python -m playground run --json`` writes, from a run's document (:func:`run_document`, or a
     recording of one written before ``generation`` was always there): the same keys in the same order."""
     return as_document(doc, generation)
 

@@ -201,7 +201,7 @@ def _check_target(model: str, assistant: Optional[str], needs_assistant: bool, p
                          f"transformers cannot run), or untick it")
     if any(name == "prophet" for name, _ in plan or ()) and not has_prophet(model):
         raise ValueError(f"strategies: no prophet head is shipped for {model!r}{which}; untick Prophet head "
-                         f"(or train one with python -m decoding.train_prophet)")
+                         f"(or train one with python -m playground.train_prophet)")
 
 
 def parse_sweep_spec(strategy: Any, spec: Any,

@@ -1,4 +1,4 @@
-"""``python -m decoding bench``: a Spec-Bench-style benchmark anyone can rerun.
+"""``python -m playground bench``: a Spec-Bench-style benchmark anyone can rerun.
 
 For every prompt of a prompt set (``presets/prompts.yaml``, by category) it runs
 our greedy baseline, every requested strategy and transformers' own

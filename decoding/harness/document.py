@@ -1,4 +1,4 @@
-"""The run document: what ``python -m decoding run --json`` writes and the web app's ``/race`` returns, written here
+"""The run document: what ``python -m playground run --json`` writes and the web app's ``/race`` returns, written here
 once for both (the web app passes a ``redact`` that hides server paths). Also the two checks both front ends make
 the same way: a second model raced against the target is not the target itself, and the generation settings'
 fields, each with its label and what it does.

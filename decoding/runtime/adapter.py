@@ -1,6 +1,6 @@
 """Low-rank adapters (LoRA) stored as safetensors and merged into a model's weights at load time.
 
-File format (written by ``decoding/training/lora.py``, read here): for every adapted linear layer
+File format (written by ``playground/training/lora.py``, read here): for every adapted linear layer
 ``<path>`` (its name in ``model.named_modules()``) two tensors ``<path>.lora_A`` ``[r, in]`` and
 ``<path>.lora_B`` ``[out, r]``, stored in float16; the metadata holds ``scale`` (alpha / r) and the
 ``base`` model the adapter was trained on. Merging adds ``scale * B @ A`` (computed in float32) to

@@ -22,7 +22,7 @@ dynamic tree) runs inside the shared propose -> verify -> accept loop of
 ``decoding/strategies/speculative.py`` (strategy ``prophet``); the hidden states come from
 the verify forward the loop already runs (``needs_hidden``), never from an
 extra target forward.
-Training (``decoding/train_prophet.py``) runs every anchor of whole answers in
+Training (``playground/train_prophet.py``) runs every anchor of whole answers in
 one parallel forward whose attention masks give each anchor and draft step
 exactly what the drafter sees (a test checks they agree).
 """
@@ -555,7 +555,7 @@ def prophet_for(target: LoadedModel) -> Prophet:
             path = shipped_head(target)
             if not path.is_file():
                 raise ValueError(f"no prophet head is shipped for target {target.name!r}; train one with "
-                                 f"python -m decoding.train_prophet --target {target.name}")
+                                 f"python -m playground.train_prophet --target {target.name}")
             head = target.state.prophet_head = load_prophet(path, target)
         return head
 

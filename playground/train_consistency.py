@@ -1,4 +1,4 @@
-"""Consistency-train a model for Jacobi decoding (CLLMs): ``python -m decoding.train_consistency``.
+"""Consistency-train a model for Jacobi decoding (CLLMs): ``python -m playground.train_consistency``.
 
 Stages (each resumable; the data lives under the user cache dir, never in git):
 
@@ -35,13 +35,13 @@ import torch
 import yaml
 
 from decoding.runtime.models import PRESETS_DIR, cache_root, load_model
-from decoding.train_prophet import build_prompts, lr_factor
-from decoding.training import dataset
-from decoding.training.consistency import Weights, losses
-from decoding.training.evaluate import decode, teacher_forced
-from decoding.training.lora import add_lora, load_lora_state, lora_state, save_adapter
-from decoding.training.selfprompts import acceptable
-from decoding.training.trajectories import chat_ids, greedy_answers, record_trajectories
+from playground.train_prophet import build_prompts, lr_factor
+from playground.training import dataset
+from playground.training.consistency import Weights, losses
+from playground.training.evaluate import decode, teacher_forced
+from playground.training.lora import add_lora, load_lora_state, lora_state, save_adapter
+from playground.training.selfprompts import acceptable
+from playground.training.trajectories import chat_ids, greedy_answers, record_trajectories
 
 
 def default_dir(kind: str, target: str) -> Path:
@@ -85,7 +85,7 @@ def write_heldout(held: list[dict], path: Path, count: int) -> None:
     """The benchmark's held-out prompts: ``count`` of the held-out sources' prompts, alternating kinds (the
     caller passes those after the ``--held-records`` that training measures itself on, so no checkpoint
     was picked on them)."""
-    doc = {"about": "Held-out prompts of python -m decoding.train_consistency: whole sources it never trained on "
+    doc = {"about": "Held-out prompts of python -m playground.train_consistency: whole sources it never trained on "
                     "(self-written batches of held-out seeds, a held-out template seed), and not the ones "
                     "training measured itself on. benchmarks/bench_consistency.py runs on them.",
            "prompts": [{"text": p["text"], "source": p["source"]} for p in held
@@ -157,7 +157,7 @@ def train(model: Any, tok: Any, records: list[dict], held: list[dict], args: arg
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m decoding.train_consistency", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m playground.train_consistency", description=__doc__.split("\n")[0])
     a = p.add_argument
     a("--target", default="smollm2-135m-instruct")
     a("--threads", type=int, default=2, help="torch CPU threads")

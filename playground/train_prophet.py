@@ -1,4 +1,4 @@
-"""Train a prophet draft head for a target model: ``python -m decoding.train_prophet``.
+"""Train a prophet draft head for a target model: ``python -m playground.train_prophet``.
 
 Stages (each resumable; the data lives under the user cache dir, never in git):
 
@@ -23,7 +23,7 @@ Stages (each resumable; the data lives under the user cache dir, never in git):
 
 Example (the command used for the shipped weights is in presets/prophet/README.md)::
 
-    python -m decoding.train_prophet --target smollm2-135m-instruct --gen-minutes 12 \
+    python -m playground.train_prophet --target smollm2-135m-instruct --gen-minutes 12 \
         --train-minutes 12 --export presets/prophet/smollm2-135m-instruct.safetensors
 """
 
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from decoding.runtime.head import Prophet, ProphetConfig, save_prophet
 from decoding.runtime.models import PRESETS_DIR, cache_root, load_model
-from decoding.training.prophet_data import answer, final_records, generate_mix
+from playground.training.prophet_data import answer, final_records, generate_mix
 
 # --------------------------------------------------------------------------- 1. prompts
 
@@ -500,7 +500,7 @@ def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Na
 # --------------------------------------------------------------------------- CLI
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m decoding.train_prophet", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m playground.train_prophet", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
@@ -525,7 +525,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--data", choices=("templates", "mix"), default="templates",
                    help="templates: the target's answers to our template prompts (--prompts of them); mix: "
                         "self-generated (Magpie), grounded, code/math/translation and template prompts, held out "
-                        "by source (decoding/training/prophet_data.py; --units of them)")
+                        "by source (playground/training/prophet_data.py; --units of them)")
     p.add_argument("--units", type=int, default=120, help="--data mix: batches of prompts to make and answer")
     p.add_argument("--workers", type=int, default=1, help="--data mix: processes sharing the data folder")
     p.add_argument("--worker", type=int, default=0, help="--data mix: this process's index among --workers")
@@ -607,7 +607,7 @@ def benchmark_prompts() -> list[str]:
 
 def mixed_data(lm: Any, args: argparse.Namespace) -> tuple[list[dict], list[dict], float]:
     """``--data mix``: units of self-generated, grounded and template prompts with the target's answers
-    (``decoding/training/prophet_data.py``), held out by source; (held, train, seconds generating)."""
+    (``playground/training/prophet_data.py``), held out by source; (held, train, seconds generating)."""
     data_dir = args.data_dir or default_data_dir(args.target, "mix")
     t0 = time.time()
     exclude = benchmark_prompts()

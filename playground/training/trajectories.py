@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from decoding.runtime.kvcache import cache_kwarg, crop_cache
-from decoding.training.packing import Doc, float_mask, pack
+from playground.training.packing import Doc, float_mask, pack
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:

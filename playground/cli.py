@@ -1,6 +1,6 @@
-"""Command line: ``python -m decoding run|bench|list``.
+"""Command line: ``python -m playground run|bench|list``.
 
-    python -m decoding run --target NAME|PATH|HUB_ID [--assistant ...] \
+    python -m playground run --target NAME|PATH|HUB_ID [--assistant ...] \
         --strategy NAME [--strategy NAME ...] (--prompt TEXT | --prompt-file F) [--chat | --no-chat] \
         [--max-new-tokens N] [--seed S] [--set KEY=VALUE ...] [--json OUT] [--batch N [--batch-prompts YAML]]
 
@@ -281,7 +281,7 @@ NO_PACK_HELP = "CPU: keep PyTorch's default linear kernels (same as --kernels de
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m decoding",
+    parser = argparse.ArgumentParser(prog="python -m playground",
                                      description="Run and compare decoding strategies.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run strategies on one prompt and compare them")

@@ -20,7 +20,7 @@ from decoding.runtime.models import wrap_model
 from decoding.runtime.pair import ModelPair
 from decoding.strategies.baselines import greedy
 from decoding.strategies.jacobi import jacobi
-from decoding.training.consistency import Weights, losses
+from playground.training.consistency import Weights, losses
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from decoding.training.magpie import (CODE_TASKS, HELD_SEEDS, SEEDS, TEXT_TASKS, Deduper, Source,
+from playground.training.magpie import (CODE_TASKS, HELD_SEEDS, SEEDS, TEXT_TASKS, Deduper, Source,
                                       grounded_prompts, held_origin, keep_new, sample_user_turns,
                                       split_by_source, stdlib_pieces, user_prefix)
 

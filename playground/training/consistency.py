@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from decoding.training.packing import Doc, float_mask, pack
+from playground.training.packing import Doc, float_mask, pack
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from decoding.training.selfprompts import Prompt, dedup_key, self_prompts, template_prompts
-from decoding.training.trajectories import chat_ids, greedy_answers, record_trajectories
+from playground.training.selfprompts import Prompt, dedup_key, self_prompts, template_prompts
+from playground.training.trajectories import chat_ids, greedy_answers, record_trajectories
 
 
 def read_prompts(data_dir: Path) -> list[dict]:

@@ -1,1 +1,0 @@
-"""Training helpers shared by the project's training commands (``decoding/train_*.py``)."""

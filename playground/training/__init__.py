@@ -1,0 +1,1 @@
+"""Training helpers shared by the project's training commands (``playground/train_*.py``)."""
