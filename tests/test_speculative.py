@@ -173,8 +173,8 @@ def _passes(stat, dof):
     return stat < dof + 5 * (2 * dof) ** 0.5
 
 
-# The statistical tests' negative control (a known bug patched in) draws as many outputs as the real check:
-# on a third as many, 3 of the 9 controls (a tree draft, suffix decoding's chain, prompt lookup's) passed.
+# The statistical tests' negative control (a known bug patched in) draws as many outputs as the real check: on a
+# third as many, 3 of the 7 controls tried (a tree draft, suffix decoding's chain, prompt lookup's) passed the bound.
 def _negative_control_fails(draw, exact, n):
     """``draw(n)`` -> output counts of ``n`` runs with the bug patched in: they must fail the bound."""
     stat, dof = _chi_square(draw(n), exact, n)
