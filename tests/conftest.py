@@ -95,6 +95,14 @@ def chromium_page(url: str, **page_options) -> Iterator:
 
 
 @pytest.fixture
+def prefill_once():
+    """Thousands of runs from one prompt share its prefill (``tiny_models.prefill_once_per_prompt``)."""
+    from tiny_models import prefill_once_per_prompt
+    with prefill_once_per_prompt():
+        yield
+
+
+@pytest.fixture
 def one_thread():
     """Tiny models run thousands of times: thread start-up would dominate on a shared 2-core machine.
     A module that wants it for every test says ``pytestmark = pytest.mark.usefixtures("one_thread")``."""

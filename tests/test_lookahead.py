@@ -189,11 +189,12 @@ def test_bundled_model_equals_greedy():
         assert res.target_forwards < len(ref)      # some n-grams were accepted on this code prompt
 
 
-def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypatch):
+def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypatch, prefill_once):
     """temperature > 0: pooled n-grams are verified by speculative sampling with a one-hot q. The empirical
     distribution of 3-token outputs matches the exactly enumerated target distribution; trying a second
     candidate against the unchanged target (no residual) does not."""
-    from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _passes
+    from test_speculative import (_chi_square, _draw_outputs, _exact_model_distribution, _negative_control_fails,
+                                  _passes)
 
     from decoding import verify as verify_mod
     lm = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
@@ -206,16 +207,14 @@ def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypa
         res = lookahead(ids, ModelPair(lm), params, max_new_tokens=n_out, rng=gen)
         return res.token_ids, sum(res.stats["accepted_lengths"])
 
-    def draw():
-        return _draw_outputs(run, n, 7)
-    counts, accepted = draw()
+    def draw(m):
+        return _draw_outputs(run, m, 7)
+    counts, accepted = draw(n)
     assert accepted > n // 4                       # candidates were really accepted, not only resampled
     stat, dof = _chi_square(counts, exact, n)
     assert _passes(stat, dof), (stat, dof)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
-    bad, _ = draw()
-    stat_bad, _ = _chi_square(bad, exact, n)
-    assert not _passes(stat_bad, dof), (stat_bad, dof)
+    _negative_control_fails(lambda m: draw(m)[0], exact, n)
 
 
 def test_sampling_params_are_validated_and_zero_temperature_is_greedy():

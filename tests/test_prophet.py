@@ -120,7 +120,7 @@ def test_training_fits_the_target_chains_on_a_tiny_model(tmp_path):
     assert (tmp_path / "checkpoint.pt").is_file()
 
 
-def test_sampling_with_a_random_prophet_matches_the_target_distribution():
+def test_sampling_with_a_random_prophet_matches_the_target_distribution(prefill_once):
     """3-token outputs of the real loop (filters on; q_draft is 0 outside the draft vocabulary)
     against the exactly enumerated target distribution."""
     vocab, ids, n_out, n = 6, [1, 3, 4], 3, 3000
