@@ -276,3 +276,33 @@ def test_a_call_that_names_no_session_is_admitted_without_a_throwaway_session_st
         assert built == []
     finally:
         demo.close()
+
+
+def test_a_module_gradio_imports_around_every_event_is_searched_for_once(monkeypatch):
+    """Gradio 6.31 imports matplotlib entering and leaving every event; not installed, each import searched every
+    folder of sys.path (7-10 % of a crowd's replay). Marked missing once, it fails at once, as it did; an
+    installed module is never marked."""
+    import importlib.util
+    import sys
+
+    import gradio as gr
+    from gradio import utils as gradio_utils
+
+    from web import gradio_overrides
+    assert "import matplotlib" in inspect.getsource(gradio_utils.MatplotlibBackendMananger.__enter__)
+    assert "matplotlib" in gradio_overrides.PER_EVENT_IMPORTS
+    monkeypatch.delitem(sys.modules, "dp_not_installed_module", raising=False)
+    monkeypatch.delitem(sys.modules, "json", raising=False)          # installed: found again, never marked
+    assert gradio_overrides.mark_missing(("dp_not_installed_module", "json")) == ["dp_not_installed_module"]
+    assert sys.modules["dp_not_installed_module"] is None and sys.modules.get("json", "absent") is not None
+    with pytest.raises(ImportError):
+        import dp_not_installed_module  # noqa: F401
+    if importlib.util.find_spec("matplotlib") is None:  # as on this app's machines: what install() marks
+        monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+        with gradio_overrides.GuardedBlocks() as demo:
+            gr.Textbox()
+        gradio_overrides.install(demo)
+        assert sys.modules["matplotlib"] is None
+        with gradio_utils.MatplotlibBackendMananger():   # what every event does: no error, as before
+            pass
+    monkeypatch.delitem(sys.modules, "dp_not_installed_module")
