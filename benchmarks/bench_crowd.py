@@ -1,6 +1,7 @@
 """A crowd at a talk, against a real server on loopback (issue 25): what each visitor waits for.
 
-    python benchmarks/bench_crowd.py [--clients 16] [--distinct 8] [--stop-rounds 3] [--json out.json]
+    python benchmarks/bench_crowd.py [--clients 16] [--distinct 8] [--stop-rounds 3] [--same-only] [--record-busy]
+                                     [--json out.json]
 
 1. ``same``: ``--clients`` visitors press Run on the default example with the page's default settings, all at
    once, before it was ever run (one computation, shared live), then again (a recorded run, replayed).
@@ -51,9 +52,13 @@ from web.requests import DEFAULT_MAX_NEW  # noqa: E402
 from web.settings import DEFAULT_STRATEGIES  # noqa: E402
 
 POLL_S = 0.05
-# app.main() with the quiet check of recordings off (--record-busy): the server is otherwise the same
-RECORD_BUSY = ("import sys, app; from web.settings import Settings; sys.argv[0] = 'app.py'; "
-               "app.Settings = lambda **kw: Settings(**{**kw, 'quiet_recordings': False}); app.main()")
+# app.main() with the quiet check of recordings off and an hour's time limit (--record-busy: on a busy machine the
+# first press is timed busy, or runs past the 180 s limit, and is not recorded); the server is otherwise the same
+RECORD_BUSY = ("import dataclasses, sys, app; from web.settings import Settings; "
+               "from web.limits import DEFAULT_LIMITS; sys.argv[0] = 'app.py'; "
+               "limits = dataclasses.replace(DEFAULT_LIMITS, time_limit_s=3600.0); "
+               "app.Settings = lambda **kw: Settings(**{**kw, 'quiet_recordings': False, 'limits': limits}); "
+               "app.main()")
 # the raw HTTP stream carries every output, gr.State ones as null: RUN_VIEWS' positions (a client drops the State)
 STATUS, COLUMNS = RUN_VIEWS.index("status"), RUN_VIEWS.index("columns")
 
@@ -195,6 +200,8 @@ def main() -> None:
     ap.add_argument("--stop-calls", type=int, default=2400, help="Stop calls per loop and round (three loops)")
     ap.add_argument("--stop-tokens", type=int, default=32)
     ap.add_argument("--skip-crowd", action="store_true", help="only the Stop rounds")
+    ap.add_argument("--same-only", action="store_true",
+                    help="of the crowd cases, only the same example's first press and its replay")
     ap.add_argument("--record-busy", action="store_true",
                     help="record the first press even when the machine is busy (a shared machine: else the quiet "
                          "check refuses to record it, and the 'replayed' case computes again)")
@@ -214,14 +221,16 @@ def main() -> None:
     lines = []
     try:
         page_run(Client(url, verbose=False), **page_request("Warm up.", max_new=4))   # untimed
-        if not args.skip_crowd:
+        if not args.skip_crowd and not args.same_only:
             lines.append(summary("one visitor alone", rows := crowd(url, [page_request(prompts[-1])]), "token_s"))
             lines.append(summary("one visitor alone", rows, "done_s"))
+        if not args.skip_crowd:
             same = [page_request(prompts[0])] * args.clients
             lines.append(summary("same example, first press (shared)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, first press (shared)", rows, "done_s"))
             lines.append(summary("same example, recorded (replayed)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, recorded (replayed)", rows, "done_s"))
+        if not args.skip_crowd and not args.same_only:
             distinct = [page_request(p) for p in prompts[1:1 + args.distinct]]
             lines.append(summary("distinct prompts", rows := crowd(url, distinct), "place_s"))
             lines.append(summary("distinct prompts", rows, "done_s"))

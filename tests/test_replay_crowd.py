@@ -280,7 +280,7 @@ def test_a_call_that_names_no_session_is_admitted_without_a_throwaway_session_st
 
 def test_a_module_gradio_imports_around_every_event_is_searched_for_once(monkeypatch):
     """Gradio 6.31 imports matplotlib entering and leaving every event; not installed, each import searched every
-    folder of sys.path (7-10 % of a crowd's replay). Marked missing once, it fails at once, as it did; an
+    folder of sys.path (about a third of a crowd's replay). Marked missing once, it fails at once, as it did; an
     installed module is never marked."""
     import importlib.util
     import sys

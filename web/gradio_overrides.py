@@ -204,7 +204,7 @@ def install(blocks: GuardedBlocks) -> None:
 
 # Gradio 6.31 imports matplotlib on entering and leaving every event (``utils.MatplotlibBackendMananger``, around
 # ``route_utils.call_process_api``); this app does not install it, and a failed import searches every folder of
-# ``sys.path`` again each time: 7-10 % of the server's time when 16 visitors replayed a recorded race.
+# ``sys.path`` again each time: about a third of the server's own time when 16 visitors replayed a recorded race.
 PER_EVENT_IMPORTS = ("matplotlib",)
 
 
