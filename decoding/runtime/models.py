@@ -95,7 +95,7 @@ class ModelPreset:
 EXTRA_PRESETS = "DECODING_PLAYGROUND_PRESETS"    # an operator's own presets file, read after presets/models.yaml
 
 
-_PRESETS_READ: dict = {}      # (each file read, its size and change time) -> its presets: the latest read only
+_PRESETS_READ: dict = {}      # (each file read, its inode, change times and size) -> its presets: the latest read only
 
 
 def _stamp(path: Any) -> Optional[tuple]:
@@ -103,7 +103,7 @@ def _stamp(path: Any) -> Optional[tuple]:
         stat = os.stat(path)
     except OSError:
         return None
-    return str(path), stat.st_mtime_ns, stat.st_size
+    return str(path), stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size
 
 
 def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
