@@ -1,6 +1,7 @@
 """A crowd at a talk, against a real server on loopback (issue 25): what each visitor waits for.
 
-    python benchmarks/bench_crowd.py [--clients 16] [--distinct 8] [--stop-rounds 3] [--json out.json]
+    python benchmarks/bench_crowd.py [--clients 16] [--distinct 8] [--stop-rounds 3] [--same-only] [--record-busy]
+                                     [--json out.json]
 
 1. ``same``: ``--clients`` visitors press Run on the default example with the page's default settings, all at
    once, before it was ever run (one computation, shared live), then again (a recorded run, replayed).
@@ -51,6 +52,13 @@ from web.requests import DEFAULT_MAX_NEW  # noqa: E402
 from web.settings import DEFAULT_STRATEGIES  # noqa: E402
 
 POLL_S = 0.05
+# app.main() with the quiet check of recordings off and an hour's time limit (--record-busy: on a busy machine the
+# first press is timed busy, or runs past the 180 s limit, and is not recorded); the server is otherwise the same
+RECORD_BUSY = ("import dataclasses, sys, app; from web.settings import Settings; "
+               "from web.limits import DEFAULT_LIMITS; sys.argv[0] = 'app.py'; "
+               "limits = dataclasses.replace(DEFAULT_LIMITS, time_limit_s=3600.0); "
+               "app.Settings = lambda **kw: Settings(**{**kw, 'quiet_recordings': False, 'limits': limits}); "
+               "app.main()")
 # the raw HTTP stream carries every output, gr.State ones as null: RUN_VIEWS' positions (a client drops the State)
 STATUS, COLUMNS = RUN_VIEWS.index("status"), RUN_VIEWS.index("columns")
 
@@ -177,9 +185,10 @@ def summary(name: str, rows: list[dict], key: str) -> dict:
     got = [r[key] for r in rows if key in r]
     line = {"case": name, "measure": key, "n": len(rows), "with_value": len(got),
             "p50_s": round(statistics.median(got), 2) if got else None, "p90_s": round(pct(got, 0.9), 2),
-            "max_s": round(max(got), 2) if got else None, "errors": sum("error" in r for r in rows)}
+            "max_s": round(max(got), 2) if got else None, "errors": sum("error" in r for r in rows),
+            "replays": sum("Replay of a recorded run" in r.get("status", "") for r in rows)}
     print(f"{name:34s} {key:8s} n={line['n']:3d} p50 {line['p50_s']:6.2f} s  p90 {line['p90_s']:6.2f} s  "
-          f"max {line['max_s']:6.2f} s  errors {line['errors']}")
+          f"max {line['max_s']:6.2f} s  errors {line['errors']}  replays {line['replays']}")
     return line
 
 
@@ -191,11 +200,17 @@ def main() -> None:
     ap.add_argument("--stop-calls", type=int, default=2400, help="Stop calls per loop and round (three loops)")
     ap.add_argument("--stop-tokens", type=int, default=32)
     ap.add_argument("--skip-crowd", action="store_true", help="only the Stop rounds")
+    ap.add_argument("--same-only", action="store_true",
+                    help="of the crowd cases, only the same example's first press and its replay")
+    ap.add_argument("--record-busy", action="store_true",
+                    help="record the first press even when the machine is busy (a shared machine: else the quiet "
+                         "check refuses to record it, and the 'replayed' case computes again)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     port = free_port()
     # the server in its own process, as on a Space: the visitors' clients here do not share its GIL
-    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--no-record-examples",
+    launch = ["app.py"] if not args.record_busy else ["-c", RECORD_BUSY]
+    server = subprocess.Popen([sys.executable, *launch, "--port", str(port), "--no-record-examples",
                                "--recordings-dir", "none"], cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
@@ -206,14 +221,16 @@ def main() -> None:
     lines = []
     try:
         page_run(Client(url, verbose=False), **page_request("Warm up.", max_new=4))   # untimed
-        if not args.skip_crowd:
+        if not args.skip_crowd and not args.same_only:
             lines.append(summary("one visitor alone", rows := crowd(url, [page_request(prompts[-1])]), "token_s"))
             lines.append(summary("one visitor alone", rows, "done_s"))
+        if not args.skip_crowd:
             same = [page_request(prompts[0])] * args.clients
             lines.append(summary("same example, first press (shared)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, first press (shared)", rows, "done_s"))
             lines.append(summary("same example, recorded (replayed)", rows := crowd(url, same), "token_s"))
             lines.append(summary("same example, recorded (replayed)", rows, "done_s"))
+        if not args.skip_crowd and not args.same_only:
             distinct = [page_request(p) for p in prompts[1:1 + args.distinct]]
             lines.append(summary("distinct prompts", rows := crowd(url, distinct), "place_s"))
             lines.append(summary("distinct prompts", rows, "done_s"))

@@ -11,7 +11,8 @@
 - :func:`plot_once`: a figure handed to Gradio already serialized (its ``PlotData``), so a view shared by
   every visitor is serialized once, not once per visitor;
 - :class:`LeanSessionState`: a session's state without the copies of every component's config that Gradio keeps
-  for deep links (this app offers none): a fresh session costs kilobytes, not 0.4 MB (issue 39).
+  for deep links (this app offers none): a fresh session costs kilobytes, not 0.4 MB (issue 39);
+- :func:`mark_missing`: a module Gradio imports around every event, not installed here, marked missing once.
 
 Why it stays (no public setting does the job in gradio 6.31; each is a subclass, none patches Gradio globally):
 
@@ -21,7 +22,10 @@ Why it stays (no public setting does the job in gradio 6.31; each is a subclass,
 - ``SnapshotSet``: ``delete_cache`` is public but its cleaner walks live sets and dies of a concurrent add;
 - ``api_endpoint``: ``gr.api`` takes no ``validator=``, and an event listener would lose the typed signature;
 - ``plot_once``: ``gr.Plot`` serializes per visitor; a ``PlotData`` is the only value it passes through;
-- the queue guard: Gradio's session table evicts sessions still waiting, and nothing public bounds it otherwise.
+- the queue guard: Gradio's session table evicts sessions still waiting, and nothing public bounds it otherwise;
+  its ``push`` names a call's session before the validator runs (Gradio would build a throwaway ``SessionState``);
+- ``mark_missing``: Gradio imports matplotlib around every event, with no setting to stop it; a failed import
+  searches ``sys.path`` each time.
 
 Each was written against ``GRADIO_VERSION`` by reading that Gradio's source; ``SUPPORTED`` is the range they are
 known to fit (``tests/test_gradio_overrides.py`` fails on any other Gradio, and checks that the Space's
@@ -33,8 +37,10 @@ needed. Moving to another Gradio: run it, read the lines each override names aga
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import os
+import sys
 from typing import Any, Callable, Optional
 
 import gradio as gr
@@ -193,6 +199,25 @@ def install(blocks: GuardedBlocks) -> None:
     """Every override on ``blocks``, before ``launch``: the cached-file sets, then the queue guard."""
     blocks.guard_temp_files()
     install_queue_guard(blocks)
+    mark_missing(PER_EVENT_IMPORTS)
+
+
+# Gradio 6.31 imports matplotlib on entering and leaving every event (``utils.MatplotlibBackendMananger``, around
+# ``route_utils.call_process_api``); this app does not install it, and a failed import searches every folder of
+# ``sys.path`` again each time: about a third of the server's own time when 16 visitors replayed a recorded race.
+PER_EVENT_IMPORTS = ("matplotlib",)
+
+
+def mark_missing(names: tuple[str, ...]) -> list[str]:
+    """Each of ``names`` that is not installed is marked missing in ``sys.modules`` (``None``: Python's own
+    "not importable" mark), so importing it fails at once, as it would after searching; one that is installed is
+    left alone. Returns the names marked."""
+    marked = []
+    for name in names:
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            sys.modules[name] = None
+            marked.append(name)
+    return marked
 
 
 # --------------------------------------------------------------------------- endpoints for code

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import tempfile
 import threading
 from typing import Any, Awaitable, Callable, Optional
@@ -110,6 +111,11 @@ class TraceFiles:
         self._paths.put(path, True)
         return path
 
+    def holds(self, path: Any) -> bool:
+        """Whether ``path`` is one of the files kept here and still on disk (a recording's file, written once and
+        served to every replay of it, is written again once it was dropped)."""
+        return isinstance(path, str) and self._paths.get(path) is not None and os.path.isfile(path)
+
     def count(self) -> int:
         return len(os.listdir(self.directory))
 
@@ -124,16 +130,36 @@ class TraceStore:
     its JSON size says little (``{}`` is 2 bytes of JSON and 64 of memory).
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, frame_bytes: int = 16 << 20) -> None:
         self.max_bytes = max_bytes
-        # key -> (doc, size, top step, whether it replays a recorded run)
+        # key -> (doc, size, top step, whether it replays a recorded run, the recording's id or None)
         self._docs = Bounded(max_bytes=max_bytes, sizeof=lambda entry: entry[1], oversized="alone")
+        # (recording's id, frame's time) -> a frame of its wall-clock race, drawn once for every visitor
+        self._frames = Bounded(max_bytes=frame_bytes, sizeof=lambda text: sys.getsizeof(text))
+        self._drawing = threading.Lock()
 
-    def put(self, doc: dict, top: int, replay: bool = False) -> str:
-        """Hold ``doc`` under a new random key; ``replay`` marks a recorded run replayed (its race autoplays)."""
+    def put(self, doc: dict, top: int, replay: bool = False, size: Optional[int] = None,
+            shared: Optional[str] = None) -> str:
+        """Hold ``doc`` under a new random key; ``replay`` marks a recorded run replayed (its race autoplays);
+        ``size``: its bytes when measured already (a recording's, measured once for all its replays); ``shared``:
+        the recording's id, under which every visitor replaying it shares the frames of its race (``frame``)."""
         key = secrets.token_urlsafe(16)
-        self._docs.put(key, (doc, held_bytes(doc), top, replay))
+        self._docs.put(key, (doc, held_bytes(doc) if size is None else size, top, replay, shared))
         return key
+
+    def frame(self, key: Any, at: float, draw: Callable[[], str]) -> str:
+        """``draw()``, the frame at ``at`` of the race held under ``key``: for a recording's replay, drawn once
+        and kept (bounded, least recently used dropped) for every visitor whose replay reaches that time;
+        anything else, drawn for this caller alone."""
+        entry = self._docs.get(key) if isinstance(key, str) else None
+        if entry is None or entry[4] is None:
+            return draw()
+        with self._drawing:                 # visitors ticking together wait for one drawing, not one each
+            frame = self._frames.get((entry[4], at))
+            if frame is None:
+                frame = draw()
+                self._frames.put((entry[4], at), frame)
+            return frame
 
     def is_replay(self, key: Any) -> bool:
         entry = self._docs.get(key) if isinstance(key, str) else None

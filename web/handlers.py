@@ -27,6 +27,7 @@ from web.recordings import Recording
 from web.documents import history_outputs
 from web.export import caption, check_format, render
 from web.jobs import SESSION_FALLBACK
+from web.playback import replay_outputs, run_controls
 from web.playground import PlaygroundApp
 from web.requests import RunRequest, run_request, sweep_request
 from web.validation import GENERATION_FIELDS
@@ -197,14 +198,10 @@ async def run_playground(app: PlaygroundApp, model: Any, assistant: Any, strateg
 def _replayed(app: PlaygroundApp, rec: Recording) -> dict:
     """A recorded run, replayed: the same views, its recorded timings, and a status that says so. Visitors who
     press Run together on a recording read from disk wait for one drawing of its views, not one each."""
-    with rec.lock:
-        if not rec.views:
-            rec.views = draw_views(rec.doc)
-            app.recordings.remeasure(rec)
     note = (f"Replay of a recorded run: this exact request (model, prompt, strategies, parameters, seed, "
             f"settings) was computed at {rec.when()} on {rec.device}; identical requests are computed once, "
             f"so the speed figures are the ones measured then. {rec.message}")
-    return _outputs(app, rec.doc, note, app.trace_files.write(rec.text), rec.views, replay=True)
+    return replay_outputs(app, rec, note)
 
 
 def _fraction(snap: dict, max_new: int) -> float:
@@ -236,18 +233,13 @@ async def run_sweep(app: PlaygroundApp, model: Any, assistant: Any, prompt: Any,
                     yield sweep_figure(sweep), message
 
 
-def _outputs(app: PlaygroundApp, doc: dict, message: str, trace_path: Optional[str], views: Optional[dict] = None,
-             replay: bool = False) -> dict:
+def _outputs(app: PlaygroundApp, doc: dict, message: str, trace_path: Optional[str],
+             views: Optional[dict] = None) -> dict:
     """Every run view for a finished run or an imported trace (the document goes into the app's trace store)."""
     seen = survey(doc)                      # one pass over the events for both
     top = top_step(doc, seen)
-    key = app.store.put(doc, top, replay=replay)
-    choices = drafted(doc, seen)
-    total = race_length_ms(doc["results"])
-    values = {"key": key, "step": gr.update(minimum=0, maximum=max(top, 1), value=top),
-              "clock": gr.update(minimum=0, maximum=max(round(total), 1), value=round(total)),
-              "download": trace_path, "status": message,
-              "inspect_strategy": gr.update(choices=choices, value=choices[0] if choices else None)}
+    values = run_controls(app.store.put(doc, top), top, race_length_ms(doc["results"]), drafted(doc, seen),
+                          trace_path, message)
     values.update(views if views is not None else draw_views(doc))
     return values
 

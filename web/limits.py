@@ -33,6 +33,7 @@ class Limits:
     export_files: int = 16            # exported animations kept on disk (oldest deleted first) ...
     export_bytes: int = 96 * 2**20    # ... within this many bytes
     trace_store_bytes: int = 512 * 2**20    # memory for the replay documents of all sessions
+    race_frames_bytes: int = 16 * 2**20     # memory for recorded races' wall-clock frames, shared by their replays
     cache_cleanup_s: tuple[int, int] = (300, 1800)   # Gradio's delete_cache: every 5 min, files older than 30 min
     # browser sessions whose Gradio state is kept, least recently used dropped first (Gradio's default: 10,000).
     # With web/gradio_overrides.LeanSessionState a session costs ~14 KB fresh and ~43 KB after a replayed race

@@ -45,7 +45,7 @@ class PlaygroundApp:
                                  queued_ttl_s=lim.time_limit_s * (lim.queue_size + 1), count_s=lim.time_limit_s),
             "line": lambda: Line(slots=lim.compute_slots, capacity=lim.queue_size),
             "recordings": lambda: Recordings(lim.recordings_bytes),
-            "store": lambda: TraceStore(lim.trace_store_bytes),
+            "store": lambda: TraceStore(lim.trace_store_bytes, lim.race_frames_bytes),
             "trace_files": lambda: TraceFiles(lim.trace_files),
             "histories": lambda: Histories(lim.history_sessions, lim.history_tokens, lim.history_nodes,
                                            unshared=(SESSION_FALLBACK,)),

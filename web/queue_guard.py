@@ -60,6 +60,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from asyncio import Queue as AsyncQueue
 from collections import OrderedDict
 from typing import Any, Optional
@@ -188,6 +189,17 @@ class GuardedQueue(queueing.Queue):
         self.guard_failures: list[dict] = []     # the newest few: {"at", "loop", "error"}
         self.guard_recreated = 0                  # messages whose session queue had gone
         self.guard_orphans: list = []             # jobs cancelled by a dying processing loop
+
+    # ----------------------------------------------------------------- a call that names no session
+    async def push(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        """A call that names no session (a plain HTTP client of ``/call/<api>``) gets a fresh one before it is
+        queued. Gradio 6.31 gives it its event's id later, but first runs the queue validator with a throwaway
+        ``SessionState`` (``route_utils.restore_session_state``), whose config of every block of the page was
+        about 40 % of the server's time when 16 such visitors pressed Run on a recorded race. Named now, the
+        validator finds the session in the app's (lean) state holder, and the call is its own session as before."""
+        if getattr(body, "session_hash", "") is None:
+            body.session_hash = uuid.uuid4().hex
+        return await super().push(body, *args, **kwargs)
 
     # ----------------------------------------------------------------- the failing call
     def send_message(self, event: Any, event_message: Any) -> None:

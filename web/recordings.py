@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from web.bounded import Bounded, remove_file
 from web.memory import held_bytes
@@ -33,6 +33,8 @@ class Recording:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # ... drawn by one
     held: int = field(default=0, repr=False, compare=False)    # bytes in memory, measured when first asked
     share: str = ""             # its random share id (web/share.py), drawn when it is stored; saved in its file
+    replay: Any = field(default=None, repr=False, compare=False)     # web/playback.Replay: built at its first replay
+    trace_path: str = field(default="", repr=False, compare=False)   # its exported file, written once for every replay
 
     @property
     def size(self) -> int:

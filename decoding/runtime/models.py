@@ -95,10 +95,33 @@ class ModelPreset:
 EXTRA_PRESETS = "DECODING_PLAYGROUND_PRESETS"    # an operator's own presets file, read after presets/models.yaml
 
 
+_PRESETS_READ: dict = {}      # (each file read, its inode, change times and size) -> its presets: the latest read only
+
+
+def _stamp(path: Any) -> Optional[tuple]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return str(path), stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size
+
+
 def load_presets(path: Path | None = None) -> dict[str, ModelPreset]:
     """The presets of ``path`` (default: ``presets/models.yaml``, then the operator's file named by the
     environment variable ``DECODING_PLAYGROUND_PRESETS``, whose entries add to or replace the bundled ones and
-    whose ``adapter`` paths are relative to that file)."""
+    whose ``adapter`` paths are relative to that file). Read again only when a file changed (every request the
+    web service checks reads them, twice: parsing the YAML took most of a replayed run's own time)."""
+    extra = os.environ.get(EXTRA_PRESETS, "").strip() if path is None else ""
+    stamp = (_stamp(path or PRESETS_DIR / "models.yaml"), extra, _stamp(extra) if extra else None)
+    presets = _PRESETS_READ.get(stamp)
+    if presets is None or stamp[0] is None:
+        presets = _read_presets(path)
+        _PRESETS_READ.clear()
+        _PRESETS_READ[stamp] = presets
+    return dict(presets)
+
+
+def _read_presets(path: Path | None) -> dict[str, ModelPreset]:
     with open(path or PRESETS_DIR / "models.yaml", encoding="utf-8") as fh:
         data = yaml.safe_load(fh)
     models = dict(data.get("models") or {})
