@@ -1,7 +1,7 @@
 """Decoding Playground: the Gradio app. The page is put together here from its features, each of which makes its
 components and wires its own events by name (web/page_form.py, page_race.py, page_share.py, page_tabs.py,
 page_sweep.py, page_import.py, page_model_races.py, page_start.py; the names themselves in web/page_names.py); the
-run and its Stop are wired here. One app object owns every store (web/playground.py), what each event does is in
+run and its Stop are wired here. One app object owns every store (web/app_object.py), what each event does is in
 web/handlers.py and web/playback.py (thin functions of that object), runs, sweeps and the example recordings in
 web/compute.py, the /race endpoint for code in web/api.py, requests are validated, run and bounded in
 web/validation.py, web/requests.py and web/guards.py, every override of Gradio's internals is in
@@ -44,7 +44,7 @@ from web.page_share import build_share, wire_run_clears_link, wire_share
 from web.page_start import inputs_fast, wire_start
 from web.page_sweep import wire_sweep, wire_sweep_defaults
 from web.page_tabs import build_tabs
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.settings import DEFAULT_SETTINGS, Settings, recordings_folder
 from web.startup import Startup, routes_file
 from web.validation import GENERATION_FIELDS, check_model_name, param_fields

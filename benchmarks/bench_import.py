@@ -53,7 +53,7 @@ from view_limits_cases import most_events  # noqa: E402
 from visualize.traces import import_trace_file  # noqa: E402
 from web import handlers  # noqa: E402
 from web.compute import draw_views  # noqa: E402
-from web.playground import PlaygroundApp  # noqa: E402
+from web.app_object import PlaygroundApp  # noqa: E402
 from web.limits import DEFAULT_LIMITS  # noqa: E402
 
 STREAMED = hasattr(handlers, "import_views")

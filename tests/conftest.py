@@ -62,7 +62,7 @@ def app_url(served):
 
 @pytest.fixture(scope="session")
 def app_state(served):
-    """The served app's stores (``web/playground.PlaygroundApp``): its line, board, recordings, jobs, histories."""
+    """The served app's stores (``web/app_object.PlaygroundApp``): its line, board, recordings, jobs, histories."""
     return served[0].playground
 
 

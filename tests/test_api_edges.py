@@ -91,14 +91,14 @@ def _call(coroutine):
 
 def test_races_errors_reach_an_api_client_as_plain_text():
     from web.api import run_race
-    from web.playground import PlaygroundApp
+    from web.app_object import PlaygroundApp
     message = _call(run_race(PlaygroundApp(), "Hi", ["greedy"], "<b>m</b>", None, 8, 0, True, None))
     assert message.startswith("target: '<b>m</b>' is not one of the presets")     # no &lt; for a script to undo
 
 
 def test_an_export_error_is_plain_for_an_api_client_and_escaped_for_the_page():
     from web.handlers import export_race
-    from web.playground import PlaygroundApp
+    from web.app_object import PlaygroundApp
     state = PlaygroundApp()
 
     def asked_by(user: str) -> str:
@@ -115,7 +115,7 @@ def test_an_export_in_one_mode_is_never_served_for_the_other(monkeypatch, tmp_pa
     format is made again, not the "time" file."""
     from web import handlers
     from web.handlers import export_race
-    from web.playground import PlaygroundApp
+    from web.app_object import PlaygroundApp
     from web.recordings import Recording
     made = []
 

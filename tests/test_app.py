@@ -13,7 +13,7 @@ from web.handlers import import_file
 from web.loading import prepare
 from web.page_client import PageViews, page_run, run_values
 from web.page_names import STEP_VIEWS, run_inputs
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from decoding.runtime.models import load_presets
 from web.validation import build_plan, check_model_name, parse_sweep_spec
 

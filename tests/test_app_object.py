@@ -1,4 +1,4 @@
-"""One app object owns every store (``web/playground.PlaygroundApp``): two apps in one process share nothing.
+"""One app object owns every store (``web/app_object.PlaygroundApp``): two apps in one process share nothing.
 
 What would break it: a store kept at module level again (every app would share it: a run in one would show up in
 the other's recordings or histories, its Stop would end the other's jobs), or a handler reaching past the app it
@@ -18,7 +18,7 @@ import pytest
 import app
 import web
 from web import compute, handlers
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.crowd import Board, Line
 from web.recordings import Recordings
 from web.export import ExportFiles
@@ -96,4 +96,4 @@ def test_two_pages_get_two_apps():
 def test_no_web_module_keeps_a_store_at_module_level(name):
     module = importlib.import_module(f"web.{name}")
     held = [attr for attr, value in vars(module).items() if isinstance(value, STORES)]
-    assert not held, f"web.{name} keeps {held} at module level: stores belong to an app (web/playground.py)"
+    assert not held, f"web.{name} keeps {held} at module level: stores belong to an app (web/app_object.py)"

@@ -211,7 +211,7 @@ def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
     line's bound), never a second computation beside a run: a full line is a message, not a race."""
     from web import batch_panel
     from web.crowd import QueueFull
-    from web.playground import PlaygroundApp
+    from web.app_object import PlaygroundApp
     app = PlaygroundApp()
     seen = []
     monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings: seen.append(values) or "<p>race</p>")

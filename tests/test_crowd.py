@@ -15,7 +15,7 @@ import pytest
 from gradio_client import Client
 
 from web import compute, handlers
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.crowd import Board, Computation, Estimator, Line, QueueFull, request_key
 from web.recordings import Recording, Recordings
 from decoding.runtime.models import default_target

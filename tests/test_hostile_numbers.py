@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from web import playback
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.requests import run_request
 from web.validation import GENERATION_FIELDS, param_fields, parse_sweep_spec
 

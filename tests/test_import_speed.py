@@ -34,7 +34,7 @@ from visualize.checks import COMPILED, Invalid, _check_event, check_events
 from visualize.jsonstream import _text_depth
 from visualize.traces import import_trace, import_trace_file
 from web import compute, handlers, playback
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 
 
 # --------------------------------------------------------------------------- the compiled checks

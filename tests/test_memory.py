@@ -24,7 +24,7 @@ import pytest
 from visualize.checks import MAX_ENV_NODES
 from visualize.traces import import_trace
 from web import compute, handlers
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.crowd import Computation
 from web.recordings import Recording, Recordings
 from web.gradio_overrides import LeanStateHolder

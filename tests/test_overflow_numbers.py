@@ -16,7 +16,7 @@ import pytest
 
 from visualize import traces
 from web import handlers
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 
 HUGE = [2**1024, -(2**1100)]
 

@@ -21,7 +21,7 @@ import pytest
 from decoding.runtime.forward_cost import ForwardCost
 from web import compute
 from web.recordings import Recordings
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.quiet import CpuTimes, QuietBaselines, RunWindow, decode_step_ms, others_share, read_proc
 from web.limits import DEFAULT_LIMITS
 from web.requests import default_request

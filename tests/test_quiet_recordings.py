@@ -13,7 +13,7 @@ import dataclasses
 import threading
 
 from web import compute
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.recordings import Recordings
 from web.requests import default_request
 from web.settings import DEFAULT_SETTINGS

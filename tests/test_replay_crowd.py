@@ -26,7 +26,7 @@ from visualize.race import race_frame
 from web import compute, handlers, playback
 from web.page_names import RUN_VIEWS
 from web.guards import TraceStore
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.recordings import Recording, Recordings
 from web.requests import run_request
 from web.validation import GENERATION_FIELDS

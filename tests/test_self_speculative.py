@@ -332,7 +332,7 @@ def test_cli_runs_self_speculative_and_refuses_a_bad_exit_layer(tmp_path, capsys
 @pytest.mark.bundled
 def test_the_app_lists_its_parameters_and_draws_its_column(bundled):
     from web import handlers
-    from web.playground import PlaygroundApp
+    from web.app_object import PlaygroundApp
     from web.validation import param_fields
     fields = {f for s, f in param_fields() if s == "self_speculative"}
     assert {"exit_layer", "skip_layers", "draft_tokens", "temperature"} <= fields and "fast" not in fields

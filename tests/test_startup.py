@@ -21,7 +21,7 @@ from decoding.runtime.models import ModelPreset
 from decoding.runtime.routes import WIDTH, Config
 from web import startup
 from web.crowd import Computation, Line
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.settings import Settings
 
 from tiny_models import tiny_causal

@@ -92,7 +92,7 @@ def test_a_fractional_run_length_ends_on_a_whole_slider_value_and_play_at_the_en
     assert total == 601 and total == round(total)
     end = race_views({"results": results}, round(total), 1.0)
     assert end["columns"].count("class='dp-col dp-finished'") == 2
-    from web.playground import PlaygroundApp
+    from web.app_object import PlaygroundApp
     state = PlaygroundApp()
     key = state.store.put({"results": results}, 6)
     for clock_at_end in (round(total), total, 10_000):

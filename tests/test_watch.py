@@ -20,7 +20,7 @@ import pytest
 
 from web import api, batch_panel, compute, handlers
 from web.crowd import Computation
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.recordings import Recording
 from web.watch import Settled, alone, watch
 

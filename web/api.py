@@ -17,7 +17,7 @@ import gradio as gr
 
 from web.documents import cli_document
 from web.handlers import Finished, follow_run, job
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.requests import DEFAULT_MAX_NEW, race_request
 from web.watch import user_error
 

@@ -21,7 +21,7 @@ from decoding.strategies import get_strategy
 from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.batchgrid import batch_race_html
 from web.loading import prepare
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.settings import DEFAULT_SETTINGS, Settings
 from web.watch import Settled, alone, watch
 

@@ -1,5 +1,5 @@
 """What happens between a checked request and the library's runner: runs, sweeps and the recordings of the
-example prompts, as computations in an app's line (``web/playground.py``). No Gradio event lives here; the handlers
+example prompts, as computations in an app's line (``web/app_object.py``). No Gradio event lives here; the handlers
 (``web/handlers.py``) hand this work to ``web/watch.watch``, which submits and watches it, and show it.
 
 On Hugging Face ZeroGPU the ``gpu``-wrapped compute runs in a forked process, so it takes and yields plain data
@@ -25,7 +25,7 @@ from decoding.runtime.forward_cost import forward_cost
 from visualize.page import chart_views, column_views, drafted, inspector_view, step_figures, step_html, survey
 from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.quiet import RunWindow, baselines_of, decode_step_ms, greedy_result
 from web.crowd import Computation, QueueFull
 from web.recordings import Recording

@@ -1,4 +1,4 @@
-"""The app's Gradio event functions: thin functions of one app object (``web/playground.PlaygroundApp``).
+"""The app's Gradio event functions: thin functions of one app object (``web/app_object.PlaygroundApp``).
 
 Each handler takes the app first, then plain values: it validates (``web/validation.py``, ``web/requests.py``), hands the work to the
 app's line (``web/compute.py``'s work, watched by ``web/watch.watch``) or its stores, and returns (or, for a run, yields) ``{view name: value}``;
@@ -28,7 +28,7 @@ from web.documents import history_outputs
 from web.export import caption, check_format, render
 from web.jobs import SESSION_FALLBACK
 from web.playback import replay_outputs, run_controls
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.requests import RunRequest, run_request, sweep_request
 from web.validation import GENERATION_FIELDS
 from web.share import check_id, share_views, shared_note, unknown_note

@@ -10,7 +10,7 @@ import gradio as gr
 from web.handlers import import_views
 from web.page_names import RUN_VIEWS
 from web.page_parts import NAMED, Views, help_line
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 
 
 def build_import(ui: Views) -> None:

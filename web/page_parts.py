@@ -8,7 +8,7 @@ import gradio as gr
 
 from visualize.guide import HOW_TO_READ
 from web.handlers import admit
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 
 # The API page shows one endpoint, /race (web/api.py): named parameters, the CLI's JSON back. The page's own
 # events are left off it: those wired with NAMED stay callable by name (scripts, tests, a client's Stop), those

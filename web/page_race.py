@@ -11,7 +11,7 @@ from web.page_names import STEP_FIGURES, STEP_VIEWS
 from web.page_parts import FRAME, NAMED, PAGE, Views, help_line
 from web.playback import (RACE_TICK_S, advance, autoplay, inspect_position, play, race_at, race_play, race_rebase,
                           race_tick, replay, replay_figures)
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 
 # what starting the wall-clock replay (a click, or a replayed run's autoplay) redraws
 RACE_START = ("race_anchor", "race_ticker", "columns", "clock_readout", "clock", "ticker", "playing")

@@ -9,7 +9,7 @@ import gradio as gr
 from web.handlers import export_race as export_animation, open_shared
 from web.page_names import RUN_VIEWS
 from web.page_parts import LIGHT, Views, admitter
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.share import QUERY, share_views
 
 

@@ -11,7 +11,7 @@ from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from web.page_names import param_input
 from web.page_parts import LIGHT, Inputs
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.requests import ui_default
 from web.settings import Settings
 from web.validation import param_fields

@@ -7,7 +7,7 @@ import gradio as gr
 from web.handlers import run_sweep
 from web.page_names import SWEEP_INPUTS
 from web.page_parts import PAGE, Inputs, Views, help_line
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.validation import SWEEP_DEFAULTS
 
 

@@ -17,7 +17,7 @@ from visualize.race import SPEEDS, clamp_ms, clock_html, race_frame, race_length
 from visualize.tokens import columns_html, number
 from web import compute
 from web.memory import held_bytes
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.recordings import Recording
 
 RACE_TICK_S = 0.1        # the wall-clock replay's frame interval (its cadence: one frame a tick)

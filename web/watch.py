@@ -29,7 +29,7 @@ import gradio as gr
 
 from decoding.runtime.models import ModelLoadError
 from web.crowd import Computation, QueueFull
-from web.playground import PlaygroundApp
+from web.app_object import PlaygroundApp
 from web.redact import public_message
 
 WATCH_S = 0.1         # how often a handler looks at its computation (an await, no thread held)
