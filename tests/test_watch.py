@@ -32,10 +32,18 @@ def _empty(app: PlaygroundApp) -> bool:
     return counts["running"] == 0 and counts["waiting"] == 0
 
 
-def _released(app: PlaygroundApp, comp: Computation) -> bool:
-    """The computation is done and holds neither a slot nor a place in line (its thread may end a moment after
-    its watcher did: a closed watcher does not wait)."""
-    return comp.done.wait(10) and _empty(app)
+def _released(app: PlaygroundApp, comp: Computation, within_s: float = 10.0) -> bool:
+    """The computation is done and, within ``within_s``, the line holds no slot and no place for anyone (its
+    thread may end a moment after its watcher did: a closed watcher does not wait; and the line hands the freed
+    slot to the next waiter, whose own run takes a moment more to end)."""
+    deadline = time.monotonic() + within_s
+    if not comp.done.wait(within_s):
+        return False
+    while not _empty(app):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 async def _items(app: PlaygroundApp, job, stop: threading.Event, **kw) -> list:
