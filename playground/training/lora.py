@@ -28,8 +28,10 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.scale = alpha / rank
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+        # on the base layer's device (a model already on the GPU gets its factors there), in float32
+        at = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=at))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=at))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         base.weight.requires_grad_(False)
         if base.bias is not None:
