@@ -7,7 +7,8 @@ presets/models.yaml) made from your own ``python -m playground.train_consistency
 
 Prompt sets: ``held`` (presets/consistency/heldout.yaml: whole held-out sources of the training command,
 self-written and template) and ``chat`` (presets/prompts.yaml's chat prompts, excluded from training).
-Per model and prompt: greedy and the default Jacobi (hybrid, block 8, pad init) interleaved, ``--repeats``
+Per model and prompt: greedy and Jacobi (hybrid, pad init, the block the preset was trained for; ``--block``)
+interleaved, ``--repeats``
 timed runs each after one untimed warm-up; tokens per target forward are deterministic. Then, untimed, every
 lossless strategy on the preset against its own greedy (token-identical or not), and the quality drift: the
 preset's greedy answers against the base model's (position-wise agreement) and the base model's per-token
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import write_json  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_one  # noqa: E402
 from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
-from decoding.runtime.models import PRESETS_DIR, load_model  # noqa: E402
+from decoding.runtime.models import PRESETS_DIR, load_model, load_presets  # noqa: E402
 from decoding.runtime.pair import ModelPair  # noqa: E402
 from decoding.strategies import get_strategy  # noqa: E402
 
@@ -39,15 +40,17 @@ LOSSLESS = [("jacobi", {}), ("jacobi", {"variant": "jacobi"}), ("jacobi", {"vari
             ("lookahead", {}), ("prompt_lookup", {}), ("speculative", {})]
 
 
-def prompt_sets() -> dict[str, list[str]]:
-    held = yaml.safe_load((PRESETS_DIR / "consistency" / "heldout.yaml").read_text(encoding="utf-8"))
+def prompt_sets(heldout: Path | None = None) -> dict[str, list[str]]:
+    """``held``: the training command's held-out prompts (``heldout``: the file a run wrote with
+    ``--write-heldout``, default the bundled one); ``chat``: presets/prompts.yaml's chat prompts."""
+    held = yaml.safe_load((heldout or PRESETS_DIR / "consistency" / "heldout.yaml").read_text(encoding="utf-8"))
     chat = yaml.safe_load((PRESETS_DIR / "prompts.yaml").read_text(encoding="utf-8"))["chat"]
     return {"held": [p["text"] for p in held["prompts"]], "chat": list(chat)}
 
 
-def speed(lm, prompts: list[str], repeats: int, max_new: int) -> list[dict]:
+def speed(lm, prompts: list[str], repeats: int, max_new: int, block: int = 0) -> list[dict]:
     greedy, jacobi = get_strategy("greedy"), get_strategy("jacobi")
-    pair, gp, jp = ModelPair(lm), greedy.parse({}), jacobi.parse({})
+    pair, gp, jp = ModelPair(lm), greedy.parse({}), jacobi.parse({"block_size": block} if block else {})
     warm = encode_prompt(lm.tokenizer, prompts[0], chat=True)
     run_one(greedy, gp, warm, pair, max_new_tokens=16, trace=False)
     run_one(jacobi, jp, warm, pair, max_new_tokens=16, trace=False)
@@ -121,19 +124,32 @@ def main() -> None:
     ap.add_argument("--no-lossless", action="store_true")
     ap.add_argument("--lossless-prompts", type=int, default=0,
                     help="check the lossless strategies on the first this many prompts of each set (0: all)")
+    ap.add_argument("--heldout", type=Path, default=None,
+                    help="the held-out prompts the training run wrote (--write-heldout; default: the bundled file)")
+    ap.add_argument("--block", type=int, default=None, help="Jacobi's block for both models (default: the block "
+                    "the preset was trained for, its trained_params; 0: auto, from this machine's curve)")
+    ap.add_argument("--prompts", type=int, default=0, help="only the first this many prompts of each set (0: all)")
     ap.add_argument("--json", default="benchmarks/results/consistency-cpu.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     env = {"cpu": cpu_label(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "load_before": os.getloadavg()[0], "repeats": args.repeats, "max_new_tokens": args.max_new_tokens}
+           "load_before": os.getloadavg()[0], "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+           "heldout": str(args.heldout) if args.heldout else None, "adapter": None}
     print(f"CPU: {env['cpu']}, {env['threads']} threads, load {env['load_before']:.1f}", flush=True)
+    preset = load_presets().get(CLLM)
+    if preset is None:
+        raise SystemExit(f"no preset {CLLM}: add one with base: and adapter: (see this script's docstring)")
+    if args.block is None:      # the block it was trained for: auto picks a narrow one where wide forwards cost
+        args.block = int(((preset.trained_params or {}).get("block_size")) or 0)
+    env["jacobi_block"], env["adapter"] = args.block or "auto", preset.adapter
     base, cllm = load_model(BASE), load_model(CLLM)
     doc: dict = {"environment": env, "sets": {}}
-    for name, prompts in prompt_sets().items():
+    for name, prompts in prompt_sets(args.heldout).items():
         if name not in args.sets.split(","):
             continue
+        prompts = prompts[:args.prompts or None]
         print(f"{name}: {len(prompts)} prompts", flush=True)
-        rows = {m.name: speed(m, prompts, args.repeats, args.max_new_tokens) for m in (base, cllm)}
+        rows = {m.name: speed(m, prompts, args.repeats, args.max_new_tokens, args.block) for m in (base, cllm)}
         entry = {"base": summary(rows[BASE]), "cllm": summary(rows[CLLM]),
                  "drift": drift(base, rows[BASE], rows[CLLM]), "rows": rows}
         if not args.no_lossless:

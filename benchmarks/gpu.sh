@@ -17,13 +17,16 @@
 #   cllm    issue 37: the consistency-trained preset. Jacobi trajectories of the bundled model in float32 on
 #           self-written and template prompts (blocks of BLOCK, default 8: the app's Jacobi), GEN_MINUTES of
 #           them, then TRAIN_MINUTES of LoRA training (BATCH answers a step); the adapter, its logs and the
-#           held-out prompts (cllm-heldout.yaml) to $OUTDIR. Measured back on the CPU:
+#           held-out prompts (cllm-heldout.yaml) to $OUTDIR. On an H100 (2026-11-28): GEN_MINUTES=2.5 gave
+#           2,827 answers in 214 s; float32 training ran 2.7 steps/s (bfloat16 autocast is now the GPU default).
+#           Measured back on the CPU:
 #           benchmarks/bench_consistency.py (docs/consistency-training.md)
 #   unseen  issue 37 item 2: on presets/bench_unseen.yaml (prompts the project did not write), the prophet's
 #           tree variants (VARIANTS) and prompt lookup and lookahead, every one and greedy itself on the fast
 #           path (fast=true: static cache and CUDA graphs), in float32 (token-identical to greedy; DTYPES="float32
-#           bfloat16" adds bf16); REPEATS interleaved repeats. The speed-ups are against our fast greedy. About
-#           36 prompts x 8 runs x REPEATS of 64 tokens: a few minutes per dtype (an estimate, not yet measured)
+#           bfloat16" adds bf16); REPEATS interleaved repeats. The speed-ups are against our fast greedy. On an
+#           H100 (2026-11-28): 18 prompts x 5 runs x 1 repeat of 64 tokens took 34 s after a 15 s start
+#           (VARIANTS="defaults: chain:tree=false" REPEATS=1 UNSEEN_ARGS="--per-category 6")
 #   mix     issue 26: the mixed data (self-written, grounded, code/math/translation and template prompts, held
 #           out by source) made by WORKERS generate processes at once, then the heads named in HEADS (default
 #           "A") trained at once on it: A the shipped head continued (fresh 8k draft vocabulary), D the same
@@ -213,7 +216,7 @@ cllm() {
   "$PY" -m playground.train_consistency --device $DEVICE --threads ${THREADS:-8} --skip-data --data-dir $data \
       --out-dir $out --consistency ce --trim --state-rows 2 --w-ar 3 --lr ${LR:-1e-3} --batch ${BATCH:-32} \
       --states-per-block 6 --steps ${STEPS:-100000} --train-minutes ${TRAIN_MINUTES:-4} \
-      --eval-every ${EVAL_EVERY:-100} --decode-every 2 --eval-records ${HELD:-32} --eval-prompts ${EVAL_PROMPTS:-12} \
+      --eval-every ${EVAL_EVERY:-200} --decode-every ${DECODE_EVERY:-4} --eval-records ${HELD:-32} --eval-prompts ${EVAL_PROMPTS:-12} \
       --eval-tokens 64 --export "$OUTDIR/smollm2-135m-instruct-cllm.safetensors" ${TRAIN_ARGS:-} \
       > "$OUTDIR/cllm-train.txt" 2>&1
   echo "data and training: $(( $(date +%s) - t0 )) s" | tee -a "$OUTDIR/cllm-log.txt"

@@ -114,6 +114,10 @@ def train(model: Any, tok: Any, records: list[dict], held: list[dict], args: arg
     if ckpt:
         opt.load_state_dict(ckpt["optim"])
     rng = random.Random(args.seed + start)
+    device = next(model.parameters()).device
+    if args.bf16 is None:
+        args.bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    print(f"training under {'bfloat16 autocast' if args.bf16 else str(next(model.parameters()).dtype)} on {device}")
     t_begin = time.time()
     deadline = t_begin + args.train_minutes * 60
     if not ckpt:
@@ -126,7 +130,8 @@ def train(model: Any, tok: Any, records: list[dict], held: list[dict], args: arg
         for group in opt.param_groups:
             group["lr"] = args.lr * lr_factor(step, args.steps, (time.time() - t_begin) / (args.train_minutes * 60),
                                               start)
-        out = losses(model, rng.sample(records, args.batch), weights, args.states_per_block, rng)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(args.bf16)):
+            out = losses(model, rng.sample(records, args.batch), weights, args.states_per_block, rng)
         opt.zero_grad(set_to_none=True)
         out["loss"].backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -211,6 +216,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     a("--w-ar", type=float, default=1.0)
     a("--w-consistency", type=float, default=1.0)
     a("--w-local", type=float, default=0.0)
+    a("--bf16", action=argparse.BooleanOptionalAction, default=None, help="train under bfloat16 autocast "
+      "(default: on a GPU with native bfloat16, off on the CPU); the data and the evaluations stay in --dtype")
     a("--eval-every", type=int, default=50, help="teacher-forced held-out measures every this many steps")
     a("--decode-every", type=int, default=2, help="... and decoding ones every this many of those")
     a("--eval-records", type=int, default=24)
