@@ -76,6 +76,13 @@ def _unseen(lm, fast: bool, per_category: int, max_new: int) -> dict:
     return {"prompts": len(chosen), "median": statistics.median(speedups), "equal_greedy": same}
 
 
+def fma_rates() -> tuple:
+    """The cores' multiply-add rates, GFLOP/s (one operand from L1, registers only): a property of the CPU, not
+    of a config, so ``main`` measures them once for every row."""
+    attention_kernels.load_default()
+    return attention_kernels.fma_gflops(loads=True), attention_kernels.fma_gflops(loads=False)
+
+
 def measure(config: routes.Config, args: argparse.Namespace) -> dict:
     lm = load_model(config.preset)
     t0 = time.perf_counter()
@@ -89,9 +96,7 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
     curve = forward_cost(lm, max(WIDTHS), fast=fast)
     strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
     steps = greedy_steps_ms(lm, fast)
-    attention_kernels.load_default()
-    peak = attention_kernels.fma_gflops(loads=True)
-    registers = attention_kernels.fma_gflops(loads=False)
+    peak, registers = getattr(args, "fma", None) or fma_rates()
     row = {"cpu": cpu_label(), "config": config.key, "label": config.label, "threads": torch.get_num_threads(),
            "torch": torch.__version__, "compile_s": round(compile_s, 1),
            "forward_ms": {str(w): round(curve(w), 2) for w in WIDTHS},
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"CPU: {cpu_label()}; {torch.get_num_threads()} threads; configs: {', '.join(c.label for c in configs)}",
           flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
+    args.fma = fma_rates()
     for config in configs:
         row = measure(config, args)
         print(json.dumps(row), flush=True)
