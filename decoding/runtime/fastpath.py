@@ -15,7 +15,10 @@ without changing a single token:
   replayed afterwards: one launch per forward instead of hundreds.
 
 On the CPU the same code runs without capture, which is how the tests check
-that the fast path gives exactly the tokens of the plain one. Prefill (long,
+that the fast path gives exactly the tokens of the plain one; within
+``graphs.emulation()`` the CPU replays each region as a graph would (the first
+call's closure, re-run over the static buffers), so the tests also check that
+every input reaches a region through its buffers (``runtime/graphs.py``). Prefill (long,
 variable length) always runs uncaptured. Decoder-only models only; a model
 whose layers mix sliding-window and full attention keeps the plain path.
 """
@@ -30,6 +33,7 @@ import torch
 
 from decoding.runtime import compiled
 from decoding.runtime.gqa_attention import KEY_BLOCK
+from decoding.runtime.graphs import Graphs
 from decoding.runtime.kvcache import cache_kwarg
 
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
@@ -67,13 +71,9 @@ class StaticRunner:
         self.engine = compiled.engine(lm) if lm.device.type == "cpu" else None   # the compiled CPU path
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         self.length = 0
-        self.graphs_on = lm.device.type == "cuda"
-        self._graphs: dict[tuple, tuple[Any, Any]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self.graphs = Graphs(lm.device)     # captured on CUDA, emulated on the CPU in graphs.emulation()
         self._slots = torch.arange(capacity, device=lm.device)
         self._buffers: dict[tuple, dict[str, torch.Tensor]] = {}
-        self.captures = 0     # graphs captured (tests and the benchmark report it)
-        self.replays = 0
         self.compiled_forwards = 0   # forwards that ran compiled (runtime/compiled.py)
         # the compiled path's scores read the keys transposed, [kv, d, capacity] per layer: kept beside the cache,
         # written by the graph, and brought up to date from the cache after eager forwards (prefill) and moves
@@ -154,16 +154,7 @@ class StaticRunner:
                 t <= compiled.ROWS or mask is None or not _sees_later_rows(mask, self.length)):
             return self._compiled(ids, position_ids, mask, last_only, hidden)
         key = ("custom" if custom else "causal", t, last_only, hidden)
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = self._new_buffers(t, custom)
-        buf["ids"].copy_(ids)
-        if custom:
-            if position_ids is None:
-                position_ids = torch.arange(self.length, self.length + t, device=ids.device).unsqueeze(0)
-            buf["pos"].copy_(position_ids)
-            buf["mask"].fill_(float("-inf"))
-            buf["mask"][..., : self.length + t].copy_(mask)
+        buf = self._load(key, ids, position_ids, mask)
         fn = lambda: self._step(buf, custom, last_only, hidden)   # noqa: E731
         out = self._run(key, fn, t) if capture else fn()
         self.length += t
@@ -231,6 +222,23 @@ class StaticRunner:
             self._mirrored = n
         return self._keys_t
 
+    def _load(self, key: tuple, ids: torch.Tensor, position_ids: Optional[torch.Tensor],
+              mask: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The static buffers of ``key``'s region, with this forward's inputs copied into them (a region reads
+        only these: a graph replays the addresses it recorded)."""
+        t, custom = ids.shape[-1], mask is not None
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = self._new_buffers(t, custom)
+        buf["ids"].copy_(ids)
+        if custom:
+            if position_ids is None:
+                position_ids = torch.arange(self.length, self.length + t, device=ids.device).unsqueeze(0)
+            buf["pos"].copy_(position_ids)
+            buf["mask"].fill_(float("-inf"))
+            buf["mask"][..., : self.length + t].copy_(mask)
+        return buf
+
     def _new_buffers(self, t: int, custom: bool) -> dict[str, torch.Tensor]:
         dev = self.lm.device
         buf = {"ids": torch.zeros(1, t, dtype=torch.long, device=dev),
@@ -268,31 +276,16 @@ class StaticRunner:
         return torch.tensor(int(counter), device=self._slots.device)
 
     def _run(self, key: tuple, fn: Callable[[], tuple], t: int) -> tuple:
-        if not self.graphs_on or t > MAX_GRAPH_T or not self._initialized():
-            return fn()
-        entry = self._graphs.get(key)
-        if entry is not None:
-            entry[0].replay()
-            self.replays += 1
-            return entry[1]
-        # First time for this shape: run it for real on a side stream (this is also the
-        # warm-up capture needs), then record the same body into a graph. Recording
-        # executes nothing, so the cache state is exactly what the real run left.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            result = fn()
-        torch.cuda.current_stream().wait_stream(side)
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = fn()
-        except Exception:    # a model whose forward cannot be captured keeps the uncaptured path
-            self.graphs_on = False
-            return result
-        self._graphs[key] = (graph, outputs)
-        self.captures += 1
-        return result
+        return self.graphs.run(key, fn, eager=t > MAX_GRAPH_T or not self._initialized())
+
+    @property
+    def captures(self) -> int:
+        """Regions captured (tests and the benchmark report it)."""
+        return self.graphs.captures
+
+    @property
+    def replays(self) -> int:
+        return self.graphs.replays
 
     def grow_to(self, capacity: int) -> "StaticRunner":
         """A bigger runner holding this one's cached positions."""
