@@ -39,6 +39,7 @@ from decoding.runtime.kvcache import cache_kwarg
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
 MAX_GRAPH_T = 128     # forwards longer than this (prefill) run uncaptured
 MAX_RUNNERS = 4       # per model: runners idle beyond this are dropped
+MAX_LAYOUTS = 512     # per runner: tree layouts kept on the device
 
 
 def supported(lm: Any) -> bool:
@@ -74,6 +75,7 @@ class StaticRunner:
         self.graphs = Graphs(lm.device)     # captured on CUDA, emulated on the CPU in graphs.emulation()
         self._slots = torch.arange(capacity, device=lm.device)
         self._buffers: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._layouts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}     # tree shape -> its device layout
         self.compiled_forwards = 0   # forwards that ran compiled (runtime/compiled.py)
         # the compiled path's scores read the keys transposed, [kv, d, capacity] per layer: kept beside the cache,
         # written by the graph, and brought up to date from the cache after eager forwards (prefill) and moves
@@ -155,11 +157,56 @@ class StaticRunner:
             return self._compiled(ids, position_ids, mask, last_only, hidden)
         key = ("custom" if custom else "causal", t, last_only, hidden)
         buf = self._load(key, ids, position_ids, mask)
-        fn = lambda: self._step(buf, custom, last_only, hidden)   # noqa: E731
+        fn = lambda: self._step(buf, "custom" if custom else "causal", last_only, hidden)   # noqa: E731
         out = self._run(key, fn, t) if capture else fn()
         self.length += t
         logits, states = out
         return logits.clone(), (None if states is None else states.clone())
+
+    def forward_tree(self, ids: torch.Tensor, parents: tuple[int, ...], layout: tuple[torch.Tensor, torch.Tensor], *,
+                     hidden: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """A tree's verify forward: ``ids [1, T]`` = pending tokens then the nodes, ``layout`` = ``tree_layout``'s
+        (``allowed [T, T]``, ``offsets [T]``: positions after the cache's write position). The layout goes to the
+        device once per tree shape (``parents``); the region builds the positions and the ``[T, capacity]`` mask
+        from it and the cache's write counter, so the host prepares nothing per step but the ids."""
+        t = ids.shape[-1]
+        if self.engine is not None:        # the compiled CPU path takes the whole mask
+            allowed, offsets = layout
+            mask = torch.zeros(1, 1, t, self.length + t, dtype=self.lm.dtype, device=ids.device)
+            mask[0, 0, :, self.length:].masked_fill_(~allowed.to(ids.device), float("-inf"))
+            pos = (offsets.to(ids.device) + self.length)[None]
+            return self.forward(ids, position_ids=pos, mask=mask, last_only=False, hidden=hidden)
+        if self.length + t > self.capacity:
+            raise RuntimeError(f"static cache of {self.capacity} positions is full")
+        key = ("tree", t, False, hidden)
+        buf = self._load_tree(key, ids, *self._layout(parents, layout))
+        out = self._run(key, lambda: self._step(buf, "tree", False, hidden), t)
+        self.length += t
+        return out[0].clone(), (None if out[1] is None else out[1].clone())
+
+    def _load_tree(self, key: tuple, ids: torch.Tensor, allowed: torch.Tensor,
+                   offsets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The static buffers of a tree region, with this tree's ids and layout copied into them."""
+        t, dev = ids.shape[-1], ids.device
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = {"ids": torch.zeros(1, t, dtype=torch.long, device=dev),
+                                        "allowed": torch.zeros(t, t, dtype=torch.bool, device=dev),
+                                        "offsets": torch.zeros(t, dtype=torch.long, device=dev)}
+        buf["ids"].copy_(ids)
+        buf["allowed"].copy_(allowed)
+        buf["offsets"].copy_(offsets)
+        return buf
+
+    def _layout(self, parents: tuple[int, ...], layout: tuple[torch.Tensor, torch.Tensor]) -> tuple:
+        """``layout`` on the device, made once per tree shape (a few hundred shapes kept)."""
+        key = (layout[0].shape[0], parents)
+        found = self._layouts.get(key)
+        if found is None:
+            if len(self._layouts) >= MAX_LAYOUTS:
+                self._layouts.clear()
+            found = self._layouts[key] = tuple(x.to(self.lm.device) for x in layout)
+        return found
 
     def _compiled(self, ids: torch.Tensor, position_ids: Optional[torch.Tensor], mask: Optional[torch.Tensor],
                   last_only: bool, hidden: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -248,14 +295,22 @@ class StaticRunner:
             buf["mask"] = torch.zeros(1, 1, t, self.capacity, dtype=self.lm.dtype, device=dev)
         return buf
 
-    def _step(self, buf: dict, custom: bool, last_only: bool, hidden: bool) -> tuple:
-        """The captured body: build positions and mask from device state, run the model."""
-        if custom:
+    def _step(self, buf: dict, mode: str, last_only: bool, hidden: bool) -> tuple:
+        """The captured body: build positions and mask from device state, run the model. ``mode``: "causal"
+        (from the write counter), "custom" (the caller's, in the buffers) or "tree" (its layout + the counter)."""
+        if mode == "custom":
             pos, mask = buf["pos"], buf["mask"]
         else:
             start = self._write_position()
-            pos = (start + buf["steps"]).unsqueeze(0)                          # [1, T]
-            allowed = self._slots.unsqueeze(0) <= pos[0].unsqueeze(1)          # [T, capacity]
+            if mode == "tree":
+                pos = (start + buf["offsets"]).unsqueeze(0)                    # [1, T]
+                col = self._slots - start                                      # [capacity]: column in the block
+                t = buf["allowed"].shape[0]
+                inside = buf["allowed"].gather(1, col.clamp(0, t - 1).expand(t, -1))
+                allowed = (col < 0) | ((col < t) & inside)                     # [T, capacity]
+            else:
+                pos = (start + buf["steps"]).unsqueeze(0)                      # [1, T]
+                allowed = self._slots.unsqueeze(0) <= pos[0].unsqueeze(1)      # [T, capacity]
             mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=allowed.device)
             mask = mask.masked_fill(~allowed, float("-inf"))[None, None]
         kwargs: dict = {"input_ids": buf["ids"], "position_ids": pos, "attention_mask": mask,

@@ -103,18 +103,24 @@ class HeadRunner:
                 "mask": torch.zeros(K, self.capacity, dtype=torch.bool, device=dev)}
         return b
 
-    def _call(self, kind: str, inputs: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, start: int,
-              seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy one call's inputs into its shape's buffers (rows ``start ..`` of the cache, ``seen [K, capacity]``),
-        run its region; (features, float logits), copies the next replay will not overwrite."""
-        K = tokens.shape[0]
-        key = (kind, K)
+    def _load(self, key: tuple, inputs: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, start: int,
+              seen: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``key``'s static buffers with one call's inputs copied into them (its region reads only these)."""
+        K = key[1]
         b = self._buffers_for(key, inputs.shape[-1])
         b["input"].copy_(inputs)
         b["tok"].copy_(tokens)
         b["pos"].copy_(pos)
         b["slot"].copy_(self.rows[start:start + K])
         b["mask"].copy_(seen)
+        return b
+
+    def _call(self, kind: str, inputs: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, start: int,
+              seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy one call's inputs into its shape's buffers (rows ``start ..`` of the cache, ``seen [K, capacity]``),
+        run its region; (features, float logits), copies the next replay will not overwrite."""
+        key = (kind, tokens.shape[0])
+        b = self._load(key, inputs, tokens, pos, start, seen)
         region = self._extend_region if kind == "extend" else self._draft_region
         g, logits = self.graphs.run(key, lambda: region(b))
         return g.clone(), logits.clone()
