@@ -100,6 +100,24 @@ def test_fast_strategies_keep_greedy_tokens_with_regions_replayed():
     assert runner.replays > runner.captures
 
 
+def test_a_newest_pair_head_and_a_growing_head_cache_draft_as_the_eager_head(monkeypatch):
+    """A head without context (its cache holds only the newest pair) and a head cache that outgrows its first
+    capacity mid-run (rows copied to a bigger runner, regions captured again) draft what the eager head drafts."""
+    monkeypatch.setattr(headgraph, "BUCKET", 16)          # 16 rows: outgrown after a few steps
+    lm = _fresh_target()
+    ids = prompt(5, 3)
+    ref = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=N).token_ids
+    for context in (False, True):
+        pair = ModelPair(lm, prophet=random_prophet(lm, 2, context=context))
+        eager, traced = Tracer(), Tracer()
+        prophet(ids, pair, ProphetParams(draft_tokens=3), max_new_tokens=N, tracer=eager)
+        with graphs.emulation():
+            res = prophet(ids, pair, ProphetParams(draft_tokens=3, fast=True), max_new_tokens=N, tracer=traced)
+        assert res.token_ids == ref and _drafts(traced) == _drafts(eager), context
+        capacities = {e[0].capacity for e in pair.prophet.__dict__["_head_runners"]}
+        assert max(capacities) > 16 and res.stats["head_graphs"]["replays"] > 0, capacities
+
+
 def test_without_emulation_the_cpu_head_stays_eager():
     lm = _fresh_target()
     head = random_prophet(lm, 1)
@@ -239,9 +257,9 @@ def test_bundled_model_prophet_on_emulated_graphs_equals_greedy():
     pair = ModelPair(lm)
     for text in ("Explain what a binary search does.", "Name three primary colors."):
         ids = encode_prompt(lm.tokenizer, text, chat=True)
-        want = greedy(ids, pair, GreedyParams(), max_new_tokens=12).token_ids
+        want = greedy(ids, pair, GreedyParams(), max_new_tokens=10).token_ids
         with graphs.emulation():
-            res = prophet(ids, pair, ProphetParams(fast=True), max_new_tokens=12)
+            res = prophet(ids, pair, ProphetParams(fast=True), max_new_tokens=10)
         assert res.token_ids == want
         assert res.stats["head_graphs"]["replays"] > 0
         assert res.stats["mean_tokens_per_target_forward"] > 1.0     # the shipped head's drafts are accepted
