@@ -146,7 +146,8 @@ class HeadRunner:
         return out
 
     def draft_nodes(self, state: HeadState, used: int, g: torch.Tensor, tokens: torch.Tensor,
-                    pos: torch.Tensor | int, visible: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    pos: torch.Tensor | int, visible: Optional[torch.Tensor] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Prophet.draft_nodes`` on the static cache, after ``used`` draft rows of this draft: (features
         ``[K, H]``, logits ``[K, Vd]``)."""
         K, n = g.shape[0], state.length
