@@ -96,7 +96,7 @@ def test_fast_strategies_keep_greedy_tokens_with_regions_replayed():
     assert ("extend", 1) in stats["keys"] and ("draft", 1) in stats["keys"]
     runner = lm.state.fastpath_runners[0][0]
     kinds = {k[0] for k in runner.graphs.keys()}
-    assert {"causal", "custom", "tree"} <= kinds, kinds            # greedy's and chains', lookahead's, trees'
+    assert {"causal", "custom", "tree", "keep"} <= kinds, kinds    # greedy's, lookahead's, trees', accepted paths'
     assert runner.replays > runner.captures
 
 
@@ -217,6 +217,35 @@ def test_custom_positions_passed_around_the_buffer_break_the_emulated_forward(mo
     with graphs.emulation():
         first, second = _window_logits(lm, fast=True)
     assert torch.allclose(first, plain[0]) and not torch.allclose(second, plain[1])
+
+
+def _kept_logits(lm, fast: bool) -> torch.Tensor:
+    """Two trees verified and an accepted path of two nodes kept after each (other rows each time), then the
+    logits of a forward after them: they read every kept row."""
+    from decoding.runtime.attention import tree_forward
+    from decoding.runtime.session import Session
+    from decoding.tree import TokenTree
+    s = Session(lm, fast=fast, max_len=40)
+    s.prefill(prompt(6, 2))
+    for root, tree, path in ((4, TokenTree((5, 9, 14, 30), (-1, -1, 1, 2)), [1, 2]),
+                             (7, TokenTree((21, 3, 8, 11), (-1, 0, -1, 2)), [2, 3])):
+        base = s.length
+        tree_forward(s, [root], tree)
+        s.keep(base, [0] + [1 + i for i in path])
+    return s.forward(s.tensor([[12, 13]]))
+
+
+def test_kept_rows_passed_around_the_buffer_break_the_emulated_cache(monkeypatch):
+    lm = _fresh_target()
+    plain = _kept_logits(lm, fast=False)
+    with graphs.emulation():
+        assert torch.allclose(plain, _kept_logits(lm, fast=True))
+    real = fastpath.StaticRunner._load_keep
+    monkeypatch.setattr(fastpath.StaticRunner, "_load_keep", lambda self, key, src, base: {
+        **real(self, key, src, base), "src": torch.tensor(src)})
+    lm.state.fastpath_runners.clear()
+    with graphs.emulation():
+        assert not torch.allclose(plain, _kept_logits(lm, fast=True))
 
 
 def test_a_write_position_read_on_the_host_is_refused(monkeypatch):

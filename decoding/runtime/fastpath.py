@@ -104,7 +104,7 @@ class StaticRunner:
 
     def keep(self, base: int, rows: list[int]) -> None:
         """Move cached positions ``base + r`` (``r`` in ``rows``, ascending) to ``base, base + 1, ...``; drop the rest."""
-        if self._move_in_one_call(base, rows):
+        if self._move_in_one_call(base, rows) or self._move_in_a_region(base, rows):
             return
         src = torch.tensor([base + r for r in rows], device=self.lm.device)
         self._mirrored = min(self._mirrored, base)
@@ -135,6 +135,38 @@ class StaticRunner:
         self._mirrored = mirrored
         self.rewind(base + len(rows))
         return True
+
+    def _move_in_a_region(self, base: int, rows: list[int]) -> bool:
+        """``keep`` as one replayed region per number of rows (CUDA: one graph launch instead of two kernels per
+        layer and tensor); the rows to move and their destinations are data in static buffers. False where
+        regions are not replayed (then ``keep`` moves them itself)."""
+        n = len(rows)
+        if not (self.graphs.active and self.engine is None and n and self._initialized()):
+            return False
+        if rows != list(range(n)):            # an accepted path already in place needs no move
+            with torch.inference_mode():
+                buf = self._load_keep(("keep", n), [base + r for r in rows], base)
+                self.graphs.run(("keep", n), lambda: self._move_rows(buf))
+        self.rewind(base + n)
+        return True
+
+    def _load_keep(self, key: tuple, src: list[int], base: int) -> dict[str, torch.Tensor]:
+        """The static buffers of a move of ``len(src)`` rows: from cache slots ``src`` to ``base, base + 1, ...``."""
+        n, dev = len(src), self._slots.device
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = {"src": torch.zeros(n, dtype=torch.long, device=dev),
+                                        "dst": torch.zeros(n, dtype=torch.long, device=dev)}
+        buf["src"].copy_(torch.tensor(src))
+        buf["dst"].copy_(self._slots[base:base + n])
+        return buf
+
+    def _move_rows(self, buf: dict[str, torch.Tensor]) -> tuple:
+        """The region of a move: every layer's keys and values, rows ``src`` to rows ``dst``."""
+        for layer in self.cache.layers:
+            for cache in (layer.keys, layer.values):
+                cache.index_copy_(2, buf["dst"], cache.index_select(2, buf["src"]))
+        return ()
 
     def _initialized(self) -> bool:
         return all(getattr(layer, "is_initialized", False) for layer in self.cache.layers)
