@@ -212,7 +212,9 @@ class ProphetDrafter(Drafter):
             g_par = torch.cat([feats[g.parents[e]] for e in nodes])                  # [K, H]
             toks = torch.tensor([g.tokens[e] for e in nodes], device=p.device)
             pos = torch.tensor([n - 1 + g.depths[e] for e in nodes], device=p.device)
-            vis = visible_ancestors(g, nodes, slots, len(slots)).to(p.device) if slots else None
+            vis = visible_ancestors(g, nodes, slots, len(slots)) if slots else None       # [K, S] on the host
+            if vis is not None and self.runner is None:
+                vis = vis.to(p.device)
             out, logits = self._head(scratch, g_par, toks, pos, vis)                   # [K, H], [K, Vd]
             for r, e in enumerate(nodes):
                 slots[e] = len(slots)

@@ -138,16 +138,19 @@ class StaticRunner:
 
     def _move_in_a_region(self, base: int, rows: list[int]) -> bool:
         """``keep`` as one replayed region per number of rows (CUDA: one graph launch instead of two kernels per
-        layer and tensor); the rows to move and their destinations are data in static buffers. False where
-        regions are not replayed (then ``keep`` moves them itself)."""
+        layer and tensor, and one per layer to set its write counter); the rows to move, their destinations and
+        the new length are data in static buffers. False where regions are not replayed (then ``keep`` moves
+        them itself)."""
         n = len(rows)
-        if not (self.graphs.active and self.engine is None and n and self._initialized()):
+        counters = [layer.cumulative_length for layer in self.cache.layers]
+        if not (self.graphs.active and self.engine is None and n and base + n <= self.length
+                and self._initialized() and all(isinstance(c, torch.Tensor) for c in counters)):
             return False
-        if rows != list(range(n)):            # an accepted path already in place needs no move
-            with torch.inference_mode():
-                buf = self._load_keep(("keep", n), [base + r for r in rows], base)
-                self.graphs.run(("keep", n), lambda: self._move_rows(buf))
-        self.rewind(base + n)
+        with torch.inference_mode():
+            buf = self._load_keep(("keep", n), [base + r for r in rows], base)
+            self.graphs.run(("keep", n), lambda: self._move_rows(buf))
+        self.length = base + n
+        self._mirrored = min(self._mirrored, self.length)
         return True
 
     def _load_keep(self, key: tuple, src: list[int], base: int) -> dict[str, torch.Tensor]:
@@ -156,16 +159,20 @@ class StaticRunner:
         buf = self._buffers.get(key)
         if buf is None:
             buf = self._buffers[key] = {"src": torch.zeros(n, dtype=torch.long, device=dev),
-                                        "dst": torch.zeros(n, dtype=torch.long, device=dev)}
+                                        "dst": torch.zeros(n, dtype=torch.long, device=dev),
+                                        "length": torch.zeros((), dtype=torch.long, device=dev)}
         buf["src"].copy_(torch.tensor(src))
         buf["dst"].copy_(self._slots[base:base + n])
+        buf["length"].copy_(self._slots[base + n - 1] + 1)
         return buf
 
     def _move_rows(self, buf: dict[str, torch.Tensor]) -> tuple:
-        """The region of a move: every layer's keys and values, rows ``src`` to rows ``dst``."""
+        """The region of a move: every layer's keys and values, rows ``src`` to rows ``dst``; every layer's write
+        counter to the kept length."""
         for layer in self.cache.layers:
             for cache in (layer.keys, layer.values):
                 cache.index_copy_(2, buf["dst"], cache.index_select(2, buf["src"]))
+            layer.cumulative_length.copy_(buf["length"])
         return ()
 
     def _initialized(self) -> bool:

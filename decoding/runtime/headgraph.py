@@ -55,6 +55,7 @@ class HeadRunner:
         cos, sin = prophet._rope(0, capacity)              # [capacity, d]: the eager head's own table
         self.cos, self.sin = cos.to(dt).clone(), sin.to(dt).clone()
         self.rows = torch.arange(capacity, device=dev)
+        self._host_rows = torch.arange(capacity)          # the masks are made on the host, copied over once
         self.graphs = Graphs(dev)
         self._buffers: dict[tuple, dict[str, torch.Tensor]] = {}
 
@@ -139,7 +140,7 @@ class HeadRunner:
         inputs = hidden.to(p.dtype) if extra is None else torch.cat([hidden.to(p.dtype),
                                                                       extra.to(p.dtype).flatten(1)], dim=-1)
         # the new pairs see every older pair and, causally, each other
-        seen = self.rows[None, :] <= (old + self.rows[:m])[:, None]                      # [m, capacity]
+        seen = self._host_rows[None, :] <= (old + self._host_rows[:m])[:, None]          # [m, capacity]
         out = self._call("extend", inputs, tokens, self.rows[state.n:state.n + m], old, seen)
         state.n += m
         state.length = old + m
@@ -149,14 +150,14 @@ class HeadRunner:
                     pos: torch.Tensor | int, visible: Optional[torch.Tensor] = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Prophet.draft_nodes`` on the static cache, after ``used`` draft rows of this draft: (features
-        ``[K, H]``, logits ``[K, Vd]``)."""
+        ``[K, H]``, logits ``[K, Vd]``). ``visible [K, used]`` on the host (copied with the rest of the mask)."""
         K, n = g.shape[0], state.length
         start = n + used
-        seen = self.rows[None, :] < n                                                    # committed pairs
-        seen = seen.expand(K, self.capacity).clone()
+        seen = torch.zeros(K, self.capacity, dtype=torch.bool)                           # on the host
+        seen[:, :n] = True                                                               # committed pairs
         if used:
-            seen[:, n:start] = True if visible is None else visible.to(seen.device)
-        seen[torch.arange(K, device=seen.device), start + torch.arange(K, device=seen.device)] = True
+            seen[:, n:start] = True if visible is None else visible.cpu()
+        seen[:, start:start + K] = torch.eye(K, dtype=torch.bool)
         if isinstance(pos, int):
             pos = self.rows[pos:pos + K]
         return self._call("draft", g, tokens, pos, start, seen)
