@@ -118,6 +118,20 @@ def test_a_newest_pair_head_and_a_growing_head_cache_draft_as_the_eager_head(mon
         assert max(capacities) > 16 and res.stats["head_graphs"]["replays"] > 0, capacities
 
 
+def test_a_layer_fusion_head_drafts_on_replayed_regions_as_the_eager_head():
+    """The extend region reads the fused layers' states from its input buffer (``[m, (1 + k) H]``)."""
+    from test_prophet_fusion import _head, _wake_fusion
+    lm = _fresh_target()
+    pair = ModelPair(lm, prophet=_wake_fusion(_head(lm, layers=(0, 1), dtype=F64)))
+    ids = prompt(6, 2)
+    eager, traced = Tracer(), Tracer()
+    want = prophet(ids, pair, ProphetParams(draft_tokens=3), max_new_tokens=N, tracer=eager).token_ids
+    with graphs.emulation():
+        res = prophet(ids, pair, ProphetParams(draft_tokens=3, fast=True), max_new_tokens=N, tracer=traced)
+    assert res.token_ids == want == greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=N).token_ids
+    assert _drafts(traced) == _drafts(eager) and res.stats["head_graphs"]["replays"] > 0
+
+
 def test_without_emulation_the_cpu_head_stays_eager():
     lm = _fresh_target()
     head = random_prophet(lm, 1)
