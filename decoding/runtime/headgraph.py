@@ -199,8 +199,8 @@ def checkout(prophet: Any, owner: Any, rows: int, keep: Optional[tuple[HeadRunne
             pool.append([runner, weakref.ref(owner)])
             return runner
         free = [e for e in pool if e[1]() is None]
-        for entry in free:
-            if entry[0].capacity == capacity:
+        for entry in sorted(free, key=lambda e: e[0].capacity):     # the smallest that fits: its regions stay
+            if entry[0].capacity >= capacity:
                 entry[1] = weakref.ref(owner)
                 return entry[0]
         if len(pool) - len(free) >= MAX_RUNNERS:
