@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
         for m, values in row["methods"].items():
             res = results[m]
             values["nodes_per_step"] = res.stats.get("mean_nodes_per_step", 0.0)
+            if "head_graphs" in res.stats:   # fast=true on CUDA: the head's draft calls replayed as graphs
+                values["head_graph_replays"] = res.stats["head_graphs"]["replays"]
             if args.baseline:   # per token: the baseline's greedy may stop at another length
                 b_rate = statistics.median(times["baseline"]) / max(1, len(results["baseline"].token_ids))
                 rate = statistics.median(times[m]) / max(1, len(res.token_ids))

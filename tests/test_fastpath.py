@@ -3,7 +3,10 @@
 CI has no GPU, so these tests run the fast path's exact code on the CPU, where
 only the graph capture itself is skipped: the static cache, the in-graph causal
 mask built from the cache's write counter, the padded custom masks, rewinds,
-growth and runner reuse are all exercised. ``benchmarks/gpu.sh`` repeats the
+growth and runner reuse are all exercised; the strategies run again with graph
+replay emulated (``runtime/graphs.py``: every later call of a shape re-runs its
+first call's closure over the static buffers), which the prophet head's draft
+calls go through too (``tests/test_graph_emulation.py`` plants the bugs it catches). ``benchmarks/gpu.sh`` repeats the
 equality check on CUDA with graphs on.
 """
 
@@ -24,7 +27,7 @@ from decoding.params import (
     SampleParams,
     SpeculativeParams,
 )
-from decoding.runtime import fastpath
+from decoding.runtime import fastpath, graphs, headgraph
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.session import Session
 from decoding.sampling import make_generator
@@ -44,8 +47,9 @@ def _repetitive(lm, n=20):
     return seed + cont + seed
 
 
+@pytest.mark.parametrize("emulate", [False, True], ids=["eager", "emulated-graphs"])
 @pytest.mark.parametrize("arch", ["llama", "gptneox", "gpt2"])
-def test_every_strategy_gives_the_same_tokens_on_the_fast_path(arch):
+def test_every_strategy_gives_the_same_tokens_on_the_fast_path(arch, emulate):
     lm = tiny_causal(arch, seed=0, scale=8.0, dtype=F64)
     assert fastpath.supported(lm)
     for ids in (prompt(7, 1), _repetitive(lm)):
@@ -63,8 +67,11 @@ def test_every_strategy_gives_the_same_tokens_on_the_fast_path(arch):
             "prophet": lambda: prophet(ids, ModelPair(lm, prophet=random_prophet(lm, 1)),
                                        ProphetParams(draft_tokens=3, fast=True), max_new_tokens=36),
         }
-        for name, run in runs.items():
-            assert run().token_ids == ref, (arch, name)
+        with graphs.emulation(emulate):
+            for name, run in runs.items():
+                assert run().token_ids == ref, (arch, name)
+    stats = fastpath.pool_stats(lm)
+    assert (stats["replays"] > stats["captures"] > 0) == emulate, stats
 
 
 def test_random_assistant_and_sampling_match_on_the_fast_path():
@@ -143,3 +150,11 @@ def test_cuda_graphs_replay_and_equal_greedy():
         assert res.token_ids == ref
     stats = fastpath.pool_stats(lm)
     assert stats["captures"] >= 1 and stats["replays"] > 40
+    # the prophet's draft calls replayed as graphs too (runtime/headgraph.py), its tree verified on the target's
+    head = random_prophet(lm, 1)
+    for tree in (True, False):
+        res = prophet(ids, ModelPair(lm, prophet=head), ProphetParams(draft_tokens=4, fast=True, tree=tree),
+                      max_new_tokens=40)
+        assert res.token_ids == ref and res.stats["head_graphs"]["replays"] > 0
+    heads = headgraph.pool_stats(head)
+    assert heads["captures"] == len(heads["keys"]) and heads["replays"] > heads["captures"]

@@ -20,6 +20,10 @@ feature gives the first draft distribution. Then either
 ``q_draft`` is zero outside the head's draft vocabulary; verification always uses
 the target's full vocabulary, so greedy output is exactly greedy's whatever the
 head predicts.
+
+With ``fast=true`` on a GPU the head's calls run on a static cache as captured CUDA graphs, one per call shape
+(``runtime/headgraph.py``); on the CPU they do so only within ``graphs.emulation()`` (the tests' check of the
+graph discipline), and otherwise stay eager as with ``fast=false``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from decoding.drafting.base import Drafter, Proposal
 from decoding.drafting.budget import Budget, Cost, choose_budget
 from decoding.drafting.dynamic import Growth, grow, visible_ancestors
 from decoding.events import ForwardPass
+from decoding.runtime import graphs, headgraph
 from decoding.sampling import probs as filtered_probs
 from decoding.sampling import sample
 from decoding.tracer import NULL_TRACER
@@ -57,13 +62,46 @@ class ProphetDrafter(Drafter):
             raise ValueError("budget=measured needs the target's forward-cost curve (make_drafter measures it)")
         self.cost = cost
         self.hidden_layers = tuple(prophet.config.feature_layers)
+        self.fast = bool(getattr(params, "fast", False))
+        self.runner: Optional[headgraph.HeadRunner] = None
         self.begin(())
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.state = self.prophet.new_state()
+        self.finish(())
+        graphed = self.fast and (self.prophet.device.type == "cuda" or graphs.emulating())
+        self.runner = headgraph.checkout(self.prophet, self, headgraph.BUCKET) if graphed else None
+        self.state = headgraph.HeadState() if self.runner is not None else self.prophet.new_state()
+        self._graph_counts = [0, 0]              # the head's captures and replays in this generation
+        self._seen = self._counters()
         self._pending: list[tuple[torch.Tensor, list[int]]] = []
-        self._last: Optional[torch.Tensor] = None
+        self._last: Optional[tuple[torch.Tensor, torch.Tensor]] = None      # (feature [1, H], logits [1, Vd])
         self.budgets: list[Budget] = []          # the measured budget's choice at each tree step
+
+    def finish(self, output: Sequence[int]) -> None:
+        """The static head's runner goes back to the head's pool (its regions stay captured for the next run)."""
+        if self.runner is not None:
+            self._tally_graphs()
+            headgraph.release(self.prophet, self.runner)
+
+    def _counters(self) -> tuple[int, int]:
+        r = self.runner
+        return (r.graphs.captures, r.graphs.replays) if r is not None else (0, 0)
+
+    def _tally_graphs(self) -> None:
+        now = self._counters()
+        self._graph_counts = [a + b - c for a, b, c in zip(self._graph_counts, now, self._seen)]
+        self._seen = now
+
+    def _room(self, k: int) -> None:
+        """Grow the static head cache when this draft (its pending pairs and up to ``k`` depths) would not fit."""
+        pending = sum(len(t) for _, t in self._pending)
+        topk = self.params.tree_shape(self.prophet.device)[0] if self.params.tree else 1
+        rows, positions = pending + k * topk, pending + k + 1
+        if not self.runner.fits(self.state, rows, positions):
+            self._tally_graphs()
+            need = max(self.state.length + rows, self.state.n + positions + 1)
+            self.runner = headgraph.checkout(self.prophet, self, need, keep=(self.runner, self.state))
+            self._seen = self._counters()
 
     def observe(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
         """Newly committed tokens and the target's last-layer states ``[m, H]`` that predicted them (for a
@@ -78,8 +116,9 @@ class ProphetDrafter(Drafter):
         if not (self._pending or self.state.n):
             return Proposal.empty()
         t0 = time.perf_counter()
-        g0 = self._catch_up()
-        logits0 = self.prophet.draft_logits(g0)                                   # [1, Vd]
+        if self.runner is not None:
+            self._room(k)
+        g0, logits0 = self._catch_up()                                            # [1, H], [1, Vd]
         self._count(1, t0)
         if self.params.tree:
             return self._tree(g0, logits0, k, t0)
@@ -91,8 +130,9 @@ class ProphetDrafter(Drafter):
             self.tracer.emit(ForwardPass(step=self.clock(), model="draft", positions=positions,
                                          ms=round((time.perf_counter() - t0) * 1e3, 3), kind="draft"))
 
-    def _catch_up(self) -> torch.Tensor:
-        """Feed the pairs committed since the last draft into the head's cache; the newest pair's feature."""
+    def _catch_up(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the pairs committed since the last draft into the head's cache; the newest pair's feature and
+        its draft logits."""
         p = self.prophet
         if self._pending:
             hidden = torch.cat([h for h, _ in self._pending]).to(p.dtype)
@@ -100,8 +140,23 @@ class ProphetDrafter(Drafter):
             self._pending.clear()
             H, k = p.config.hidden, len(self.hidden_layers)
             extra = hidden[:, H:].reshape(-1, k, H) if k else None   # [last | layer i | ...] from the session
-            self._last = p.extend(self.state, hidden[:, :H], ids, extra)
+            if self.runner is not None:
+                self._last = self.runner.extend(self.state, hidden[:, :H], ids, extra)
+            else:
+                g = p.extend(self.state, hidden[:, :H], ids, extra)
+                self._last = (g, p.draft_logits(g))
         return self._last
+
+    def _head(self, scratch: Any, g: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor | int,
+              visible: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head call over ``K`` draft positions (``Prophet.draft_nodes``): features ``[K, H]``, logits
+        ``[K, Vd]``; on the static cache's replayed region when there is one."""
+        if self.runner is None:
+            out = self.prophet.draft_nodes(self.state, scratch, g, tokens, pos, visible)
+            return out, self.prophet.draft_logits(out)
+        out, logits = self.runner.draft_nodes(self.state, scratch.used, g, tokens, pos, visible)
+        scratch.used += g.shape[0]
+        return out, logits
 
     def _full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits ``[..., Vd]`` -> full-vocabulary logits ``[..., V]`` (-inf outside)."""
@@ -120,8 +175,8 @@ class ProphetDrafter(Drafter):
         for j in range(k):
             if j:   # 1. one head position: the previous feature fused with the token just drafted
                 t0 = time.perf_counter()
-                g = p.draft_step(self.state, scratch, g, torch.tensor([tokens[-1]], device=p.device), j)
-                logits = p.draft_logits(g)[0]                                      # [Vd]
+                g, logits = self._head(scratch, g, torch.tensor([tokens[-1]], device=p.device), self.state.n - 1 + j)
+                logits = logits[0]                                                 # [Vd]
                 self._count(1, t0)
             # 2. a token: argmax, or a sample from the filtered q_draft over the full vocabulary
             if self.greedy:
@@ -157,12 +212,14 @@ class ProphetDrafter(Drafter):
             g_par = torch.cat([feats[g.parents[e]] for e in nodes])                  # [K, H]
             toks = torch.tensor([g.tokens[e] for e in nodes], device=p.device)
             pos = torch.tensor([n - 1 + g.depths[e] for e in nodes], device=p.device)
-            vis = visible_ancestors(g, nodes, slots, len(slots)).to(p.device) if slots else None
-            out = p.draft_nodes(self.state, scratch, g_par, toks, pos, vis)           # [K, H]
+            vis = visible_ancestors(g, nodes, slots, len(slots)) if slots else None       # [K, S] on the host
+            if vis is not None and self.runner is None:
+                vis = vis.to(p.device)
+            out, logits = self._head(scratch, g_par, toks, pos, vis)                   # [K, H], [K, Vd]
             for r, e in enumerate(nodes):
                 slots[e] = len(slots)
                 feats[e] = out[r:r + 1]
-            rows = self._rows(p.draft_logits(out))
+            rows = self._rows(logits)
             self._count(len(nodes), t0)
             return rows
 
@@ -181,8 +238,12 @@ class ProphetDrafter(Drafter):
     def stats(self) -> dict:
         """With a measured budget: ``tree_budget`` (means over the steps, and the cost curve's points) and
         ``tree_budget_nodes`` (the nodes kept at each step)."""
+        if self.runner is not None:
+            self._tally_graphs()
+        graphed = {"head_graphs": {"captures": self._graph_counts[0], "replays": self._graph_counts[1]}} \
+            if self.fast and self.runner is not None else {}
         if not self.measured:
-            return {}
+            return graphed
         b, n = self.budgets, max(1, len(self.budgets))
         summary = {"mode": "measured", "steps": len(b),
                    "mean_offered_nodes": round(sum(x.offered for x in b) / n, 3),
@@ -194,4 +255,4 @@ class ProphetDrafter(Drafter):
         record = getattr(self.cost, "record", None)
         if callable(record):
             summary.update(record())
-        return {"tree_budget": summary, "tree_budget_nodes": [x.nodes for x in b]}
+        return {**graphed, "tree_budget": summary, "tree_budget_nodes": [x.nodes for x in b]}

@@ -10,6 +10,7 @@ position ids (Marian and T5 compute their own decoder positions, for example); c
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 import torch
@@ -61,11 +62,23 @@ def tree_forward(session: Any, pending: Sequence[int], tree: TokenTree, *, hidde
         return session.forward(ids, hidden=hidden, kind=kind)[0]
     check_mask_support(session.lm)
     allowed, rel = tree_layout(len(pending), tree.parents)
+    if session.runner is not None:      # the fast path: positions and mask made from the layout on the device
+        logits = session.forward_tree(ids, tree.parents, (allowed, _offsets(len(pending), tree.parents)),
+                                      hidden=hidden, kind=kind)
+        if logits is not None:
+            return logits[0]
     cached = session.length
     positions = rel + (cached + len(pending) - 1)                                  # [T]
     return session.forward(ids, position_ids=positions[None].to(session.lm.device),
                            attention_mask=attention_mask(session.lm, allowed, positions, cached),
                            hidden=hidden, kind=kind)[0]
+
+
+@lru_cache(maxsize=1024)
+def _offsets(pending: int, parents: tuple[int, ...]) -> torch.Tensor:
+    """The rows' positions after the cache's write position (the first pending token's slot): ``tree_layout``'s
+    positions relative to the root, moved by the pending tokens before it."""
+    return tree_layout(pending, parents)[1] + (pending - 1)
 
 
 def check_mask_support(lm: Any) -> None:

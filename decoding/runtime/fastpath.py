@@ -15,7 +15,10 @@ without changing a single token:
   replayed afterwards: one launch per forward instead of hundreds.
 
 On the CPU the same code runs without capture, which is how the tests check
-that the fast path gives exactly the tokens of the plain one. Prefill (long,
+that the fast path gives exactly the tokens of the plain one; within
+``graphs.emulation()`` the CPU replays each region as a graph would (the first
+call's closure, re-run over the static buffers), so the tests also check that
+every input reaches a region through its buffers (``runtime/graphs.py``). Prefill (long,
 variable length) always runs uncaptured. Decoder-only models only; a model
 whose layers mix sliding-window and full attention keeps the plain path.
 """
@@ -30,11 +33,13 @@ import torch
 
 from decoding.runtime import compiled
 from decoding.runtime.gqa_attention import KEY_BLOCK
+from decoding.runtime.graphs import Graphs
 from decoding.runtime.kvcache import cache_kwarg
 
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
 MAX_GRAPH_T = 128     # forwards longer than this (prefill) run uncaptured
 MAX_RUNNERS = 4       # per model: runners idle beyond this are dropped
+MAX_LAYOUTS = 512     # per runner: tree layouts kept on the device
 
 
 def supported(lm: Any) -> bool:
@@ -67,13 +72,10 @@ class StaticRunner:
         self.engine = compiled.engine(lm) if lm.device.type == "cpu" else None   # the compiled CPU path
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         self.length = 0
-        self.graphs_on = lm.device.type == "cuda"
-        self._graphs: dict[tuple, tuple[Any, Any]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self.graphs = Graphs(lm.device)     # captured on CUDA, emulated on the CPU in graphs.emulation()
         self._slots = torch.arange(capacity, device=lm.device)
         self._buffers: dict[tuple, dict[str, torch.Tensor]] = {}
-        self.captures = 0     # graphs captured (tests and the benchmark report it)
-        self.replays = 0
+        self._layouts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}     # tree shape -> its device layout
         self.compiled_forwards = 0   # forwards that ran compiled (runtime/compiled.py)
         # the compiled path's scores read the keys transposed, [kv, d, capacity] per layer: kept beside the cache,
         # written by the graph, and brought up to date from the cache after eager forwards (prefill) and moves
@@ -102,7 +104,7 @@ class StaticRunner:
 
     def keep(self, base: int, rows: list[int]) -> None:
         """Move cached positions ``base + r`` (``r`` in ``rows``, ascending) to ``base, base + 1, ...``; drop the rest."""
-        if self._move_in_one_call(base, rows):
+        if self._move_in_one_call(base, rows) or self._move_in_a_region(base, rows):
             return
         src = torch.tensor([base + r for r in rows], device=self.lm.device)
         self._mirrored = min(self._mirrored, base)
@@ -134,6 +136,45 @@ class StaticRunner:
         self.rewind(base + len(rows))
         return True
 
+    def _move_in_a_region(self, base: int, rows: list[int]) -> bool:
+        """``keep`` as one replayed region per number of rows (CUDA: one graph launch instead of two kernels per
+        layer and tensor, and one per layer to set its write counter); the rows to move, their destinations and
+        the new length are data in static buffers. False where regions are not replayed (then ``keep`` moves
+        them itself)."""
+        n = len(rows)
+        counters = [layer.cumulative_length for layer in self.cache.layers]
+        if not (self.graphs.active and self.engine is None and n and base + n <= self.length
+                and self._initialized() and all(isinstance(c, torch.Tensor) for c in counters)):
+            return False
+        with torch.inference_mode():
+            buf = self._load_keep(("keep", n), [base + r for r in rows], base)
+            self.graphs.run(("keep", n), lambda: self._move_rows(buf))
+        self.length = base + n
+        self._mirrored = min(self._mirrored, self.length)
+        return True
+
+    def _load_keep(self, key: tuple, src: list[int], base: int) -> dict[str, torch.Tensor]:
+        """The static buffers of a move of ``len(src)`` rows: from cache slots ``src`` to ``base, base + 1, ...``."""
+        n, dev = len(src), self._slots.device
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = {"src": torch.zeros(n, dtype=torch.long, device=dev),
+                                        "dst": torch.zeros(n, dtype=torch.long, device=dev),
+                                        "length": torch.zeros((), dtype=torch.long, device=dev)}
+        buf["src"].copy_(torch.tensor(src))
+        buf["dst"].copy_(self._slots[base:base + n])
+        buf["length"].copy_(self._slots[base + n - 1] + 1)
+        return buf
+
+    def _move_rows(self, buf: dict[str, torch.Tensor]) -> tuple:
+        """The region of a move: every layer's keys and values, rows ``src`` to rows ``dst``; every layer's write
+        counter to the kept length."""
+        for layer in self.cache.layers:
+            for cache in (layer.keys, layer.values):
+                cache.index_copy_(2, buf["dst"], cache.index_select(2, buf["src"]))
+            layer.cumulative_length.copy_(buf["length"])
+        return ()
+
     def _initialized(self) -> bool:
         return all(getattr(layer, "is_initialized", False) for layer in self.cache.layers)
 
@@ -154,21 +195,57 @@ class StaticRunner:
                 t <= compiled.ROWS or mask is None or not _sees_later_rows(mask, self.length)):
             return self._compiled(ids, position_ids, mask, last_only, hidden)
         key = ("custom" if custom else "causal", t, last_only, hidden)
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = self._new_buffers(t, custom)
-        buf["ids"].copy_(ids)
-        if custom:
-            if position_ids is None:
-                position_ids = torch.arange(self.length, self.length + t, device=ids.device).unsqueeze(0)
-            buf["pos"].copy_(position_ids)
-            buf["mask"].fill_(float("-inf"))
-            buf["mask"][..., : self.length + t].copy_(mask)
-        fn = lambda: self._step(buf, custom, last_only, hidden)   # noqa: E731
+        buf = self._load(key, ids, position_ids, mask)
+        fn = lambda: self._step(buf, "custom" if custom else "causal", last_only, hidden)   # noqa: E731
         out = self._run(key, fn, t) if capture else fn()
         self.length += t
         logits, states = out
         return logits.clone(), (None if states is None else states.clone())
+
+    def forward_tree(self, ids: torch.Tensor, parents: tuple[int, ...], layout: tuple[torch.Tensor, torch.Tensor], *,
+                     hidden: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """A tree's verify forward: ``ids [1, T]`` = pending tokens then the nodes, ``layout`` = ``tree_layout``'s
+        (``allowed [T, T]``, ``offsets [T]``: positions after the cache's write position). The layout goes to the
+        device once per tree shape (``parents``); the region builds the positions and the ``[T, capacity]`` mask
+        from it and the cache's write counter, so the host prepares nothing per step but the ids."""
+        t = ids.shape[-1]
+        if self.engine is not None:        # the compiled CPU path takes the whole mask
+            allowed, offsets = layout
+            mask = torch.zeros(1, 1, t, self.length + t, dtype=self.lm.dtype, device=ids.device)
+            mask[0, 0, :, self.length:].masked_fill_(~allowed.to(ids.device), float("-inf"))
+            pos = (offsets.to(ids.device) + self.length)[None]
+            return self.forward(ids, position_ids=pos, mask=mask, last_only=False, hidden=hidden)
+        if self.length + t > self.capacity:
+            raise RuntimeError(f"static cache of {self.capacity} positions is full")
+        key = ("tree", t, False, hidden)
+        buf = self._load_tree(key, ids, *self._layout(parents, layout))
+        out = self._run(key, lambda: self._step(buf, "tree", False, hidden), t)
+        self.length += t
+        return out[0].clone(), (None if out[1] is None else out[1].clone())
+
+    def _load_tree(self, key: tuple, ids: torch.Tensor, allowed: torch.Tensor,
+                   offsets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The static buffers of a tree region, with this tree's ids and layout copied into them."""
+        t, dev = ids.shape[-1], ids.device
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = {"ids": torch.zeros(1, t, dtype=torch.long, device=dev),
+                                        "allowed": torch.zeros(t, t, dtype=torch.bool, device=dev),
+                                        "offsets": torch.zeros(t, dtype=torch.long, device=dev)}
+        buf["ids"].copy_(ids)
+        buf["allowed"].copy_(allowed)
+        buf["offsets"].copy_(offsets)
+        return buf
+
+    def _layout(self, parents: tuple[int, ...], layout: tuple[torch.Tensor, torch.Tensor]) -> tuple:
+        """``layout`` on the device, made once per tree shape (a few hundred shapes kept)."""
+        key = (layout[0].shape[0], parents)
+        found = self._layouts.get(key)
+        if found is None:
+            if len(self._layouts) >= MAX_LAYOUTS:
+                self._layouts.clear()
+            found = self._layouts[key] = tuple(x.to(self.lm.device) for x in layout)
+        return found
 
     def _compiled(self, ids: torch.Tensor, position_ids: Optional[torch.Tensor], mask: Optional[torch.Tensor],
                   last_only: bool, hidden: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -231,6 +308,23 @@ class StaticRunner:
             self._mirrored = n
         return self._keys_t
 
+    def _load(self, key: tuple, ids: torch.Tensor, position_ids: Optional[torch.Tensor],
+              mask: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The static buffers of ``key``'s region, with this forward's inputs copied into them (a region reads
+        only these: a graph replays the addresses it recorded)."""
+        t, custom = ids.shape[-1], mask is not None
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = self._new_buffers(t, custom)
+        buf["ids"].copy_(ids)
+        if custom:
+            if position_ids is None:
+                position_ids = torch.arange(self.length, self.length + t, device=ids.device).unsqueeze(0)
+            buf["pos"].copy_(position_ids)
+            buf["mask"].fill_(float("-inf"))
+            buf["mask"][..., : self.length + t].copy_(mask)
+        return buf
+
     def _new_buffers(self, t: int, custom: bool) -> dict[str, torch.Tensor]:
         dev = self.lm.device
         buf = {"ids": torch.zeros(1, t, dtype=torch.long, device=dev),
@@ -240,14 +334,22 @@ class StaticRunner:
             buf["mask"] = torch.zeros(1, 1, t, self.capacity, dtype=self.lm.dtype, device=dev)
         return buf
 
-    def _step(self, buf: dict, custom: bool, last_only: bool, hidden: bool) -> tuple:
-        """The captured body: build positions and mask from device state, run the model."""
-        if custom:
+    def _step(self, buf: dict, mode: str, last_only: bool, hidden: bool) -> tuple:
+        """The captured body: build positions and mask from device state, run the model. ``mode``: "causal"
+        (from the write counter), "custom" (the caller's, in the buffers) or "tree" (its layout + the counter)."""
+        if mode == "custom":
             pos, mask = buf["pos"], buf["mask"]
         else:
             start = self._write_position()
-            pos = (start + buf["steps"]).unsqueeze(0)                          # [1, T]
-            allowed = self._slots.unsqueeze(0) <= pos[0].unsqueeze(1)          # [T, capacity]
+            if mode == "tree":
+                pos = (start + buf["offsets"]).unsqueeze(0)                    # [1, T]
+                col = self._slots - start                                      # [capacity]: column in the block
+                t = buf["allowed"].shape[0]
+                inside = buf["allowed"].gather(1, col.clamp(0, t - 1).expand(t, -1))
+                allowed = (col < 0) | ((col < t) & inside)                     # [T, capacity]
+            else:
+                pos = (start + buf["steps"]).unsqueeze(0)                      # [1, T]
+                allowed = self._slots.unsqueeze(0) <= pos[0].unsqueeze(1)      # [T, capacity]
             mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=allowed.device)
             mask = mask.masked_fill(~allowed, float("-inf"))[None, None]
         kwargs: dict = {"input_ids": buf["ids"], "position_ids": pos, "attention_mask": mask,
@@ -268,31 +370,16 @@ class StaticRunner:
         return torch.tensor(int(counter), device=self._slots.device)
 
     def _run(self, key: tuple, fn: Callable[[], tuple], t: int) -> tuple:
-        if not self.graphs_on or t > MAX_GRAPH_T or not self._initialized():
-            return fn()
-        entry = self._graphs.get(key)
-        if entry is not None:
-            entry[0].replay()
-            self.replays += 1
-            return entry[1]
-        # First time for this shape: run it for real on a side stream (this is also the
-        # warm-up capture needs), then record the same body into a graph. Recording
-        # executes nothing, so the cache state is exactly what the real run left.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            result = fn()
-        torch.cuda.current_stream().wait_stream(side)
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = fn()
-        except Exception:    # a model whose forward cannot be captured keeps the uncaptured path
-            self.graphs_on = False
-            return result
-        self._graphs[key] = (graph, outputs)
-        self.captures += 1
-        return result
+        return self.graphs.run(key, fn, eager=t > MAX_GRAPH_T or not self._initialized())
+
+    @property
+    def captures(self) -> int:
+        """Regions captured (tests and the benchmark report it)."""
+        return self.graphs.captures
+
+    @property
+    def replays(self) -> int:
+        return self.graphs.replays
 
     def grow_to(self, capacity: int) -> "StaticRunner":
         """A bigger runner holding this one's cached positions."""

@@ -173,17 +173,39 @@ class Session:
                     states = fastpath.pick_states(
                         out.decoder_hidden_states if self.lm.is_encoder_decoder else out.hidden_states,
                         self.hidden_layers or True)
+        self._account(ids, t0, kind, states if hidden else None)
+        return logits
+
+    def _account(self, ids: torch.Tensor, t0: float, kind: str, states: Optional[torch.Tensor]) -> None:
+        """A forward's time, counts, hidden states (``states``, when asked for) and trace event."""
+        traced = self.tracer.enabled
         if self._sync and traced:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0
         self.forwards += 1
         self.positions += ids.numel()
         self.ms += ms
-        if hidden:
+        if states is not None:
             self.last_hidden = states
         if traced:
             self.tracer.emit(ForwardPass(step=self.clock(), model=self.role,
                                          positions=int(ids.numel()), ms=round(ms, 3), kind=kind))
+
+    def forward_tree(self, ids: torch.Tensor, parents: tuple[int, ...], layout: tuple[torch.Tensor, torch.Tensor], *,
+                     hidden: bool = False, kind: str = "verify") -> Optional[torch.Tensor]:
+        """A tree's forward on the fast path's static runner (``StaticRunner.forward_tree``: the layout made on
+        the device once per tree shape); None when this session has no runner (then the caller masks it)."""
+        if self.runner is None or ids.shape[0] != 1:
+            return None
+        traced = self.tracer.enabled
+        if self._sync and traced:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self._room(ids.shape[-1])
+            logits, states = self.runner.forward_tree(ids, parents, layout,
+                                                      hidden=(self.hidden_layers or True) if hidden else False)
+        self._account(ids, t0, kind, states if hidden else None)
         return logits
 
     def _room(self, t: int) -> None:
