@@ -33,7 +33,7 @@ import torch
 
 from decoding.runtime import compiled
 from decoding.runtime.gqa_attention import KEY_BLOCK
-from decoding.runtime.graphs import Graphs
+from decoding.runtime.graphs import Graphs, admit
 from decoding.runtime.kvcache import cache_kwarg
 
 BUCKET = 256          # capacities are rounded up to this, so prompts of similar length share graphs
@@ -429,14 +429,7 @@ def checkout(lm: Any, owner: Any, positions: int) -> Optional[StaticRunner]:
                 entry[1] = weakref.ref(owner)
                 entry[0].reset()
                 return entry[0]
-        busy = len(pool) - len(free)
-        if busy >= MAX_RUNNERS:
-            return None
-        while free and len(pool) >= MAX_RUNNERS:
-            pool.remove(free.pop(0))
-        runner = StaticRunner(lm, capacity)
-        pool.append([runner, weakref.ref(owner)])
-        return runner
+        return admit(pool, free, owner, lambda: StaticRunner(lm, capacity), MAX_RUNNERS)
 
 
 def replace(lm: Any, old: StaticRunner, new: StaticRunner, owner: Any) -> None:

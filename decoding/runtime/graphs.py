@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -147,3 +148,16 @@ class Graphs:
     def keys(self) -> list:
         return list(self._regions)
 
+
+
+def admit(pool: list, free: list, owner: Any, make: Callable[[], Any], limit: int) -> Any:
+    """A new runner ``make()`` for ``owner`` in ``pool`` (entries ``[runner, weak reference to its owner]``;
+    ``free``: the entries whose owner is gone), or None when ``limit`` runners are busy. Free runners are dropped,
+    oldest first, to make room. Shared by the target's runners (``fastpath``) and the head's (``headgraph``)."""
+    if len(pool) - len(free) >= limit:
+        return None
+    while free and len(pool) >= limit:
+        pool.remove(free.pop(0))
+    runner = make()
+    pool.append([runner, weakref.ref(owner)])
+    return runner

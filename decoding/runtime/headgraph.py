@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from decoding.runtime.graphs import Graphs
+from decoding.runtime.graphs import Graphs, admit
 
 BUCKET = 256          # capacities (rows of the head's cache, and positions) are rounded up to this
 MAX_RUNNERS = 4       # per head: runners idle beyond this are dropped
@@ -203,13 +203,7 @@ def checkout(prophet: Any, owner: Any, rows: int, keep: Optional[tuple[HeadRunne
             if entry[0].capacity >= capacity:
                 entry[1] = weakref.ref(owner)
                 return entry[0]
-        if len(pool) - len(free) >= MAX_RUNNERS:
-            return None
-        while free and len(pool) >= MAX_RUNNERS:
-            pool.remove(free.pop(0))
-        runner = HeadRunner(prophet, capacity)
-        pool.append([runner, weakref.ref(owner)])
-        return runner
+        return admit(pool, free, owner, lambda: HeadRunner(prophet, capacity), MAX_RUNNERS)
 
 
 def release(prophet: Any, runner: HeadRunner) -> None:
