@@ -194,7 +194,7 @@ def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypa
     distribution of 3-token outputs matches the exactly enumerated target distribution; trying a second
     candidate against the unchanged target (no residual) does not."""
     from test_speculative import (_chi_square, _draw_outputs, _exact_model_distribution, _negative_control_fails,
-                                  _passes)
+                                  _outputs, _passes)
 
     from decoding import verify as verify_mod
     lm = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
@@ -214,7 +214,7 @@ def test_sampling_keeps_the_target_distribution_and_uses_the_candidates(monkeypa
     stat, dof = _chi_square(counts, exact, n)
     assert _passes(stat, dof), (stat, dof)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
-    _negative_control_fails(lambda m: draw(m)[0], exact, n)
+    _negative_control_fails(_outputs(lambda gen: run(gen)[0], 7), exact, n)
 
 
 def test_sampling_params_are_validated_and_zero_temperature_is_greedy():

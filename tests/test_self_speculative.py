@@ -27,7 +27,6 @@ from decoding.events import LayerSearch, event_to_dict
 from decoding.params import GreedyParams, HFEarlyExitParams, SelfSpeculativeParams, parse_params
 from decoding.runtime.layers import decoder_stack, layer_view
 from decoding.runtime.pair import ModelPair
-from decoding.sampling import make_generator
 from decoding.strategies import get_strategy
 from decoding.strategies.baselines import greedy
 from decoding.strategies.hf_generate import hf_early_exit
@@ -36,7 +35,8 @@ from decoding.tracer import Tracer
 from visualize.checks import check_event
 from visualize.trees import tree_at
 
-from test_speculative import _chi_square, _exact_model_distribution, _negative_control_fails, _passes
+from test_speculative import (_chi_square, _draw_outputs, _exact_model_distribution, _negative_control_fails, _outputs,
+                              _passes)
 from tiny_models import prompt, tiny_causal, tiny_marian
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -211,21 +211,16 @@ def test_sampling_matches_the_target_distribution(values, naive, monkeypatch, pr
     exact = _exact_model_distribution(target, ids, 2, params)
     assert abs(sum(exact.values()) - 1) < 1e-4
 
-    def draw(seed, m=n):
-        counts, gen, accepted = {}, make_generator(seed), 0
-        for _ in range(m):
-            res = self_speculative(ids, ModelPair(target), params, max_new_tokens=3, rng=gen)
-            accepted += res.stats["accepted"]
-            key = tuple(res.token_ids[:2])
-            counts[key] = counts.get(key, 0) + 1
-        return counts, accepted
-    counts, accepted = draw(11)
+    def run(gen):
+        res = self_speculative(ids, ModelPair(target), params, max_new_tokens=3, rng=gen)
+        return res.token_ids[:2], res.stats["accepted"]
+    counts, accepted = _draw_outputs(run, n, 11)
     stat, dof = _chi_square(counts, exact, n)
     assert _passes(stat, dof), (stat, dof)
     assert accepted > n // 4                     # drafts really were accepted, not only resampled
     if naive:
         monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
-        _negative_control_fails(lambda m: draw(11, m)[0], exact, n)
+        _negative_control_fails(_outputs(lambda gen: run(gen)[0], 11), exact, n)
 
 
 # --------------------------------------------------------------------------- transformers' early exit

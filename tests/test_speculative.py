@@ -133,11 +133,10 @@ def test_verify_greedy_unit():
     assert (verify_greedy(logits, [2, 0]).n_accepted, verify_greedy(logits, [2, 0]).next_token) == (0, 1)
 
 
-def _simulate(p, q, k, n_out, samples, seed):
-    """Pure loop over verify_sampling with history-independent rows p[i], q[i]: counts of n_out-token outputs."""
+def _simulated_outputs(p, q, k, n_out, seed):
+    """Pure loop over verify_sampling with history-independent rows p[i], q[i]: endless n_out-token outputs."""
     gen = torch.Generator().manual_seed(seed)
-    counts: dict[tuple, int] = {}
-    for _ in range(samples):
+    while True:
         out: list[int] = []
         while len(out) < n_out:
             i0 = len(out)
@@ -146,9 +145,7 @@ def _simulate(p, q, k, n_out, samples, seed):
             draft = [int(torch.multinomial(row, 1, generator=gen)) for row in qs]
             v = verify_sampling(p[i0:i0 + kk + 1], qs, draft, gen)
             out += draft[:v.n_accepted] + [v.next_token]
-        key = tuple(out[:n_out])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+        yield tuple(out[:n_out])
 
 
 def _chi_square(counts, exact, n):
@@ -175,11 +172,40 @@ def _passes(stat, dof):
 
 # The statistical tests' negative control (a known bug patched in) draws as many outputs as the real check: on a
 # third as many, 3 of the 7 controls tried (a tree draft, suffix decoding's chain, prompt lookup's) passed the bound.
-def _negative_control_fails(draw, exact, n):
-    """``draw(n)`` -> output counts of ``n`` runs with the bug patched in: they must fail the bound."""
-    stat, dof = _chi_square(draw(n), exact, n)
-    assert not _passes(stat, dof), (stat, dof, n)
-    return stat, dof
+# It checks the bound as it draws, at each quarter of n, and stops at the first checkpoint that fails: the first m
+# outputs of its one seeded stream are a check of m <= n draws that catches the bug, and the real check's power
+# against it only grows with n. A checkpoint before n counts only with 10 degrees of freedom or more (one pooled
+# cell "fails" a bound of 0). Where it fails early it costs a quarter to a half of n runs, never more than n.
+CONTROL_CHECKPOINTS = 4
+
+
+def _outputs(run, seed):
+    """Endless outputs of ``run(gen)`` (a token sequence, kept as a tuple) on one generator seeded ``seed``."""
+    gen = make_generator(seed)
+    while True:
+        yield tuple(run(gen))
+
+
+def _negative_control_fails(outputs, exact, n):
+    """``outputs``: an iterator of run outputs with the bug patched in (``_outputs``); they must fail the bound
+    within ``n`` draws. Returns (stat, dof, draws taken)."""
+    counts: dict[tuple, int] = {}
+    step = max(1, n // CONTROL_CHECKPOINTS)
+    for m, key in enumerate(itertools.islice(outputs, n), 1):
+        counts[key] = counts.get(key, 0) + 1
+        if m % step == 0 or m == n:
+            stat, dof = _chi_square(counts, exact, m)
+            if not _passes(stat, dof) and (dof >= 10 or m == n):
+                return stat, dof, m
+    raise AssertionError(f"the negative control passed the bound on {n} draws: stat {stat:.1f}, dof {dof}")
+
+
+def _count(outputs, n):
+    """Counts of the next ``n`` of ``outputs``."""
+    counts: dict[tuple, int] = {}
+    for key in itertools.islice(outputs, n):
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _draw_outputs(run, n, seed):
@@ -202,11 +228,35 @@ def test_rejection_sampling_unit_matches_target_and_catches_naive_resampling(mon
     exact = {seq: float(p[0, seq[0]] * p[1, seq[1]] * p[2, seq[2]])
              for seq in itertools.product(range(V), repeat=n_out)}
     n = 12000
-    stat, dof = _chi_square(_simulate(p, q, k, n_out, n, 1), exact, n)
+    stat, dof = _chi_square(_count(_simulated_outputs(p, q, k, n_out, 1), n), exact, n)
     assert _passes(stat, dof), (stat, dof)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
-    stat_naive, dof = _chi_square(_simulate(p, q, k, n_out, n, 1), exact, n)
-    assert not _passes(stat_naive, dof), (stat_naive, dof)
+    _negative_control_fails(_simulated_outputs(p, q, k, n_out, 1), exact, n)
+
+
+def test_the_negative_control_stops_only_where_the_bound_fails():
+    """The control's early stop: outputs drawn from the exact distribution never fail (it raises, as a patched
+    bug that changed nothing must), outputs from a clearly different one fail at the first quarter, and a
+    slightly different one is drawn on past it. A control that stopped at a checkpoint without failing the
+    bound (one pooled cell, a degree-0 bound of 0) returns on the first stream."""
+    torch.manual_seed(0)
+    cells = list(itertools.product(range(6), repeat=2))
+    p = torch.softmax(torch.randn(len(cells)), -1)
+    exact = {c: float(p[i]) for i, c in enumerate(cells)}
+
+    def stream(probs, seed):
+        gen = torch.Generator().manual_seed(seed)
+        while True:
+            yield cells[int(torch.multinomial(probs, 1, generator=gen))]
+    n = 4000
+    with pytest.raises(AssertionError, match="passed the bound"):
+        _negative_control_fails(stream(p, 1), exact, n)
+    assert _negative_control_fails(stream(torch.full_like(p, 1 / len(cells)), 1), exact, n)[2] == n // 4
+    slight = 0.9 * p + 0.1 / len(cells)
+    stat, dof, taken = _negative_control_fails(stream(slight, 1), exact, n)
+    assert taken > n // 4 and not _passes(stat, dof)
+    # 20 draws of 36 cells: every cell is pooled, so no checkpoint before the last counts
+    assert _negative_control_fails(stream(p, 1), exact, 20)[1:] == (0, 20)
 
 
 def _exact_model_distribution(model, ids, n_out, params):
@@ -237,18 +287,13 @@ def test_speculative_sampling_matches_target_distribution_on_a_toy_model(params,
     exact = _exact_model_distribution(target, ids, n_out, params)
     assert abs(sum(exact.values()) - 1) < 1e-4
 
-    def draw(m):
-        counts: dict[tuple, int] = {}
-        gen = make_generator(11)
-        for _ in range(m):
-            res = speculative(ids, ModelPair(target, helper), params, max_new_tokens=n_out, rng=gen)
-            key = tuple(res.token_ids)
-            counts[key] = counts.get(key, 0) + 1
-        return counts
-    stat, dof = _chi_square(draw(n), exact, n)
+    def run(gen):
+        return speculative(ids, ModelPair(target, helper), params, max_new_tokens=n_out, rng=gen).token_ids
+    counts = _count(_outputs(run, 11), n)
+    stat, dof = _chi_square(counts, exact, n)
     assert _passes(stat, dof), (stat, dof)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
-    _negative_control_fails(draw, exact, n)
+    _negative_control_fails(_outputs(run, 11), exact, n)
 
 
 # --------------------------------------------------------------------------- bundled model

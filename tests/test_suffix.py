@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_speculative import _chi_square, _exact_model_distribution, _negative_control_fails, _passes
+from test_speculative import _chi_square, _exact_model_distribution, _negative_control_fails, _outputs, _passes
 
 from decoding import verify as verify_mod
 from decoding.context import RunContext
@@ -351,7 +351,7 @@ def test_sampling_keeps_the_target_distribution(kind, params, monkeypatch, prefi
     # the drafter proposed something in a good share of the runs (else the test would prove nothing)
     assert sum(d > 0 for d in drafted) > n // 4, sum(d > 0 for d in drafted)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
-    _negative_control_fails(lambda m: _draw(run, m, 11), exact, n)
+    _negative_control_fails(_outputs(run, 11), exact, n)
 
 
 # --------------------------------------------------------------------------- parameters and traces

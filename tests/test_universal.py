@@ -15,7 +15,8 @@ import sys
 
 import pytest
 import torch
-from test_speculative import _chi_square, _draw_outputs, _exact_model_distribution, _negative_control_fails, _passes
+from test_speculative import (_chi_square, _draw_outputs, _exact_model_distribution, _negative_control_fails, _outputs,
+                              _passes)
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -298,7 +299,7 @@ def test_intersection_sampling_keeps_the_target_distribution(monkeypatch, one_th
         out[shared] = q[shared]
         return out
     monkeypatch.setattr(universal, "restrict", unnormalized)
-    _negative_control_fails(lambda m: draw(m)[0], exact, n)
+    _negative_control_fails(_outputs(lambda gen: run(gen)[0], 11), exact, n)
 
 
 # --------------------------------------------------------------------------- trace, view, benchmark anchor
