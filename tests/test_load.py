@@ -194,7 +194,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
     assert "Ran 1 strategies" in _request(client, "Name a planet.", seed=1)["status"]
 
 
-def test_stop_is_honoured_after_thousands_of_stops_from_other_sessions(app_url, app_state, monkeypatch):
+def test_stop_is_honoured_after_a_thousand_stops_from_other_sessions(app_url, app_state, monkeypatch):
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     # the storm shares this machine's CPU with the run: give the run time to outlast it
