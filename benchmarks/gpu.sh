@@ -32,6 +32,9 @@
 #           "A") trained at once on it: A the shipped head continued (fresh 8k draft vocabulary), D the same
 #           with a 16k vocabulary, B an EAGLE-3-style head fusing layers 2 and 15 with the last, C = A's
 #           recipe on B's units only
+#   graphs  issue 50: the graphed prophet head on CUDA (the fast-path and graph-emulation tests, then `unseen` with
+#           the tree and the chain): `bash benchmarks/gpu.sh setup` (carrying .dev/whl, .dev/g1), then
+#           `bash benchmarks/gpu.sh setup graphs` (carrying .dev/g2), one call right after the other
 # Results go to ${OUT:-out}/.
 set -euo pipefail
 PY=${PY:-python3}
@@ -238,5 +241,14 @@ unseen() {
         ${UNSEEN_ARGS:-} --json "$OUTDIR/unseen-gpu-$dt.json" 2>&1 | grep -v "Loading weights" \
         | tee "$OUTDIR/unseen-gpu-$dt.txt"
   done
+}
+graphs() {
+  # issue 50: the graphed prophet head (runtime/headgraph.py) and tree bookkeeping, built and checked on the CPU in
+  # graph emulation. On CUDA: the fast-path tests (graphs captured for real, the head's replays counted), then
+  # `unseen` with the tree and the chain; every prophet row of the JSON reports head_graph_replays (0: the capture
+  # fell back to eager). Compare with benchmarks/results/unseen-gpu-float32.json (2026-11-28, before the graphed head)
+  "$PY" -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_graph_emulation.py 2>&1 \
+      | tee "$OUTDIR/pytest-graphs-cuda.txt"
+  VARIANTS=${VARIANTS:-"defaults: chain:tree=false"} unseen
 }
 for step in "$@"; do echo "== $step"; $step; done
