@@ -188,19 +188,26 @@ def _tree_logits(lm, fast: bool) -> list[torch.Tensor]:
             tree_forward(s, [7], TokenTree((21, 3, 8), (-1, -1, 1)))]
 
 
-def test_a_tree_layout_passed_around_the_buffers_breaks_the_emulated_forward(monkeypatch):
-    lm = _fresh_target()
-    plain = _tree_logits(lm, fast=False)
+def _only_the_replay_breaks(lm, two_forwards, plant, region: str | None = None) -> None:
+    """``two_forwards(lm, fast)`` gives the plain path's logits when emulated (its forwards in ``region`` regions,
+    where named);
+    with the bug ``plant()`` put in, still eagerly, but in emulation the second forward (a replay) differs."""
+    plain = two_forwards(lm, fast=False)
     with graphs.emulation():
-        fast = _tree_logits(lm, fast=True)
+        fast = two_forwards(lm, fast=True)
     assert all(torch.allclose(a, b) for a, b in zip(plain, fast))
-    assert {k[0] for k in lm.state.fastpath_runners[0][0].graphs.keys()} == {"tree"}
-    _tree_layout_around_the_buffer(monkeypatch)
-    assert all(torch.allclose(a, b) for a, b in zip(plain, _tree_logits(lm, fast=True)))       # eagerly
+    assert region is None or {k[0] for k in lm.state.fastpath_runners[0][0].graphs.keys()} == {region}
+    plant()
+    assert all(torch.allclose(a, b) for a, b in zip(plain, two_forwards(lm, fast=True)))       # eagerly
     lm.state.fastpath_runners.clear()
     with graphs.emulation():
-        first, second = _tree_logits(lm, fast=True)
+        first, second = two_forwards(lm, fast=True)
     assert torch.allclose(first, plain[0]) and not torch.allclose(second, plain[1])
+
+
+def test_a_tree_layout_passed_around_the_buffers_breaks_the_emulated_forward(monkeypatch):
+    _only_the_replay_breaks(_fresh_target(), _tree_logits, lambda: _tree_layout_around_the_buffer(monkeypatch),
+                            "tree")
 
 
 def _window_logits(lm, fast: bool) -> list[torch.Tensor]:
@@ -221,16 +228,7 @@ def _window_logits(lm, fast: bool) -> list[torch.Tensor]:
 
 
 def test_custom_positions_passed_around_the_buffer_break_the_emulated_forward(monkeypatch):
-    lm = _fresh_target()
-    plain = _window_logits(lm, fast=False)
-    with graphs.emulation():
-        assert all(torch.allclose(a, b) for a, b in zip(plain, _window_logits(lm, fast=True)))
-    _window_positions_around_the_buffer(monkeypatch)
-    assert all(torch.allclose(a, b) for a, b in zip(plain, _window_logits(lm, fast=True)))      # eagerly
-    lm.state.fastpath_runners.clear()
-    with graphs.emulation():
-        first, second = _window_logits(lm, fast=True)
-    assert torch.allclose(first, plain[0]) and not torch.allclose(second, plain[1])
+    _only_the_replay_breaks(_fresh_target(), _window_logits, lambda: _window_positions_around_the_buffer(monkeypatch))
 
 
 def _kept_logits(lm, fast: bool) -> torch.Tensor:
