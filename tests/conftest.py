@@ -90,8 +90,31 @@ def chromium_page(url: str, **page_options) -> Iterator:
         pg.get_by_label("Greedy", exact=True).wait_for(timeout=60_000)
         try:
             yield pg
+        except Exception as exc:
+            if type(exc).__name__ != "TimeoutError":
+                raise
+            raise AssertionError(f"{exc}\nwhat the page showed then:\n{_page_state(pg)}") from exc
         finally:
             browser.close()
+
+
+# what a timed-out browser test reports besides the timeout: the status line, Gradio's error toasts and every
+# element the page holds with an id (ours: #status, #columns, #batch-view, ...), a few hundred characters each
+PAGE_STATE_JS = """() => {
+  const cut = s => (s || '').replace(/\\s+/g, ' ').trim().slice(0, 400);
+  const out = [...document.querySelectorAll('.toast-body, .error')].map(e => 'toast/error: ' + cut(e.innerText));
+  for (const e of document.querySelectorAll('[id]')) {
+    if (/^(status|columns|batch|share|sweep|export|import)/.test(e.id)) out.push('#' + e.id + ': ' + cut(e.innerText));
+  }
+  return out.join('\\n');
+}"""
+
+
+def _page_state(page) -> str:
+    try:
+        return page.evaluate(PAGE_STATE_JS)
+    except Exception as exc:                     # noqa: BLE001 - the page itself may be gone
+        return f"(the page could not be read: {exc})"
 
 
 @pytest.fixture

@@ -198,7 +198,8 @@ def test_the_page_panel_runs_a_batch_race_and_escapes_the_prompt(bundled):
     from web.batch_panel import batch_race
     ask = dict(model="smollm2-135m-instruct", assistant="prophet", strategies=["prophet", "beam"], chat=True,
                max_new_tokens=4)
-    assert batch_race(prompt="<b>Hi</b>", batch=1, **ask) == ""          # batch 1: no race, the view stays hidden
+    with pytest.raises(ValueError, match="batch must be from 2 to 8 for a batch race"):   # said, never a blank view
+        batch_race(prompt="<b>Hi</b>", batch=1, **ask)
     with pytest.raises(ValueError, match="batch must be a whole number from 1 to 8"):
         batch_race(prompt="Hi", batch=12, **ask)
     page = batch_race(prompt="<b>Hi</b>", batch=2, **ask)
@@ -226,3 +227,18 @@ def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
     out = asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "<b>Hi</b>", True, 8, 2))
     assert "queue full" in out["value"] and len(seen) == 1
     assert asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 12))["value"].startswith("<p>batch")
+
+
+def test_a_failing_batch_race_is_said_in_the_view_without_server_paths(monkeypatch):
+    """A press always shows something: the race's own failure (not a refusal) is a message in the view, its
+    server paths redacted and its markup escaped, where a bare toast left the view hidden and a waiting page
+    (or test) with nothing to read."""
+    from web import batch_panel
+    from web.app_object import PlaygroundApp
+
+    def broken(*values, settings):
+        raise RuntimeError("<b>boom</b> in /srv/secret/decoding/strategies/batched.py")
+    monkeypatch.setattr(batch_panel, "batch_race", broken)
+    out = asyncio.run(batch_panel.shown(PlaygroundApp(), "m", "none", ["greedy"], "Hi", True, 8, 2))
+    assert out["visible"] and out["value"].startswith("<p>The batch race failed: &lt;b&gt;boom&lt;/b&gt;")
+    assert "/srv/secret" not in out["value"]

@@ -48,7 +48,10 @@ def test_self_speculative_a_lossy_column_and_the_batch_panel(app_url):
         slider.fill("2")
         slider.press("Enter")
         page.locator("#batch-run").click()
-        page.wait_for_function("document.querySelector('#batch-view .batch-race') !== null", timeout=600_000)
+        # whatever the press ends in (the race, a refusal, a failure) is drawn in the view: wait for it, then read
+        page.wait_for_function("(v => v && !v.querySelector('.batch-hint') && v.innerText.trim().length > 0)"
+                               "(document.querySelector('#batch-view'))", timeout=600_000)
         grid = page.locator("#batch-view").inner_text()
+        assert page.locator("#batch-view .batch-race").count() >= 1, grid
         assert "greedy" in grid and "waited" in grid
         assert page.locator("#batch-view tr th.bl").count() >= 2          # one row a prompt

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import logging
 import threading
 from typing import Any
 
@@ -22,10 +23,14 @@ from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.batchgrid import batch_race_html
 from web.loading import prepare
 from web.app_object import PlaygroundApp
+from web.redact import public_message
 from web.settings import DEFAULT_SETTINGS, Settings
 from web.watch import Settled, alone, watch
 
 MAX_NEW = 64            # tokens per row in a batch race (each strategy runs every row twice)
+log = logging.getLogger(__name__)
+HINT = ('<p class="batch-hint">Choose a batch of 2 or more and press the button: your prompt and example prompts '
+        'race as one batch against the same prompts one after another.</p>')
 
 
 def batch_race(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
@@ -33,7 +38,7 @@ def batch_race(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: A
     """The race's HTML (empty for a batch of 1); raises ValueError naming the bad field."""
     batch = check_batch(batch)
     if batch == 1:
-        return ""
+        raise ValueError(f"batch must be from 2 to {MAX_BATCH} for a batch race (a batch of 1 is the race above)")
     ticked = [s for s in (strategies or []) if isinstance(s, str)]
     names = ["greedy"] + [s for s in BATCHABLE if s in ticked and s != "greedy"]
     plan = [(n, {}) for n in names]
@@ -58,7 +63,7 @@ def batch_panel(fields: dict, app: PlaygroundApp) -> None:
         with gr.Row():
             batch = gr.Slider(1, MAX_BATCH, value=1, step=1, label=f"batch (1–{MAX_BATCH})", elem_id="batch")
             button = gr.Button("Run the batch race", elem_id="batch-run")
-        view = gr.HTML(visible=False, elem_id="batch-view")
+        view = gr.HTML(HINT, elem_id="batch-view")      # always drawn: a press replaces the hint, never shows it
 
     async def run(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new: Any, size: Any) -> Any:
         return gr.update(**await shown(app, model, assistant, strategies, prompt, chat, max_new, size))
@@ -68,8 +73,10 @@ def batch_panel(fields: dict, app: PlaygroundApp) -> None:
 
 
 async def shown(app: PlaygroundApp, *values: Any) -> dict:
-    """The view's value and visibility for one press: the race computed in ``app``'s line, or the refusal (a bad
-    field, a model that does not load, a full line) as an escaped message."""
+    """The view's value and visibility for one press: the race computed in ``app``'s line, or, as an escaped message
+    in the view, the refusal (a bad field, a model that does not load, a full line) or a failure of the race itself
+    (logged with its traceback; the visitor sees its message without server paths), so a press always shows
+    something."""
     try:
         work = alone("batch", lambda c: batch_race(*values, settings=app.settings), float(check_batch(values[-1])))
         async with contextlib.aclosing(watch(app, work, threading.Event())) as updates:   # no Stop: it ends
@@ -78,4 +85,7 @@ async def shown(app: PlaygroundApp, *values: Any) -> dict:
         return dict(value=f"<p>{exc.message}</p>", visible=True)
     except ValueError as exc:               # the batch size, checked before anything waits
         return dict(value=f"<p>{html.escape(str(exc))}</p>", visible=True)
-    return dict(value=page, visible=bool(page))
+    except Exception as exc:                # noqa: BLE001 - the race's own failure: said in the view, not a bare toast
+        log.exception("the batch race failed")
+        return dict(value=f"<p>The batch race failed: {html.escape(public_message(exc))}</p>", visible=True)
+    return dict(value=page, visible=True)
