@@ -43,7 +43,7 @@ def race_url(tmp_path_factory):
 
 def test_the_example_races_jacobi_on_the_base_model_against_the_trained_one(race_url):
     with chromium_page(race_url) as page:
-        page.get_by_label("max_new_tokens (1–512)").fill("32")
+        page.get_by_label("max_new_tokens (1–512)").fill("16")         # two blocks of 8
         page.get_by_role("button", name=EXAMPLE, exact=True).click()
         page.wait_for_function("/Ran 4 strategies/.test(document.querySelector('#status').innerText)",
                                timeout=600_000)
