@@ -9,7 +9,8 @@ own folder, stdout and stderr to files. Each child is a copy of the preloaded in
 script imports or puts on ``sys.path`` is gone for the next; what a script needs from the project it must still
 find by itself.
 
-    run_scripts([path, ...], workdir)  ->  {"scripts": {path: {"rc", "stdout", "stderr"}}, "project_modules": [...]}
+    run_scripts([path, ...], workdir)  ->  {"scripts": {path: {"rc", "stdout", "stderr", "seconds"}},
+                                             "project_modules": [...], "preload_seconds", "python_threads", ...}
 
 Run as a program (by ``run_scripts``): ``python tests/script_starts.py OUT.json SCRIPT...``.
 """
@@ -36,7 +37,7 @@ TAIL = 20_000            # characters kept of each stream
 
 
 def run_scripts(scripts: list[Path], workdir: Path, preload: tuple[str, ...] = PRELOAD,
-                timeout_s: float = 600.0) -> dict:
+                timeout_s: float = 900.0) -> dict:
     """Run each script's ``--help`` (in order) in a child of one preloaded interpreter; the runner's report."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}     # as a person runs it: no test paths
     env.update(HF_HUB_OFFLINE="1", SCRIPT_STARTS_PRELOAD=",".join(preload))
