@@ -1,38 +1,139 @@
-"""Every benchmark script starts from a fresh interpreter (``python benchmarks/X.py --help``).
+"""Every benchmark script starts as ``python benchmarks/X.py --help`` does, from an interpreter given no test paths.
 
 The benchmarks are run by hand or by make targets, never by the suite, so a script whose imports broke
 (after a module moved, or with its path set up after the project's imports) would only be found by the
-next person measuring; this runs each one's argument parsing in its own process.
+next person measuring; this runs each one's argument parsing. A fresh interpreter per script cost 6-14 s
+each (importing torch, transformers and gradio again), so tests/script_starts.py imports those once and forks
+a pristine child per script; the planted scripts below prove that it still fails on what the check is for.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from script_starts import project_modules, run_scripts
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for p in (ROOT / "benchmarks").glob("*.py")
                  if p.name != "common.py" and "__main__" in p.read_text(encoding="utf-8"))
+PATH_LINE = "sys.path.insert(0, str(Path(__file__).resolve().parents[1]))\n"    # the scripts' own header
+
+
+def _mirror(root: Path) -> Path:
+    """The repository's layout under ``root`` (each top-level entry linked) with a real benchmarks/ folder
+    holding common.py, so a copied script finds the project exactly as the original does."""
+    root.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in ("benchmarks", ".git"):
+            (root / entry.name).symlink_to(entry)
+    (root / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "common.py", root / "benchmarks" / "common.py")
+    return root / "benchmarks"
+
+
+def _planted(folder: Path) -> dict[str, Path]:
+    """Copies of real scripts, good and broken, in the order they must run (the good ones first, so a runner
+    that leaked one script's imports or sys.path into the next would let the broken ones pass)."""
+    path_header = (ROOT / "benchmarks" / "sweep_suffix.py").read_text(encoding="utf-8")
+    common_header = (ROOT / "benchmarks" / "bench_suffix.py").read_text(encoding="utf-8")
+    first_import = "from decoding.harness.runner import encode_prompt  # noqa: E402\n"
+    common_line = ("from common import ROOT, median, timed, write_json  "
+                   "# first: it puts the repository root on sys.path\n")
+    assert PATH_LINE in path_header and first_import in path_header and common_line in common_header
+    assert "from decoding.strategies import" in path_header        # what relies_on_other leans on
+    texts = {
+        "good_path_header": path_header,
+        "good_common_header": common_header,
+        "missing_module": common_header.replace(common_line, common_line + "from decoding.no_such_module import x\n"),
+        "path_after_import": path_header.replace(PATH_LINE + first_import, first_import + PATH_LINE),
+        "relies_on_other": path_header.split(PATH_LINE)[0] + PATH_LINE + (
+            "import decoding  # noqa: E402\n\n"
+            "get_strategy = decoding.strategies.get_strategy   # loaded only where something imported it\n"
+            "argparse.ArgumentParser().parse_args()\n"),
+    }
+    assert len(set(texts.values())) == len(texts)                 # every plant really changed its copy
+    paths = {}
+    for name, text in texts.items():
+        paths[name] = folder / f"{name}.py"
+        paths[name].write_text(text, encoding="utf-8")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory):
+    """One runner over every script and then the planted copies: runs {name: {rc, stdout, stderr}}, the
+    runner's report and the planted scripts' paths."""
+    work = tmp_path_factory.mktemp("script_starts")
+    planted = _planted(_mirror(work / "repo"))
+    doc = run_scripts([*SCRIPTS, *planted.values()], work)
+    by_name = {p.stem: doc["scripts"].get(str(p)) for p in SCRIPTS}
+    by_name.update({f"planted:{k}": doc["scripts"].get(str(p)) for k, p in planted.items()})
+    return {"runs": by_name, "report": doc, "planted": planted}
 
 
 def test_there_are_scripts_to_check():
     assert len(SCRIPTS) >= 10
 
 
+def test_the_runner_preloads_no_project_module_and_runs_every_script(started):
+    by_name, doc = started["runs"], started["report"]
+    assert doc["project_modules"] == []
+    assert doc["python_threads"] == 1, "a preloaded library started a thread: fork would copy its held locks"
+    assert all(by_name.values()), [k for k, v in by_name.items() if not v]
+    assert len(doc["scripts"]) == len(by_name)
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
-def test_the_script_starts(script, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}   # as a person runs it: no test paths
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "usage" in proc.stdout.lower()
+def test_the_script_starts(script, started):
+    run = started["runs"][script.stem]
+    assert run is not None, "the runner did not run it"
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert "usage" in run["stdout"].lower(), (run["stdout"][-2000:], run["stderr"][-2000:])
+
+
+def _failed(run: dict, message: str) -> None:
+    assert run["rc"] != 0 and "usage" not in run["stdout"].lower(), run
+    assert message in run["stderr"], run["stderr"][-2000:]
+
+
+def test_the_runner_passes_unchanged_copies_of_real_scripts(started):
+    for name in ("good_path_header", "good_common_header"):
+        run = started["runs"][f"planted:{name}"]
+        assert run["rc"] == 0 and "usage" in run["stdout"].lower(), run
+
+
+def test_the_runner_fails_a_script_importing_a_project_module_that_does_not_exist(started):
+    _failed(started["runs"]["planted:missing_module"], "No module named 'decoding.no_such_module'")
+
+
+def test_the_runner_fails_a_script_that_imports_the_project_before_putting_it_on_its_path(started):
+    """Run after a good script that put the root on sys.path and imported decoding: only a fresh copy of the
+    preloaded interpreter per script makes this fail."""
+    _failed(started["runs"]["planted:path_after_import"], "No module named 'decoding'")
+
+
+def test_the_runner_fails_a_script_relying_on_a_module_only_another_script_imported(started, monkeypatch):
+    _failed(started["runs"]["planted:relies_on_other"], "has no attribute 'strategies'")
+    import decoding.strategies  # noqa: F401  - where another script imported it, the same script starts
+    import runpy
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", ["relies_on_other.py", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(started["planted"]["relies_on_other"]), run_name="__main__")
+    assert exit_.value.code == 0
+
+
+def test_the_project_module_check_sees_the_project_and_not_the_libraries():
+    import decoding.events  # noqa: F401
+    found = project_modules()
+    assert {"decoding", "decoding.events", "script_starts"} <= set(found)
+    assert not {"torch", "transformers", "pytest", "json"} & set(found)
 
 
 def test_the_calibration_tally_counts_paths_depths_and_conditional_confidence():
