@@ -12,7 +12,7 @@ from decoding import verify as verify_mod
 from decoding.drafting.assistant import check_vocabularies
 from decoding.events import event_to_dict
 from decoding.harness.runner import encode_prompt
-from decoding.params import GreedyParams, PromptLookupParams, SpeculativeParams
+from decoding.params import GreedyParams, PromptLookupParams, SelfSpeculativeParams, SpeculativeParams
 from decoding.runtime.models import load_model
 from decoding.runtime.pair import ModelPair
 from decoding.sampling import make_generator
@@ -227,7 +227,7 @@ def test_rejection_sampling_unit_matches_target_and_catches_naive_resampling(mon
     q = torch.softmax(torch.randn(n_out, V) * 3.0, -1)  # a poor drafter
     exact = {seq: float(p[0, seq[0]] * p[1, seq[1]] * p[2, seq[2]])
              for seq in itertools.product(range(V), repeat=n_out)}
-    n = 12000
+    n = 3000          # 42 degrees of freedom (false positives 4e-5); correct 28, naive 1,503 against the bound's 88
     stat, dof = _chi_square(_count(_simulated_outputs(p, q, k, n_out, 1), n), exact, n)
     assert _passes(stat, dof), (stat, dof)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
@@ -294,6 +294,78 @@ def test_speculative_sampling_matches_target_distribution_on_a_toy_model(params,
     assert _passes(stat, dof), (stat, dof)
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
     _negative_control_fails(_outputs(run, 11), exact, n)
+
+
+TREE_PARAMS = SpeculativeParams(temperature=1.0, draft_tokens=2, tree=True, tree_topk=3, tree_nodes=6,
+                                confidence_threshold=0.0)
+
+
+def test_the_forward_memo_keys_on_the_cache_contents():
+    """A memo hit needs the same cache contents, not only the same inputs and positions: the same token fed after
+    two prompts of one length gets each prompt's own logits and hidden states; after a crop back to the prompt's
+    contents it is a hit; every forward is counted, and the cache holds what the real forward leaves."""
+    from decoding.runtime.session import Session
+    from tiny_models import memo_forwards
+    lm = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0)
+
+    def fed(prompt_ids, first=None):
+        s = Session(lm)
+        s.prefill(prompt_ids)
+        if first is not None:            # a token fed, then cropped away: the cache holds the prompt's again
+            s.forward(s.tensor([first]))
+            s.crop(len(prompt_ids))
+        logits = s.forward(s.tensor([5]), hidden=True)
+        return logits, s.last_hidden, s.forwards, [(layer.keys, layer.values) for layer in s.cache.layers]
+    cases = [([1, 3, 4], None), ([2, 3, 4], None), ([1, 3, 4], 0), ([1, 3, 4], None)]
+    real = [fed(*case) for case in cases]
+    assert not torch.equal(real[0][0], real[1][0])
+    with memo_forwards() as counts:
+        memo = [fed(*case) for case in cases]
+    for want, got in zip(real, memo):
+        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]) and want[2] == got[2]
+        assert all(torch.equal(a, b) for pair in zip(want[3], got[3]) for a, b in zip(*pair))
+    assert counts == {"hits": 4, "misses": 5}       # the prefills of [1, 3, 4] and 5 fed after them, but once
+
+
+@pytest.mark.parametrize("kind,new", [("tree", 6), ("self", 3)])
+def test_the_forward_memo_draws_what_the_model_draws_and_keeps_cache_bugs_visible(kind, new, monkeypatch):
+    """``tiny_models.memo_forwards`` (the statistical tests' ``prefill_once``) answers a repeated forward from
+    memory. The same seeded runs give the same tokens and forward counts with and without it, and forwards are
+    answered from memory; a tree's compaction and a self-draft's layer view on the target's cache go through
+    it. A planted cache bug (a tree's compaction that keeps the first rows fed, not the accepted path; a
+    self-draft cut off by layer 0's count, which leaves the skipped layer's positions behind) changes the
+    outcome, and with the memo the runs end exactly as the bug makes them end (its tokens, or its error)."""
+    from decoding.drafting import selfdraft
+    from decoding.runtime import session as session_mod
+    from decoding.runtime.kvcache import crop_cache
+    from decoding.strategies.speculative import self_speculative
+    from tiny_models import memo_forwards
+    target = tiny_causal("llama", seed=0, vocab=6, eos=False, scale=2.0, layers=3)
+    helper = tiny_causal("llama", seed=9, vocab=6, eos=False, scale=4.0)
+    self_params = SelfSpeculativeParams(temperature=0.8, top_k=4, skip_layers="1", draft_tokens=3)
+
+    def outcome(n=20):
+        gen = make_generator(11)
+        try:
+            done = [speculative([1, 3, 4], ModelPair(target, helper), TREE_PARAMS, max_new_tokens=new, rng=gen)
+                    if kind == "tree" else
+                    self_speculative([1, 3, 4], ModelPair(target), self_params, max_new_tokens=new, rng=gen)
+                    for _ in range(n)]
+        except RuntimeError as e:
+            return f"error: {e}"
+        return [(r.token_ids, r.target_forwards, r.draft_forwards) for r in done]
+    plain = outcome()
+    with memo_forwards() as counts:
+        assert outcome() == plain
+    assert counts["hits"] > 0 and counts["misses"] > 0, counts
+    if kind == "tree":
+        monkeypatch.setattr(session_mod, "compact_cache", lambda cache, base, rows: crop_cache(cache, base + len(rows)))
+    else:
+        monkeypatch.setattr(selfdraft, "crop_each_layer", crop_cache)
+    buggy = outcome()
+    with memo_forwards():
+        assert outcome() == buggy
+    assert buggy != plain
 
 
 # --------------------------------------------------------------------------- bundled model

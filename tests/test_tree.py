@@ -180,6 +180,13 @@ def _simulate_tree(p, q, k, depth, samples, seed, mode):
     return counts
 
 
+# Draws of the toy's checks (history-free rows: the simulation is all verify_tree_sampling, no model). At 3,000
+# the 64 cells pool to 42 degrees of freedom, where the bound's false-positive rate is 4e-5 (3e-5 at 12,000's
+# 52); the three correct modes score 34, 53 and 34 against the bound's 88, and the two planted bugs 1,393 and
+# 2,778 (a noncentrality ~15x the bound: their power is 1 to double precision).
+SIM_DRAWS = 3000
+
+
 @pytest.fixture(scope="module")
 def toy():
     torch.manual_seed(0)
@@ -193,7 +200,7 @@ def toy():
 @pytest.mark.parametrize("mode", ["without_replacement", "iid", "deterministic"])
 def test_tree_speculative_sampling_keeps_the_target_distribution(toy, mode):
     p, q, exact = toy
-    n = 12000
+    n = SIM_DRAWS
     stat, dof = _chi_square(_simulate_tree(p, q, 2, 2, n, 1, mode), exact, n)
     assert _passes(stat, dof), (mode, stat, dof)
 
@@ -201,7 +208,7 @@ def test_tree_speculative_sampling_keeps_the_target_distribution(toy, mode):
 def test_breaking_the_recursive_residual_is_caught(toy, monkeypatch):
     """Negative control: a sibling tried against the unchanged target (no residual) biases the output."""
     p, q, exact = toy
-    n = 12000
+    n = SIM_DRAWS
     monkeypatch.setattr(verify_mod, "residual_distribution", lambda p_row, q_row, token: p_row)
     stat, dof = _chi_square(_simulate_tree(p, q, 2, 2, n, 1, "without_replacement"), exact, n)
     assert not _passes(stat, dof), (stat, dof)
@@ -210,7 +217,7 @@ def test_breaking_the_recursive_residual_is_caught(toy, monkeypatch):
 def test_treating_draws_without_replacement_as_independent_is_caught(toy):
     """Negative control: ignoring that later siblings were drawn from q minus the earlier ones biases the output."""
     p, q, exact = toy
-    n = 12000
+    n = SIM_DRAWS
     gen_counts: dict[tuple, int] = {}
     real = verify_mod.verify_tree_sampling
 
