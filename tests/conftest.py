@@ -119,9 +119,11 @@ def _page_state(page) -> str:
 
 @pytest.fixture
 def prefill_once():
-    """Thousands of runs from one prompt share its prefill (``tiny_models.prefill_once_per_prompt``)."""
-    from tiny_models import prefill_once_per_prompt
-    with prefill_once_per_prompt():
+    """Thousands of runs from one prompt answer every forward they repeat from memory, the prefill first: keyed
+    on the model, the KV cache's bytes and the inputs (``tiny_models.memo_forwards``), so they draw exactly the
+    tokens the real forwards give and a cache bug still shows."""
+    from tiny_models import memo_forwards
+    with memo_forwards():
         yield
 
 

@@ -119,10 +119,6 @@ def memo_forwards() -> Iterator[dict]:
         Session.forward = original
 
 
-# the statistical tests' fixture (``conftest.prefill_once``): the prompt's prefill is one of the forwards kept
-prefill_once_per_prompt = memo_forwards
-
-
 def _model_key(model, models: dict) -> tuple:
     """The ids of ``model``'s parameters, in order (a layer view runs fewer layers than its model, and two views
     of the same layers share them); ``models`` keeps each model alive while it is in use, so no id is reused."""
