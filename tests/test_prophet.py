@@ -78,6 +78,7 @@ def test_random_prophet_chains_are_exact_on_tiny_models(arch):
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptneox"])
 def test_random_prophet_trees_are_exact_on_tiny_models(arch):
     for seed, pair, p, want in exactness_cases(arch):
+        want_doubled = _greedy(pair, p + p, 30)                # the prompt the lookup branch copies from
         for depth, topk, nodes, threshold in ((1, 1, 1, 0.0), (3, 2, 5, 0.0), (6, 4, 16, 0.0), (6, 3, 24, 0.2)):
             tracer = Tracer()
             res = prophet(p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
@@ -86,7 +87,7 @@ def test_random_prophet_trees_are_exact_on_tiny_models(arch):
             assert res.token_ids == want, (arch, seed, depth, topk, nodes, threshold)
             merged = prophet(p + p, pair, ProphetParams(draft_tokens=depth, tree_topk=topk, tree_nodes=nodes,
                                                         confidence_threshold=threshold), max_new_tokens=30)
-            assert merged.token_ids == _greedy(pair, p + p, 30), ("with the lookup branch", arch, seed)
+            assert merged.token_ids == want_doubled, ("with the lookup branch", arch, seed)
             steps = res.stats["steps"]
             assert res.stats["mean_nodes_per_step"] <= nodes
             assert res.draft_forwards <= steps * depth     # one head call per depth, every node of it batched
@@ -235,6 +236,49 @@ def bundled():
     return load_model("smollm2-135m-instruct")
 
 
+# A prompt of no benchmark and no training source (the shipped head is trained on self-written prompts now)
+FIXED = "Write a Python function that checks whether a number is prime."
+# A reply that restates the prompt's function (the copy branch's prompt)
+COPY_PROMPT = "Add a docstring to this function:\n\ndef area(width, height):\n    return width * height\n"
+REPEAT_PROMPT = "Repeat this sentence twice: The quick brown fox jumps over the lazy dog."
+LONGEST = 48            # the most tokens a test below asks of one prompt
+
+
+class ShippedRuns:
+    """The bundled model's greedy tokens and the shipped head's runs, made once per module: several tests read
+    the same run (each asserting its own thing) and never change it."""
+
+    def __init__(self, lm):
+        self.lm, self.wants, self.runs = lm, {}, {}
+
+    def ids(self, text):
+        return encode_prompt(self.lm.tokenizer, text, chat=True)
+
+    def want(self, text, n):
+        """Greedy's first ``n`` tokens of the chat prompt ``text`` (one greedy run of LONGEST per prompt)."""
+        if text not in self.wants:
+            self.wants[text] = _greedy(ModelPair(self.lm), self.ids(text), max(n, LONGEST))
+        return self.wants[text][:n]
+
+    def __call__(self, text, n, fresh=False, **kw):
+        """The shipped head's run of ``n`` tokens with ``ProphetParams(**kw)``, checked against greedy;
+        ``fresh``: run again and keep nothing (under a patched drafter or head, or the second of two runs)."""
+        params = ProphetParams(**kw)
+        key = (text, n, repr(params))
+        if fresh or key not in self.runs:
+            res = prophet(self.ids(text), ModelPair(self.lm, prophet=prophet_for(self.lm)), params, max_new_tokens=n)
+            assert res.token_ids == self.want(text, n), (text, kw)
+            if fresh:
+                return res
+            self.runs[key] = res
+        return self.runs[key]
+
+
+@pytest.fixture(scope="module")
+def shipped_run(bundled):
+    return ShippedRuns(bundled)
+
+
 def test_shipped_weights_are_small_and_load(bundled):
     assert SHIPPED.is_file(), "presets/prophet/smollm2-135m-instruct.safetensors is missing"
     assert SHIPPED.stat().st_size <= 20 * 2**20
@@ -243,14 +287,12 @@ def test_shipped_weights_are_small_and_load(bundled):
     assert {"embed", "head"}.isdisjoint(dict(head.named_parameters()))   # frozen pieces are borrowed
 
 
-def test_bundled_model_prophet_equals_greedy_with_shipped_and_random_weights(bundled):
-    ids = encode_prompt(bundled.tokenizer, "Explain what a binary search does.", chat=True)
-    want = _greedy(ModelPair(bundled), ids, 24)
-    shipped = prophet(ids, ModelPair(bundled), ProphetParams(draft_tokens=4), max_new_tokens=24)
-    assert shipped.token_ids == want
+def test_bundled_model_prophet_equals_greedy_with_shipped_and_random_weights(bundled, shipped_run):
+    shipped = shipped_run(FIXED, 24, draft_tokens=4)            # checked against greedy's tokens
     assert shipped.stats["accepted"] > 0         # the trained head does predict the target
     pair = ModelPair(bundled, prophet=random_prophet(bundled, vocab_size=2000))
-    assert prophet(ids, pair, ProphetParams(draft_tokens=3), max_new_tokens=24).token_ids == want
+    res = prophet(shipped_run.ids(FIXED), pair, ProphetParams(draft_tokens=3), max_new_tokens=24)
+    assert res.token_ids == shipped_run.want(FIXED, 24)
 
 
 @pytest.fixture
@@ -354,87 +396,63 @@ def test_rotary_angles_are_computed_in_float32_under_bfloat16():
 
 # --------------------------------------------------------------------------- the shipped head's speed features
 
-# A prompt of no benchmark and no training source (the shipped head is trained on self-written prompts now)
-FIXED = "Write a Python function that checks whether a number is prime."
-
-
-def _fixed_run(bundled, **kw):
-    ids = encode_prompt(bundled.tokenizer, FIXED, chat=True)
-    res = prophet(ids, ModelPair(bundled, prophet=prophet_for(bundled)), ProphetParams(**kw), max_new_tokens=40)
-    assert res.token_ids == _greedy(ModelPair(bundled), ids, 40)
-    return res
-
-
-def test_shipped_head_reads_the_hidden_states_and_its_vocabulary_map(bundled, monkeypatch):
+def test_shipped_head_reads_the_hidden_states_and_its_vocabulary_map(bundled, shipped_run, monkeypatch):
     """Measured on this prompt: 3.6 tokens per target forward; a head fed zeros instead of the target's states
-    falls to 1.5, one with its draft-vocabulary map off by one to 1.05."""
-    good = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
+    falls to 1.5, one with its draft-vocabulary map off by one to 1.05 (each still exact)."""
+    good = shipped_run(FIXED, 40, lookup=False).stats["mean_tokens_per_target_forward"]
     assert good >= 2.5
     original = ProphetDrafter.observe
     monkeypatch.setattr(ProphetDrafter, "observe", lambda self, h, t: original(self, torch.zeros_like(h), t))
-    blind = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
+    blind = shipped_run(FIXED, 40, fresh=True, lookup=False).stats["mean_tokens_per_target_forward"]
     monkeypatch.setattr(ProphetDrafter, "observe", original)
     head = prophet_for(bundled)
     monkeypatch.setattr(head, "vocab", head.vocab + 1)
-    shifted = _fixed_run(bundled, lookup=False).stats["mean_tokens_per_target_forward"]
+    shifted = shipped_run(FIXED, 40, fresh=True, lookup=False).stats["mean_tokens_per_target_forward"]
     assert blind <= good - 1.0 and shifted <= good - 1.0, (good, blind, shifted)
 
 
-def test_the_tree_accepts_more_per_forward_than_the_chain(bundled):
-    tree, chain = _fixed_run(bundled, lookup=False), _fixed_run(bundled, tree=False)
+def test_the_tree_accepts_more_per_forward_than_the_chain(shipped_run):
+    tree, chain = shipped_run(FIXED, 40, lookup=False), shipped_run(FIXED, 40, tree=False)
     assert tree.stats["mean_tokens_per_target_forward"] >= chain.stats["mean_tokens_per_target_forward"] + 0.2
     assert tree.target_forwards < chain.target_forwards
     assert tree.stats["mean_nodes_per_step"] > tree.stats["gamma"]        # it really branched
 
 
-def test_raising_the_confidence_threshold_drafts_fewer_tokens(bundled):
-    low = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.0)
-    high = _fixed_run(bundled, tree=False, adaptive=False, draft_tokens=6, confidence_threshold=0.6)
-    assert high.stats["drafted"] <= low.stats["drafted"] * 0.75       # measured: 40 vs 67
-    low_t = _fixed_run(bundled, confidence_threshold=0.0, lookup=False)
-    high_t = _fixed_run(bundled, confidence_threshold=0.6, lookup=False)
+def test_raising_the_confidence_threshold_drafts_fewer_tokens(shipped_run):
+    """From the default threshold (0.1) to 0.6: the runs at 0.1 are the tree and chain tests' own."""
+    low = shipped_run(FIXED, 40, tree=False)
+    high = shipped_run(FIXED, 40, tree=False, confidence_threshold=0.6)
+    assert high.stats["drafted"] <= low.stats["drafted"] * 0.75, (low.stats["drafted"], high.stats["drafted"])
+    low_t = shipped_run(FIXED, 40, lookup=False)
+    high_t = shipped_run(FIXED, 40, confidence_threshold=0.6, lookup=False)
     assert high_t.stats["gamma"] < low_t.stats["gamma"]                 # shallower trees
 
 
 @pytest.mark.parametrize("source", ["suffix", "prompt"])
-def test_the_lookup_branch_saves_target_forwards_where_the_reply_copies_the_prompt(bundled, source):
-    ids = encode_prompt(bundled.tokenizer, "Repeat this sentence twice: The quick brown fox jumps over the lazy dog.",
-                        chat=True)
-    pair = ModelPair(bundled, prophet=prophet_for(bundled))
-    want = _greedy(ModelPair(bundled), ids, 40)
-    alone = prophet(ids, pair, ProphetParams(lookup=False), max_new_tokens=40)
-    merged = prophet(ids, pair, ProphetParams(lookup_source=source), max_new_tokens=40)
-    assert alone.token_ids == want and merged.token_ids == want
+def test_the_lookup_branch_saves_target_forwards_where_the_reply_copies_the_prompt(shipped_run, source):
+    alone = shipped_run(REPEAT_PROMPT, 40, lookup=False)           # one run for both sources
+    merged = shipped_run(REPEAT_PROMPT, 40, lookup_source=source)
     # the 10-token reply takes the (GPU-trained) head alone 6 forwards; the lookup branch must save at least 2
     assert merged.target_forwards <= alone.target_forwards - 2, (merged.target_forwards, alone.target_forwards)
 
 
-COPY_PROMPT = "Add a docstring to this function:\n\ndef area(width, height):\n    return width * height\n"
-
-
 @pytest.mark.parametrize("source", ["suffix", "prompt"])
-def test_the_copy_branch_lands_a_copy_longer_than_the_heads_depth_in_one_step(bundled, source):
+def test_the_copy_branch_lands_a_copy_longer_than_the_heads_depth_in_one_step(shipped_run, source):
     """``lookup_tokens`` (16) lets the copy branch run past the head's 6-token depth; capped at the depth, no
     step can accept more than 6 drafted tokens (the reply restates the function: one step takes 9 at once)."""
-    ids = encode_prompt(bundled.tokenizer, COPY_PROMPT, chat=True)
-    pair = ModelPair(bundled, prophet=prophet_for(bundled))
-    want = _greedy(ModelPair(bundled), ids, 48)
-    deep = prophet(ids, pair, ProphetParams(lookup_source=source), max_new_tokens=48)
-    capped = prophet(ids, pair, ProphetParams(lookup_source=source, lookup_tokens=6), max_new_tokens=48)
-    assert deep.token_ids == want and capped.token_ids == want
+    deep = shipped_run(COPY_PROMPT, 48, lookup_source=source)
+    capped = shipped_run(COPY_PROMPT, 48, lookup_source=source, lookup_tokens=6)
     assert max(capped.stats["accepted_lengths"]) <= 6
     assert max(deep.stats["accepted_lengths"]) > 6, deep.stats["accepted_lengths"]
     assert deep.target_forwards < capped.target_forwards
 
 
-def test_the_suffix_copy_branch_keeps_no_history_between_runs(bundled):
+def test_the_suffix_copy_branch_keeps_no_history_between_runs(shipped_run):
     """The branch copies from this run's prompt and output only: a second identical run drafts exactly as the
-    first (a history of earlier runs would let it copy the whole answer, and would leak one visitor's
-    output into another's drafts)."""
-    ids = encode_prompt(bundled.tokenizer, "Name three colours of the rainbow.", chat=True)
-    pair = ModelPair(bundled, prophet=prophet_for(bundled))
-    first = prophet(ids, pair, ProphetParams(), max_new_tokens=32)
-    second = prophet(ids, pair, ProphetParams(), max_new_tokens=32)
+    first (a history of earlier runs would let it copy the whole answer, docstring included, and would leak one
+    visitor's output into another's drafts). The first is the copy tests' run with the defaults."""
+    first = shipped_run(COPY_PROMPT, 48)
+    second = shipped_run(COPY_PROMPT, 48, fresh=True)
     assert first.token_ids == second.token_ids
     assert first.stats["accepted_lengths"] == second.stats["accepted_lengths"]
 

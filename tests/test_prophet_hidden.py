@@ -23,6 +23,7 @@ from decoding.tracer import Tracer
 
 PROMPT = "Can you give me three tips for staying focused while working from home?"
 PARAMS = ProphetParams(lookup=False, tree_nodes=8)
+CONTROL_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +31,16 @@ def bundled():
     return load_model("smollm2-135m-instruct")
 
 
-def _run(lm, head, ids):
+@pytest.fixture(scope="module")
+def shipped(bundled):
+    """The shipped head, loaded once here (not ``prophet_for``'s copy, which other modules' tests patch); a test
+    that changes it does so through ``monkeypatch``, which puts it back."""
+    return load_prophet(PROPHET_DIR / "smollm2-135m-instruct.safetensors", bundled)
+
+
+def _run(lm, head, ids, n=40):
     tracer = Tracer()
-    res = prophet(ids, ModelPair(lm, prophet=head), PARAMS, max_new_tokens=40, tracer=tracer)
+    res = prophet(ids, ModelPair(lm, prophet=head), PARAMS, max_new_tokens=n, tracer=tracer)
     drafts = [tuple(e.tokens) for e in tracer.events if type(e).__name__ in ("DraftTree", "DraftProposed")]
     return res, drafts
 
@@ -52,10 +60,10 @@ def _scrambled(monkeypatch):
     return seen
 
 
-def test_the_shipped_head_reads_its_hidden_state_input(bundled, monkeypatch):
+def test_the_shipped_head_reads_its_hidden_state_input(bundled, shipped, monkeypatch):
     ids = encode_prompt(bundled.tokenizer, PROMPT, chat=True)
     want = _greedy(ModelPair(bundled), ids, 40)
-    head = load_prophet(PROPHET_DIR / "smollm2-135m-instruct.safetensors", bundled)
+    head = shipped
     good, good_drafts = _run(bundled, head, ids)
     seen = _scrambled(monkeypatch)
     bad, bad_drafts = _run(bundled, head, ids)
@@ -65,17 +73,19 @@ def test_the_shipped_head_reads_its_hidden_state_input(bundled, monkeypatch):
     assert tpf[1] <= tpf[0] - 0.3, tpf
 
 
-def test_a_head_that_ignores_its_hidden_states_is_caught(bundled, monkeypatch):
-    """The control: zero the hidden half of the fuse layer and the scrambled states change nothing."""
+def test_a_head_that_ignores_its_hidden_states_is_caught(bundled, shipped, monkeypatch):
+    """The control: zero the hidden half of the fuse layer and the scrambled states change nothing. The
+    scramble changes every state from the first one the drafter is given, so what else it might change
+    (the tokens, the order of the calls) shows in the first drafts: 16 tokens are enough."""
     ids = encode_prompt(bundled.tokenizer, PROMPT, chat=True)
-    head = load_prophet(PROPHET_DIR / "smollm2-135m-instruct.safetensors", bundled)
+    head = shipped
     hidden = head.config.hidden
     w = head.fuse.weight.detach().clone()                     # [H, 2H]: the state's half, then the token's
     w[:, :hidden] = 0
     blind = torch.nn.Linear(2 * hidden, hidden, bias=False)
     blind.weight.data = w.to(head.dtype)
     monkeypatch.setattr(head, "fuse", blind)
-    _, normal = _run(bundled, head, ids)
+    _, normal = _run(bundled, head, ids, CONTROL_TOKENS)
     _scrambled(monkeypatch)
-    _, scrambled = _run(bundled, head, ids)
-    assert normal == scrambled
+    _, scrambled = _run(bundled, head, ids, CONTROL_TOKENS)
+    assert len(normal) >= 8 and normal == scrambled
