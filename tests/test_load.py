@@ -194,7 +194,7 @@ def test_sweep_and_prompt_attacks_are_answered_fast_without_memory_growth(app_ur
     assert "Ran 1 strategies" in _request(client, "Name a planet.", seed=1)["status"]
 
 
-def test_stop_is_honoured_after_a_thousand_stops_from_other_sessions(app_url, app_state, monkeypatch):
+def test_stop_is_honoured_after_hundreds_of_stops_from_other_sessions(app_url, app_state, monkeypatch):
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     # the storm shares this machine's CPU with the run: give the run time to outlast it
@@ -212,9 +212,9 @@ def test_stop_is_honoured_after_a_thousand_stops_from_other_sessions(app_url, ap
                                      data=json.dumps({"data": [], "session_hash": f"stranger-{i}"}).encode())
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.load(resp)["data"][0]
-    # a Stop that made a ticket would push the held one out once the table is full: eight times its capacity
-    # (1,024 Stops; 5,000 cost ~40 s more of the worker and caught nothing more)
-    stops = 8 * app_state.jobs.capacity
+    # a Stop that made a ticket would show in the table's size at once, and would push the held one out once the
+    # table is full: twice its capacity (256 Stops; 1,024 cost ~9 s more of the worker and caught nothing more)
+    stops = 2 * app_state.jobs.capacity
     t0 = time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(stranger, range(stops)))
@@ -244,7 +244,8 @@ def test_stop_is_honoured_after_a_thousand_stops_from_other_sessions(app_url, ap
 
 def test_temp_files_stay_bounded_over_many_runs(monkeypatch):
     """Our trace files keep the newest few; Gradio's copies go with delete_cache (short here, 30 min live).
-    Three times as many runs as files kept (50 runs caught nothing more and cost ~20 s more of the worker)."""
+    Twice as many runs as files kept, and one more (an eviction that waits for twice the files still fails; 24 runs
+    caught nothing more and cost ~5 s more of the worker, 50 runs ~20 s)."""
     from conftest import launch_local
     # every 1 s, files older than 10 s: a client on a busy machine fetches its trace before it goes (a 3 s age
     # once answered 403 to a fetch on a machine at load 10)
@@ -258,7 +259,7 @@ def test_temp_files_stay_bounded_over_many_runs(monkeypatch):
         def cached() -> int:
             return sum(os.path.exists(f) for files in demo.temp_file_sets for f in files)
         counts = []
-        runs = 3 * files.keep
+        runs = 2 * files.keep + 1
         for i in range(runs):
             assert "Ran 1 strategies" in _request(client, f"Say {i}.", seed=i, max_new=1)["status"]
             counts.append((files.count(), cached()))
