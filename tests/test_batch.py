@@ -177,20 +177,25 @@ def test_the_view_escapes_text_and_caps_the_steps():
 
 # --------------------------------------------------------------------------- bundled model
 
+N_BUNDLED = 12
+
+
 @pytest.fixture(scope="module")
 def bundled():
     return load_model("smollm2-135m-instruct")
 
 
 def test_bundled_model_rows_equal_their_greedy_runs(bundled):
+    """12 tokens a row: a pad's keys or a shifted position changes a row's first tokens, and each drafted run
+    verifies several drafts (chains and the head's trees) within them."""
     texts = ["Name three colours.", "Write a haiku about the sea, then explain it in one sentence.", "Hi"]
     ids = [encode_prompt(bundled.tokenizer, t, chat=True) for t in texts]
     assert len({len(i) for i in ids}) == 3
-    want = _greedy_tokens(bundled, ids, 16)
+    want = _greedy_tokens(bundled, ids, N_BUNDLED)
     pair = ModelPair(bundled, prophet=prophet_for(bundled))     # the shipped head: chains and trees
     for name, params in [("greedy", GreedyParams()), ("speculative", SpeculativeParams(draft_tokens=3)),
                          ("prophet", ProphetParams(draft_tokens=3))]:
-        rows = batch_generate(name, ids, pair, params, max_new_tokens=16)
+        rows = batch_generate(name, ids, pair, params, max_new_tokens=N_BUNDLED)
         assert [r.token_ids for r in rows] == want, name
 
 

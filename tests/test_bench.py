@@ -12,11 +12,12 @@ from visualize.charts import sweep_figure
 
 
 def test_bench_cli_end_to_end(tmp_path, capsys):
+    """One prompt per category: two categories, so the per-category and the "all" rows both appear."""
     prompts = tmp_path / "p.yaml"
-    prompts.write_text("chat:\n  - Say hello.\n  - Name a fruit.\ncode:\n  - Write a Python add function.\n")
+    prompts.write_text("chat:\n  - Say hello.\ncode:\n  - Write a Python add function.\n")
     out, html = tmp_path / "b.json", tmp_path / "b.html"
     rc = cli.main(["bench", "--strategy", "beam", "--set", "num_beams=2", "--prompts", str(prompts),
-                   "--repeats", "1", "--max-new-tokens", "6", "--sweep", "beam:num_beams=1,2",
+                   "--repeats", "1", "--max-new-tokens", "4", "--sweep", "beam:num_beams=1,2",
                    "--json", str(out), "--html", str(html), "--quiet"])
     assert rc == 0
     table = capsys.readouterr().out
@@ -27,7 +28,8 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
     assert names == ["greedy", "beam", "beam[num_beams=1]", "beam[num_beams=2]", "hf_greedy"]
     overall = {s["method"]: s for s in doc["summary"] if s["category"] == "all"}
     assert overall["greedy"]["speedup_geomean"] == pytest.approx(1.0)
-    assert overall["hf_greedy"]["equals_greedy"] == "3/3", "our greedy must equal generate's"
+    assert overall["hf_greedy"]["equals_greedy"] == "2/2", "our greedy must equal generate's"
+    assert {r["category"] for r in doc["rows"]} == {"chat", "code"}
     assert [p["values"] for p in doc["sweeps"][0]["points"]] == [[1], [2]]
     assert doc["summary"][-1]["category"] == "all"
     assert "plotly" in html.read_text()

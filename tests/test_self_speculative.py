@@ -42,6 +42,7 @@ from tiny_models import prompt, tiny_causal, tiny_marian
 pytestmark = pytest.mark.usefixtures("one_thread")
 F64 = torch.float64
 BUNDLED = "smollm2-135m-instruct"
+N_BUNDLED = 24
 FORMS = [dict(), dict(exit_layer=1), dict(exit_layer=3, draft_tokens=6, adaptive=False, confidence_threshold=0.0),
          dict(skip_layers="2"), dict(skip_layers="1,2", draft_tokens=2), dict(skip_layers="auto")]
 
@@ -285,13 +286,15 @@ def bundled():
 
 @pytest.mark.bundled
 def test_bundled_model_every_form_equals_greedy(bundled):
+    """24 tokens: each form still drafts 19-29 tokens and has most of them rejected (the verify after a draft
+    with the draft's positions left in the cache breaks at the first one), at a third fewer forwards than 40."""
     from decoding.harness.runner import encode_prompt
     ids = encode_prompt(bundled.tokenizer, "List three colours of the rainbow, then explain why the sky is blue.",
                         chat=True)
-    ref = _greedy(bundled, ids, 40)
+    ref = _greedy(bundled, ids, N_BUNDLED)
     counts, handles = _count_layer_calls(bundled)
     try:
-        res = self_speculative(ids, ModelPair(bundled), SelfSpeculativeParams(), max_new_tokens=40)
+        res = self_speculative(ids, ModelPair(bundled), SelfSpeculativeParams(), max_new_tokens=N_BUNDLED)
     finally:
         for h in handles:
             h.remove()
@@ -301,9 +304,9 @@ def test_bundled_model_every_form_equals_greedy(bundled):
     assert counts[0] - counts[15] == res.draft_forwards > 0
     for values in (dict(exit_layer=24), dict(skip_layers="auto")):
         assert self_speculative(ids, ModelPair(bundled), SelfSpeculativeParams(**values),
-                                max_new_tokens=40).token_ids == ref, values
+                                max_new_tokens=N_BUNDLED).token_ids == ref, values
     assert hf_early_exit(ids, ModelPair(bundled), HFEarlyExitParams(exit_layer=24),
-                         max_new_tokens=40).token_ids == ref
+                         max_new_tokens=N_BUNDLED).token_ids == ref
 
 
 @pytest.mark.bundled
