@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def timed(strategy, params, ids, n=args.max_new_tokens):
         return run_one(strategy, params, ids, pair, max_new_tokens=n, trace=False)
-    for text in (prompts[0][1], prompts[-1][1]):                          # 2. warm-up, untimed
+    for text in dict.fromkeys((prompts[0][1], prompts[-1][1])):          # 2. warm-up, untimed (once a prompt)
         ids = encode_prompt(target.tokenizer, text, chat=True)
         timed(greedy, g_params, ids, 16)
         for params in methods.values():
