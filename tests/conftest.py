@@ -78,7 +78,7 @@ def chromium_page(url: str, **page_options) -> Iterator:
     its strategy picker."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.fail("Debian chromium is required for the browser tests (make test installs it)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -90,9 +90,7 @@ def chromium_page(url: str, **page_options) -> Iterator:
         pg.get_by_label("Greedy", exact=True).wait_for(timeout=60_000)
         try:
             yield pg
-        except Exception as exc:
-            if type(exc).__name__ != "TimeoutError":
-                raise
+        except PlaywrightTimeout as exc:
             raise AssertionError(f"{exc}\nwhat the page showed then:\n{_page_state(pg)}") from exc
         finally:
             browser.close()

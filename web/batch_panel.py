@@ -23,9 +23,8 @@ from decoding.strategies.batched import BATCHABLE, MAX_BATCH, check_batch
 from visualize.batchgrid import batch_race_html
 from web.loading import prepare
 from web.app_object import PlaygroundApp
-from web.redact import public_message
 from web.settings import DEFAULT_SETTINGS, Settings
-from web.watch import Settled, alone, watch
+from web.watch import Settled, alone, user_error, watch
 
 MAX_NEW = 64            # tokens per row in a batch race (each strategy runs every row twice)
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ HINT = ('<p class="batch-hint">Choose a batch of 2 or more and press the button:
 
 def batch_race(model: Any, assistant: Any, strategies: Any, prompt: Any, chat: Any, max_new_tokens: Any,
                batch: Any, settings: Settings = DEFAULT_SETTINGS) -> str:
-    """The race's HTML (empty for a batch of 1); raises ValueError naming the bad field."""
+    """The race's HTML; raises ValueError naming the bad field (a batch of 1 included: no race to draw)."""
     batch = check_batch(batch)
     if batch == 1:
         raise ValueError(f"batch must be from 2 to {MAX_BATCH} for a batch race (a batch of 1 is the race above)")
@@ -87,5 +86,5 @@ async def shown(app: PlaygroundApp, *values: Any) -> dict:
         return dict(value=f"<p>{html.escape(str(exc))}</p>", visible=True)
     except Exception as exc:                # noqa: BLE001 - the race's own failure: said in the view, not a bare toast
         log.exception("the batch race failed")
-        return dict(value=f"<p>The batch race failed: {html.escape(public_message(exc))}</p>", visible=True)
+        return dict(value=f"<p>{user_error(exc, 'The batch race failed: ').message}</p>", visible=True)
     return dict(value=page, visible=True)
