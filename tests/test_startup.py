@@ -187,21 +187,43 @@ def test_inductor_caches_where_the_readme_says_not_in_the_temporary_folder(monke
     restart of a Space) into TORCHINDUCTOR_CACHE_DIR: that value is not taken for the operator's choice."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     from decoding.runtime import attention_kernels
+    machine = attention_kernels.machine_folder()
     monkeypatch.setattr(attention_kernels, "PERSISTENT", tmp_path / "no-such-data")
     monkeypatch.delenv("DECODING_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
-    assert compiled.cache_dir() == tmp_path / "xdg" / "decoding-playground" / "inductor"
-    assert compiled.use_cache_dir() == compiled.cache_dir()
+    assert compiled.cache_dir() == tmp_path / "xdg" / "decoding-playground" / "inductor" / machine
+    assert compiled.use_cache_dir() == compiled.cache_dir()          # pointing inductor there nests nothing
     import os
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(compiled.cache_dir())
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "operator"))       # the operator's own
-    assert compiled.cache_dir() == tmp_path / "operator"
+    assert compiled.cache_dir() == tmp_path / "operator" / machine
+    assert compiled.use_cache_dir() == tmp_path / "operator" / machine
+    assert compiled.cache_dir() == tmp_path / "operator" / machine
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     data = tmp_path / "data"
     data.mkdir()
     monkeypatch.setattr(attention_kernels, "PERSISTENT", data)                      # a Space's /data
-    assert compiled.cache_dir() == data / "decoding-playground" / "inductor"
+    assert compiled.cache_dir() == data / "decoding-playground" / "inductor" / machine
+
+
+def test_each_cpu_and_instruction_cap_gets_its_own_inductor_folder(monkeypatch, tmp_path):
+    """Inductor's graph cache does not key its entries by the kernels' instruction set: make test's AVX2-capped
+    pass read back the first pass's int8-weight graphs and got garbage tokens (or an abort). The folder is keyed
+    by the CPU's flags, the kernels' cap and PyTorch's version, so none of them can share a graph."""
+    from decoding.runtime import attention_kernels, kernel_choice
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "operator"))
+    here = compiled.cache_dir()
+    monkeypatch.setattr(kernel_choice, "kernel_isa", lambda: "AVX2,ONEDNN_MAX_CPU_ISA=AVX2")
+    capped = compiled.cache_dir()
+    monkeypatch.setattr(kernel_choice, "_cpuinfo", lambda key: "fpu sse2 avx2" if key == "flags" else "")
+    other_cpu = compiled.cache_dir()
+    monkeypatch.setattr(attention_kernels.torch, "__version__", "9.9.9+cpu")
+    other_torch = compiled.cache_dir()
+    folders = [here, capped, other_cpu, other_torch]
+    assert len(set(folders)) == 4, folders
+    assert all(f.parent == tmp_path / "operator" for f in folders)
+    assert other_torch.name.startswith("torch-9.9.9+cpu-cpu-")
 
 
 def test_a_page_built_before_the_choices_shows_them_when_it_loads():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,21 +45,38 @@ def _operator_inductor_dir() -> Optional[str]:
     return chosen
 
 
+_MACHINE_FOLDER = re.compile(r"torch-.+-cpu-[0-9a-f]{16}")
+
+
+def machine_folder() -> str:
+    """The name of this machine's folder under the cache: PyTorch's version and the CPU's fingerprint (its flags
+    and the instruction set its kernels run, caps included: ``kernel_choice.cpu_fingerprint``). Inductor's graph
+    cache does not key its entries by the kernels' instruction set: a graph compiled on an AVX-512 machine, read
+    back with ``ATEN_CPU_CAPABILITY=avx2`` (or on a Space moved to another CPU with the same ``/data``), gave
+    garbage tokens or aborted the process (an int8-weight model, measured). Each machine gets its own folder."""
+    from decoding.runtime.kernel_choice import cpu_fingerprint       # here: kernel_choice imports the kernels
+    return f"torch-{torch.__version__}-cpu-{cpu_fingerprint()}"
+
+
 def cache_dir() -> Path:
-    """Where inductor keeps compiled graphs across restarts: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``inductor`` under ``DECODING_CACHE_DIR``, else under a Space's persistent ``/data`` (a Space's temporary
-    folders go at every restart), else under the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``), beside the
-    converted models. Never inductor's default (the system's temporary folder)."""
+    """Where inductor keeps compiled graphs across restarts, in :func:`machine_folder` under:
+    ``TORCHINDUCTOR_CACHE_DIR`` when set, else ``inductor`` under ``DECODING_CACHE_DIR``, else under a Space's
+    persistent ``/data`` (a Space's temporary folders go at every restart), else under the user's cache
+    (``$XDG_CACHE_HOME`` or ``~/.cache``), beside the converted models. Never inductor's default (the system's
+    temporary folder)."""
     chosen = _operator_inductor_dir()
     if chosen:
-        return Path(chosen)
-    root = os.environ.get("DECODING_CACHE_DIR")
-    if not root and PERSISTENT.is_dir() and os.access(PERSISTENT, os.W_OK):
-        root = str(PERSISTENT / "decoding-playground")
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        root = Path(chosen)
+        if _MACHINE_FOLDER.fullmatch(root.name):      # set by compiled.use_cache_dir: the operator's is its parent
+            root = root.parent
+        return root / machine_folder()
+    base = os.environ.get("DECODING_CACHE_DIR")
+    if not base and PERSISTENT.is_dir() and os.access(PERSISTENT, os.W_OK):
+        base = str(PERSISTENT / "decoding-playground")
+    if not base:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
                             "decoding-playground")
-    return Path(root) / "inductor"
+    return Path(base) / "inductor" / machine_folder()
 
 
 SOURCE = Path(__file__).with_name("attention_kernels.cpp")
