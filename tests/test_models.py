@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,56 @@ def test_second_bundled_model_assembles_from_parts_and_matches_generate():
     ref = lm.model.generate(t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=16)
     assert ours == ref[0, len(ids):].tolist()
     assert "Paris" in lm.tokenizer.decode(ours) or len(ours) == 16
+
+
+def test_a_conversion_parses_its_gguf_file_once(monkeypatch, tmp_path):
+    """transformers builds a new ``gguf.GGUFReader`` for the config, the tokenizer and the weights; parsing
+    gemma's vocabulary three times was most of its conversion. ``convert_gguf`` holds one reader per file for
+    both loads (each fake load below builds a reader as transformers does), and the real class comes back after."""
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    writer.add_tensor("w", torch.arange(8, dtype=torch.float32).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    real, parsed = gguf.GGUFReader, []
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            parsed.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    seen = []
+
+    class Saved:
+        config = object()
+
+        def save_pretrained(self, folder):
+            (Path(folder) / f"{type(self).__name__}.txt").write_text("saved")
+
+    class Tokenizer(Saved):
+        pass
+
+    class Model(Saved):
+        pass
+
+    def loads(made):
+        def load(folder, gguf_file, **kwargs):
+            seen.append(gguf.GGUFReader(str(Path(folder) / gguf_file)))     # what load_gguf_checkpoint does
+            assert len(seen[-1].fields["tokenizer.ggml.tokens"].data) == 64
+            return made()
+        return load
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", loads(Tokenizer))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", loads(Model))
+    models.convert_gguf(path, tmp_path / "out")
+    assert len(parsed) == 1 and seen[0] is seen[1]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["Model.txt", "Tokenizer.txt"]
+    assert gguf.GGUFReader is Counting                  # the swap is undone
+    gguf.GGUFReader(str(path))
+    assert len(parsed) == 2

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import itertools
@@ -422,12 +423,40 @@ def _from_pretrained(source: str, dtype: torch.dtype, **kwargs: Any) -> tuple[An
     return model, tokenizer
 
 
+_GGUF_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_gguf_reader_per_file():
+    """Within the block, ``gguf.GGUFReader`` parses each file once. transformers reads a GGUF checkpoint three
+    times (its config, its tokenizer, its weights: ``load_gguf_checkpoint`` builds a new reader each time), and
+    building one walks every metadata field through NumPy views: gemma-3-270m's 262,144-token vocabulary made that
+    ~70 % of a 51 s conversion (29 s with one reader; SmolLM2 17 -> 13 s; the same files, byte for byte). The
+    readers are read-only maps of the file. One conversion at a time holds the swap (a process-wide name)."""
+    import gguf
+    with _GGUF_LOCK:
+        real, readers = gguf.GGUFReader, {}
+
+        def reader(path: Any, mode: str = "r") -> Any:
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = real(path, mode)
+            return readers[key]
+
+        gguf.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = real
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF checkpoint into a plain safetensors directory (atomic)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     folder, filename = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    with _one_gguf_reader_per_file():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     # The dequantized weights are plain tensors: drop the GGUF quantizer so that
     # save_pretrained writes an ordinary checkpoint.
     model.hf_quantizer = None
@@ -454,7 +483,7 @@ def _convert_once(gguf_path: Path, out_dir: Path, progress: Callable[[str], None
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir.parent / f".{out_dir.name}.lock")):
         if not (out_dir / "config.json").is_file():
-            progress(f"converting {gguf_path.name} to a safetensors cache (once, ~40 s)")
+            progress(f"converting {gguf_path.name} to a safetensors cache (once, 10-30 s)")
             convert_gguf(gguf_path, out_dir)
 
 
