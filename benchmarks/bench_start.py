@@ -390,8 +390,8 @@ def main() -> None:
         print(f"first /race answered {first['answered_s']:.1f} s after the start ({first['seconds']:.1f} s for the "
               f"call); compiled forward used: {first['fast']}; start's background work done then: "
               f"{first['start_done_then']}", flush=True)
-        server.wait(server.done_s, args.start_timeout, "the start's background work (its log line "
-                                                        f"'[app] {DONE_LINE} N s')")
+        server.wait(lambda: server.done_s() is not None, args.start_timeout,
+                    f"the start's background work (its log line '[app] {DONE_LINE} N s')")
         done_s = server.since()
         print(f"start's background work done after {done_s:.1f} s (the app counts {server.done_s():.0f} s)",
               flush=True)
