@@ -298,3 +298,20 @@ def test_the_relaxed_benchmark_counts_what_each_acceptance_changes(tmp_path):
         ("all", "prompt_lookup/exact"), ("all", "prompt_lookup/lenient")]
     assert doc["methods"]["prompt_lookup/lenient"]["acceptance"] == "lenient"
     assert json.loads((tmp_path / "r" / "relaxed.json").read_text())["rows"] == json.loads(json.dumps(doc["rows"]))
+
+
+def test_the_start_benchmark_waits_for_the_line_the_start_logs_and_runs_distinct_prompts():
+    """bench_start waits for web/startup.py's last log line (a copy of its text: the script imports nothing
+    heavy before its arguments are parsed) and runs every prompt once: 10 quiet ones of 4 to 420 words, one of
+    them >= 400, and new ones for the first, busy and after-busy runs."""
+    from web.startup import DONE_LINE
+    bench = _bench_module("bench_start")
+    assert bench.DONE_LINE == DONE_LINE
+    plan = bench.prompt_plan()
+    every = [t for group in plan.values() for t in group]
+    assert len(set(every)) == len(every) == 15
+    lengths = [bench.words(t) for t in plan["quiet"]]
+    assert len(lengths) == 10 and min(lengths) == 4 and 400 <= max(lengths) <= 420
+    assert [len(plan[k]) for k in ("first", "busy", "after")] == [1, 1, 3]
+    assert bench.fingerprint({"results": [{"strategy": "greedy", "wall_s": 0.5, "token_ids": [1]}]}) != \
+        bench.fingerprint({"results": [{"strategy": "greedy", "wall_s": 0.6, "token_ids": [1]}]})

@@ -38,6 +38,7 @@ from web.quiet import baselines_of, others_share, read_proc
 from web.settings import DEFAULT_STRATEGIES, Settings
 
 Log = Callable[[str], None]
+DONE_LINE = "start-up done in"   # logged once when the background start has finished (benchmarks wait for it)
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
 
 
@@ -155,6 +156,7 @@ class Startup:
                                                     f"({type(exc).__name__})")
         finally:
             self.phase = "ready"
+            self.log(f"{DONE_LINE} {time.monotonic() - self.started:.0f} s")
             self.done.set()
         if then is not None:
             then()
