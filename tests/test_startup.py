@@ -85,6 +85,72 @@ def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_read
     assert "base (compiled)" in app.settings.target_note
 
 
+class BusyLoops:
+    """/proc as a test scripts it: each reading is one more second on 2 cores, this process using one core and
+    the other processes ``others`` cores (two busy loops: 1.6; set between readings)."""
+
+    def __init__(self, others: float) -> None:
+        self.others, self.total, self.busy, self.own = others, 0, 0, 0
+
+    def __call__(self):
+        from web import quiet
+        self.total += 2 * quiet.USER_HZ
+        self.busy += round((1.0 + self.others) * quiet.USER_HZ)
+        self.own += quiet.USER_HZ
+        return quiet.CpuTimes(self.total, self.busy, self.own, 2)
+
+
+def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machine_is_quiet(world, monkeypatch):
+    """A start made while two busy loops held the cores timed the curve busy (prompt lookup came out at 1.45x a
+    one-position forward against 1.10x quiet, and was left out): the default strategies are chosen again from a
+    curve timed anew, once no run is in line and /proc says the cores are free, and never from the kept one."""
+    import dataclasses
+    app, models, file = world
+    proc, chosen, logs = BusyLoops(others=1.6), [], []
+    narrow, wide = ("greedy", "prophet"), ("greedy", "prophet", "prompt_lookup", "lookahead")
+
+    def choose(settings):                # what the curve would say: drafting pays only when timed quiet
+        lm = settings.load(settings.default_target())
+        chosen.append((proc.others, lm.state.forward_cost.get(False)))
+        lm.state.forward_cost[False] = f"curve timed with others at {proc.others}"
+        return dataclasses.replace(settings, strategies=narrow if proc.others > 0.5 else wide, strategies_note="")
+
+    monkeypatch.setattr(startup, "chosen_strategies", choose)
+    start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
+                            compile=False, file=file, log=logs.append, cpu=proc, retry_s=0.05)
+    try:
+        start.run()
+        assert start.curve_busy == pytest.approx(0.8) and app.settings.strategies == narrow
+        assert any("timed again once the machine is quiet" in line for line in logs)
+        time.sleep(1.5)                          # past one look (each waits a second of /proc)
+        assert len(chosen) == 1                  # still busy: not timed again
+        proc.others = 0.0
+        deadline = time.monotonic() + 30
+        while app.settings.strategies != wide and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.settings.strategies == wide and start.curve_busy is None
+        assert chosen[-1] == (0.0, None)         # the busy curve was dropped before the new timing
+        assert any("timed again on a quiet machine" in line for line in logs)
+        time.sleep(0.3)
+        assert len(chosen) == 2                  # done once a timing was quiet
+    finally:
+        start.stopped.set()
+
+
+def test_a_curve_timed_quiet_is_trusted_and_not_timed_again(world, monkeypatch):
+    app, models, file = world
+    chosen = []
+    monkeypatch.setattr(startup, "chosen_strategies", lambda settings: chosen.append(1) or settings)
+    start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
+                            compile=False, file=file, cpu=BusyLoops(others=0.05), retry_s=0.05)
+    try:
+        start.run()
+        time.sleep(0.3)
+        assert start.curve_busy is None and chosen == [1]
+    finally:
+        start.stopped.set()
+
+
 @needs_compiler
 def test_an_eager_config_that_measures_cheaper_keeps_the_forward_eager(world):
     app, models, file = world

@@ -34,11 +34,12 @@ from decoding.runtime.warmup import warm
 from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
 from web.compute import decode_probe
-from web.quiet import baselines_of, others_share, read_proc
+from web.quiet import CpuReader, baselines_of, others_share, read_proc
 from web.settings import DEFAULT_STRATEGIES, Settings
 
 Log = Callable[[str], None]
 DONE_LINE = "start-up done in"   # logged once when the background start has finished (benchmarks wait for it)
+RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
 
 
@@ -92,8 +93,12 @@ class Startup:
 
     def __init__(self, app: Any, *, compile: bool = True, pinned: Optional[str] = None,
                  measure: Optional[routes.Measure] = None, compile_fn: Optional[Callable[..., Optional[str]]] = None,
-                 file: Optional[Path] = None, log: Optional[Log] = None) -> None:
+                 file: Optional[Path] = None, log: Optional[Log] = None, cpu: CpuReader = read_proc,
+                 retry_s: float = RETRY_S) -> None:
         self.app, self.compile, self.pinned = app, compile, pinned
+        self.cpu, self.retry_s = cpu, retry_s      # /proc (injected: tests), how often a busy curve is tried again
+        self.stopped = threading.Event()           # set: the curve is no longer tried again (the app closes, tests)
+        self.curve_busy: Optional[float] = None    # others' share of the cores while the served curve was timed
         self._measure = measure or timed_in_race(app.settings.load)
         self.busy: list[str] = []          # configs timed while other processes held the cores (not cached)
         self.compile_fn = compile_fn or compile_unpublished
@@ -113,9 +118,9 @@ class Startup:
         and it the run), and while /proc watches the other processes (``web/quiet.py``)."""
         limits = self.app.limits.quiet
         with self.app.line.exclusive():
-            before = read_proc()
+            before = self.cpu()
             costs = self._measure(config)
-            share = others_share(before, read_proc(), limits.window_s)
+            share = others_share(before, self.cpu(), limits.window_s)
         if share is not None and share > limits.cpu_share:
             self.busy.append(f"{config.label} (others used {share:.0%} of the cores)")
         return costs
@@ -190,10 +195,52 @@ class Startup:
             choice = self._compiled_stage(base, configs, to_compile, choice, timed=hit is None)
         self._serve(choice, configs)
         self._seed_quiet()
-        chosen = chosen_strategies(self.app.settings)
-        self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
+        self.curve_busy = self._choose_strategies()
+        if self.curve_busy is not None:
+            self.log(f"the default strategies were chosen on a forward-cost curve timed while other processes used "
+                     f"{self.curve_busy:.0%} of the cores: it is timed again once the machine is quiet")
+            threading.Thread(target=self._retime_when_quiet, name="curve-retime", daemon=True).start()
+
+    def _choose_strategies(self, again: bool = False) -> Optional[float]:
+        """The page's default comparison from the served config's forward-cost curve (``chosen_strategies``),
+        timed while no run computes and while /proc watches the other processes. ``again``: the kept curve is
+        dropped and timed anew. Returns the others' share of the cores when it was over the quiet limit (the
+        verdicts are then not trusted), else None."""
+        settings, limits = self.app.settings, self.app.limits.quiet
+        with self.app.line.exclusive():
+            if again:
+                lm = settings.load(settings.default_target())
+                lm.state.forward_cost.pop(bool(settings.compiled), None)
+            before = self.cpu()
+            chosen = chosen_strategies(settings)
+            share = others_share(before, self.cpu(), limits.window_s)
+            self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
         for line in self.app.settings.strategies_note.splitlines():
             self.log(f"not ticked by default here: {line}")
+        return share if share is not None and share > limits.cpu_share else None
+
+    def _retime_when_quiet(self) -> None:
+        """Every ``retry_s``: when no run is in line and the other processes left the cores free for a second,
+        time the curve again and choose the default strategies from it; done once a timing was quiet."""
+        limits = self.app.limits.quiet
+        while not self.stopped.wait(self.retry_s):
+            if not self.app.line.idle():
+                continue
+            before = self.cpu()
+            time.sleep(max(1.0, limits.window_s))
+            share = others_share(before, self.cpu(), limits.window_s)
+            if share is None or share > limits.cpu_share:
+                continue
+            try:
+                self.curve_busy = self._choose_strategies(again=True)
+            except Exception as exc:    # noqa: BLE001: the strategies chosen at start stay
+                self.log(f"timing the forward-cost curve again failed ({type(exc).__name__}: {exc}); the default "
+                         f"strategies chosen at start stay")
+                return
+            if self.curve_busy is None:
+                self.log(f"forward-cost curve timed again on a quiet machine; default strategies now: "
+                         f"{', '.join(self.app.settings.strategies)}")
+                return
 
     def _seed_quiet(self) -> None:
         """The served config's quiet baseline (``web/quiet.py``), taken now rather than after a visitor's run."""
