@@ -277,12 +277,12 @@ def test_each_cpu_and_instruction_cap_gets_its_own_inductor_folder(monkeypatch, 
     """Inductor's graph cache does not key its entries by the kernels' instruction set: make test's AVX2-capped
     pass read back the first pass's int8-weight graphs and got garbage tokens (or an abort). The folder is keyed
     by the CPU's flags, the kernels' cap and PyTorch's version, so none of them can share a graph."""
-    from decoding.runtime import attention_kernels, kernel_choice
+    from decoding.runtime import attention_kernels, cpu
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "operator"))
     here = compiled.cache_dir()
-    monkeypatch.setattr(kernel_choice, "kernel_isa", lambda: "AVX2,ONEDNN_MAX_CPU_ISA=AVX2")
+    monkeypatch.setattr(cpu, "kernel_isa", lambda: "AVX2,ONEDNN_MAX_CPU_ISA=AVX2")
     capped = compiled.cache_dir()
-    monkeypatch.setattr(kernel_choice, "_cpuinfo", lambda key: "fpu sse2 avx2" if key == "flags" else "")
+    monkeypatch.setattr(cpu, "cpuinfo", lambda key: "fpu sse2 avx2" if key == "flags" else "")
     other_cpu = compiled.cache_dir()
     monkeypatch.setattr(attention_kernels.torch, "__version__", "9.9.9+cpu")
     other_torch = compiled.cache_dir()

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from decoding import verify
+from decoding.runtime.cpu import cpu_fingerprint
 
 PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
 
@@ -50,11 +51,10 @@ _MACHINE_FOLDER = re.compile(r"torch-.+-cpu-[0-9a-f]{16}")
 
 def machine_folder() -> str:
     """The name of this machine's folder under the cache: PyTorch's version and the CPU's fingerprint (its flags
-    and the instruction set its kernels run, caps included: ``kernel_choice.cpu_fingerprint``). Inductor's graph
+    and the instruction set its kernels run, caps included: ``runtime/cpu.cpu_fingerprint``). Inductor's graph
     cache does not key its entries by the kernels' instruction set: a graph compiled on an AVX-512 machine, read
     back with ``ATEN_CPU_CAPABILITY=avx2`` (or on a Space moved to another CPU with the same ``/data``), gave
     garbage tokens or aborted the process (an int8-weight model, measured). Each machine gets its own folder."""
-    from decoding.runtime.kernel_choice import cpu_fingerprint       # here: kernel_choice imports the kernels
     return f"torch-{torch.__version__}-cpu-{cpu_fingerprint()}"
 
 

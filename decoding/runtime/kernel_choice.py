@@ -19,7 +19,6 @@ memory. ``"packed"`` and ``"default"`` force one kernel for every bucket.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -32,6 +31,8 @@ import torch
 from torch import nn
 
 from decoding.runtime import kernels
+from decoding.runtime.cpu import CAPS_ENV, cpu_fingerprint, kernel_isa  # noqa: F401: re-exported
+from decoding.runtime.cpu import cpuinfo as _cpuinfo
 from decoding.runtime.kernels import BUCKETS, KINDS, PackedLinear, bucket_label, shape_of
 
 MODES = ("auto", "packed", "default")
@@ -62,17 +63,6 @@ class KernelChoice:
 
 # --------------------------------------------------------------------------- machine key
 
-def _cpuinfo(field_name: str) -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.split(":", 1)[0].strip() == field_name:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def cpu_name() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
@@ -89,26 +79,6 @@ def cpu_label() -> str:
     if isa and isa != "AVX2" and capped.upper() in ("AVX2", "DEFAULT"):
         detail += f", kernels capped at {capped.upper()}"
     return f"{cpu_name()} ({detail})" if detail else cpu_name()
-
-
-CAPS_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-
-
-def kernel_isa() -> str:
-    """The instruction set PyTorch's kernels run here, and any cap put on oneDNN or MKL (``make test`` runs the
-    kernel-sensitive tests under AVX2 caps): part of every cached measurement's key, since a capped AVX-512
-    machine computes and times like an AVX2 one."""
-    try:
-        isa = str(torch.backends.cpu.get_cpu_capability())
-    except (AttributeError, RuntimeError):
-        isa = "?"
-    caps = [f"{name}={os.environ[name]}" for name in CAPS_ENV[1:] if os.environ.get(name)]
-    return ",".join([isa, *caps])
-
-
-def cpu_fingerprint() -> str:
-    """A short hash of the CPU's flags and the kernels' instruction set (:func:`kernel_isa`)."""
-    return hashlib.sha1((_cpuinfo("flags") + "|" + kernel_isa()).encode()).hexdigest()[:16]
 
 
 def machine_key(model: nn.Module, name: str) -> dict:
