@@ -25,6 +25,7 @@ import gradio as gr
 import yaml
 from starlette.middleware import Middleware
 
+from decoding.runtime import omp_pool
 from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets
 from web import gradio_overrides
 from web.api import race_endpoint
@@ -246,7 +247,9 @@ def main() -> None:
     state.startup = Startup(state, compile=not args.no_compile,
                             pinned=args.target, file=routes_file(), log=log)
     state.startup.start(then=lambda: _warm_start(state, not args.no_preload, not args.no_record_examples))
-    build_demo(state=state).launch(server_name=host, server_port=port)
+    demo = build_demo(state=state)
+    omp_pool.release()         # the main thread only serves from here: no OpenMP pool beside the compute's
+    demo.launch(server_name=host, server_port=port)
 
 
 if __name__ == "__main__":

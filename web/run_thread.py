@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 from decoding.context import RunContext
 from decoding.harness.runner import planned_lanes, run_comparison
+from decoding.runtime import omp_pool
 from web.live import Live
 from web.loading import Prepared
 
@@ -48,6 +49,7 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
             box["error"] = exc
 
     thread = threading.Thread(target=work, name="decoding-run", daemon=True)
+    omp_pool.release()         # this thread only watches now: its OpenMP pool would slow every step (runtime/omp_pool)
     thread.start()
     last, shown = None, 0.0
     try:

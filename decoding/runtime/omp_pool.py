@@ -1,0 +1,69 @@
+"""Give back a thread's OpenMP worker pool, so the thread that computes is the only one holding one.
+
+PyTorch's CPU kernels run their parallel regions on GNU OpenMP (libgomp), which keeps a pool of worker threads
+for every thread that has entered a parallel region, for as long as that thread lives. While the pools of two
+threads together hold more OpenMP threads than the machine has CPUs, libgomp stops spin-waiting between regions
+(its "throttled" spin count, 100 instead of 300,000), and every region then wakes its workers through the kernel:
+a forward's hundreds of small products each pay it. Measured on a 2-vCPU Intel Xeon (BENCHMARKS.md, "The start
+through the real app"): greedy's decode step on the float16-weight model took 35 ms in a thread alone and 55 ms
+in a thread whose parent had run one parallel region and waited for it; one ``F.linear`` of a row, 45 against
+165 us. ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` do not lift the throttle.
+
+So a thread that hands the computing to another thread and waits (the app's run thread, the main thread before
+it serves) first calls :func:`release`: libgomp's ``omp_pause_resource_all(omp_pause_soft)`` frees the calling
+thread's pool (only its own: libgomp pauses the caller's pool, and refuses inside a parallel region). The next
+region that thread enters builds a pool again. Only libgomp is paused (other OpenMP runtimes pause every pool of
+the process); elsewhere, or where the library cannot be found, :func:`release` does nothing and says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional
+
+OMP_PAUSE_SOFT = 1
+_LOCK = threading.Lock()
+_FOUND: list = []
+
+
+def _libgomp_path() -> Optional[str]:
+    """The libgomp this process has loaded (PyTorch's own copy), from /proc/self/maps; None elsewhere."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            for line in fh:
+                path = line.split()[-1] if line.strip() else ""
+                if "/libgomp" in path and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _pause() -> Optional[ctypes._CFuncPtr]:
+    with _LOCK:
+        if not _FOUND:
+            fn = None
+            path = _libgomp_path()
+            if path:
+                try:
+                    fn = ctypes.CDLL(path).omp_pause_resource_all
+                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                except (OSError, AttributeError):      # an older libgomp (before GCC 9) has no pause
+                    fn = None
+            _FOUND.append(fn)
+        return _FOUND[0]
+
+
+def available() -> bool:
+    """Whether this process runs libgomp with ``omp_pause_resource_all`` (PyTorch's Linux CPU builds do)."""
+    import torch                 # the library is loaded with torch: look for it only once torch is in
+    del torch
+    return _pause() is not None
+
+
+def release() -> bool:
+    """Free the calling thread's OpenMP worker pool; True when libgomp did, False where it cannot (no libgomp, or
+    called inside a parallel region)."""
+    fn = _pause() if available() else None
+    return fn is not None and fn(OMP_PAUSE_SOFT) == 0
