@@ -102,3 +102,32 @@ def test_the_apps_main_thread_gives_its_pool_back_before_it_serves(monkeypatch):
     monkeypatch.setattr("sys.argv", ["app.py", "--port", "7999", "--no-compile"])
     app.main()
     assert [c[0] for c in calls] == ["start", "release", "launch"]
+
+
+def test_the_example_recorder_gives_its_pool_back_before_each_run_it_waits_for(monkeypatch):
+    """The start's thread goes on to record the examples: it times and probes first (a pool of its own), then waits
+    while each recording computes in another thread."""
+    from types import SimpleNamespace
+    from web import compute
+    order, recorded = [], {}
+    monkeypatch.setattr(compute.omp_pool, "release", lambda: order.append("release"))
+
+    class Comp:
+        done, preempted, result = threading.Event(), False, None
+
+        def leave(self):
+            pass
+
+    Comp.done.set()
+
+    def submit(app, req, background=False):
+        order.append("submit")
+        recorded[req.key] = True
+        return Comp(), True
+
+    monkeypatch.setattr(compute, "submit_run", submit)
+    monkeypatch.setattr(compute, "default_request", lambda prompt, settings: SimpleNamespace(key=prompt))
+    app = SimpleNamespace(line=SimpleNamespace(idle=lambda: True), settings=None,
+                          recordings=SimpleNamespace(get=recorded.get))
+    assert compute.record_examples(app, ["a", "b"], idle_s=0.01) == 2
+    assert order == ["release", "submit", "release", "submit"]

@@ -21,6 +21,7 @@ from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
 from decoding.harness.runner import run_comparison
 from decoding.harness.steps import context_bucket, greedy_steps_ms
+from decoding.runtime import omp_pool
 from decoding.runtime.forward_cost import forward_cost
 from visualize.page import chart_views, column_views, drafted, inspector_view, step_figures, step_html, survey
 from visualize.race import clock_html, race_length_ms
@@ -261,6 +262,7 @@ def record_examples(app: PlaygroundApp, prompts: list[str], stop: Optional[Any] 
         if app.recordings.get(req.key) is not None:
             pending.pop(0)
             continue
+        omp_pool.release()      # this thread waits while the run computes: no OpenMP pool beside its (runtime/omp_pool)
         try:
             comp, _ = submit_run(app, req, background=True)
         except QueueFull:

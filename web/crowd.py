@@ -157,11 +157,6 @@ class Line:
                 self._held = False
                 self._cond.notify_all()
 
-    def idle(self) -> bool:
-        """No computation runs, waits or holds the line now."""
-        with self._cond:
-            return not (self._running or self._waiting or self._held)
-
     def submit(self, comp: Computation) -> None:
         """Put ``comp`` in line and start its thread; QueueFull when the line is full (for visitors)."""
         with self._cond:

@@ -220,7 +220,7 @@ class Startup:
         return share if share is not None and share > limits.cpu_share else None
 
     def _retime_when_quiet(self) -> None:
-        """Every ``retry_s``: when no run is in line and the other processes left the cores free for a second,
+        """Every ``retry_s``: when no visitor's run is in line and the other processes left the cores free for a second,
         time the curve again and choose the default strategies from it; done once a timing was quiet."""
         limits = self.app.limits.quiet
         while not self.stopped.wait(self.retry_s):
