@@ -116,14 +116,21 @@ class Startup:
     def measure(self, config: Config) -> dict:
         """One config's race step, timed while no visitor's run computes (``Line.exclusive``: a run would slow it,
         and it the run), and while /proc watches the other processes (``web/quiet.py``)."""
+        costs, share = self._watched(lambda: self._measure(config))
+        if share is not None:
+            self.busy.append(f"{config.label} (others used {share:.0%} of the cores)")
+        return costs
+
+    def _watched(self, work: Callable[[], Any]) -> tuple[Any, Optional[float]]:
+        """``work()`` while no run computes (``Line.exclusive``) and /proc watches the other processes: its result,
+        and the others' share of the cores when it was over the quiet limit (the timing is then not trusted), else
+        None."""
         limits = self.app.limits.quiet
         with self.app.line.exclusive():
             before = self.cpu()
-            costs = self._measure(config)
+            result = work()
             share = others_share(before, self.cpu(), limits.window_s)
-        if share is not None and share > limits.cpu_share:
-            self.busy.append(f"{config.label} (others used {share:.0%} of the cores)")
-        return costs
+        return result, (share if share is not None and share > limits.cpu_share else None)
 
     def _remember(self, configs: list[Config], choice: RouteChoice) -> None:
         """Cache the decision, unless a timing was made while the machine was busy (then the next start times again)."""
@@ -206,18 +213,19 @@ class Startup:
         timed while no run computes and while /proc watches the other processes. ``again``: the kept curve is
         dropped and timed anew. Returns the others' share of the cores when it was over the quiet limit (the
         verdicts are then not trusted), else None."""
-        settings, limits = self.app.settings, self.app.limits.quiet
-        with self.app.line.exclusive():
+        settings = self.app.settings
+
+        def choose() -> Settings:
             if again:
                 lm = settings.load(settings.default_target())
                 lm.state.forward_cost.pop(bool(settings.compiled), None)
-            before = self.cpu()
-            chosen = chosen_strategies(settings)
-            share = others_share(before, self.cpu(), limits.window_s)
-            self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
+            return chosen_strategies(settings)
+
+        chosen, busy = self._watched(choose)
+        self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
         for line in self.app.settings.strategies_note.splitlines():
             self.log(f"not ticked by default here: {line}")
-        return share if share is not None and share > limits.cpu_share else None
+        return busy
 
     def _retime_when_quiet(self) -> None:
         """Every ``retry_s``: when no visitor's run is in line and the other processes left the cores free for a second,

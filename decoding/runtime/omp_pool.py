@@ -19,12 +19,12 @@ the process); elsewhere, or where the library cannot be found, :func:`release` d
 from __future__ import annotations
 
 import ctypes
-import threading
+import functools
 from typing import Optional
 
+import torch  # noqa: F401: loads PyTorch's libgomp, which _libgomp_path looks for
+
 OMP_PAUSE_SOFT = 1
-_LOCK = threading.Lock()
-_FOUND: list = []
 
 
 def _libgomp_path() -> Optional[str]:
@@ -40,30 +40,27 @@ def _libgomp_path() -> Optional[str]:
     return None
 
 
+@functools.cache
 def _pause() -> Optional[ctypes._CFuncPtr]:
-    with _LOCK:
-        if not _FOUND:
-            fn = None
-            path = _libgomp_path()
-            if path:
-                try:
-                    fn = ctypes.CDLL(path).omp_pause_resource_all
-                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-                except (OSError, AttributeError):      # an older libgomp (before GCC 9) has no pause
-                    fn = None
-            _FOUND.append(fn)
-        return _FOUND[0]
+    """libgomp's ``omp_pause_resource_all``, looked up once; None without it."""
+    path = _libgomp_path()
+    if not path:
+        return None
+    try:
+        fn = ctypes.CDLL(path).omp_pause_resource_all
+    except (OSError, AttributeError):      # an older libgomp (before GCC 9) has no pause
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
 
 
 def available() -> bool:
     """Whether this process runs libgomp with ``omp_pause_resource_all`` (PyTorch's Linux CPU builds do)."""
-    import torch                 # the library is loaded with torch: look for it only once torch is in
-    del torch
     return _pause() is not None
 
 
 def release() -> bool:
     """Free the calling thread's OpenMP worker pool; True when libgomp did, False where it cannot (no libgomp, or
     called inside a parallel region)."""
-    fn = _pause() if available() else None
+    fn = _pause()
     return fn is not None and fn(OMP_PAUSE_SOFT) == 0
