@@ -22,6 +22,7 @@ from decoding.runtime.forward_cost import ForwardCost
 from web import compute
 from web.recordings import Recordings
 from web.app_object import PlaygroundApp
+from fake_proc import FakeProc
 from web.quiet import CpuTimes, QuietBaselines, RunWindow, decode_step_ms, others_share, read_proc
 from web.limits import DEFAULT_LIMITS
 from web.requests import default_request
@@ -29,23 +30,6 @@ from web.settings import DEFAULT_SETTINGS
 
 QUIET = dataclasses.replace(DEFAULT_SETTINGS, quiet_recordings=True)
 HZ = 100
-
-
-class FakeProc:
-    """/proc as a test scripts it: each reading is one more second of a machine of ``cores`` cores on which this
-    process keeps ``own`` cores busy and other processes ``others`` cores (set between readings)."""
-
-    def __init__(self, cores: int = 2, others: float = 0.0, own: float = 1.0) -> None:
-        self.cores, self.others, self.own = cores, others, own
-        self.total = self.busy = self.mine = 0
-
-    def __call__(self) -> CpuTimes:
-        from web import quiet
-        hz = quiet.USER_HZ
-        self.total += self.cores * hz
-        self.busy += round((self.others + self.own) * hz)
-        self.mine += round(self.own * hz)
-        return CpuTimes(self.total, self.busy, self.mine, self.cores)
 
 
 def greedy_doc(decode_ms: list[float], prefill_ms: float = 40.0, prompt_tokens: int = 40) -> dict:

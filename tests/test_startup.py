@@ -24,6 +24,7 @@ from web.crowd import Computation, Line
 from web.app_object import PlaygroundApp
 from web.settings import Settings
 
+from fake_proc import FakeProc
 from tiny_models import tiny_causal
 
 BASE = "base"
@@ -85,28 +86,13 @@ def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_read
     assert "base (compiled)" in app.settings.target_note
 
 
-class BusyLoops:
-    """/proc as a test scripts it: each reading is one more second on 2 cores, this process using one core and
-    the other processes ``others`` cores (two busy loops: 1.6; set between readings)."""
-
-    def __init__(self, others: float) -> None:
-        self.others, self.total, self.busy, self.own = others, 0, 0, 0
-
-    def __call__(self):
-        from web import quiet
-        self.total += 2 * quiet.USER_HZ
-        self.busy += round((1.0 + self.others) * quiet.USER_HZ)
-        self.own += quiet.USER_HZ
-        return quiet.CpuTimes(self.total, self.busy, self.own, 2)
-
-
 def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machine_is_quiet(world, monkeypatch):
     """A start made while two busy loops held the cores timed the curve busy (prompt lookup came out at 1.45x a
     one-position forward against 1.10x quiet, and was left out): the default strategies are chosen again from a
     curve timed anew, once no run is in line and /proc says the cores are free, and never from the kept one."""
     import dataclasses
     app, models, file = world
-    proc, chosen, logs = BusyLoops(others=1.6), [], []
+    proc, chosen, logs = FakeProc(others=1.6), [], []
     narrow, wide = ("greedy", "prophet"), ("greedy", "prophet", "prompt_lookup", "lookahead")
 
     def choose(settings):                # what the curve would say: drafting pays only when timed quiet
@@ -142,7 +128,7 @@ def test_a_curve_timed_quiet_is_trusted_and_not_timed_again(world, monkeypatch):
     chosen = []
     monkeypatch.setattr(startup, "chosen_strategies", lambda settings: chosen.append(1) or settings)
     start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
-                            compile=False, file=file, cpu=BusyLoops(others=0.05), retry_s=0.05)
+                            compile=False, file=file, cpu=FakeProc(others=0.05), retry_s=0.05)
     try:
         start.run()
         time.sleep(0.3)
