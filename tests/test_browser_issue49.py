@@ -47,6 +47,8 @@ def test_self_speculative_a_lossy_column_and_the_batch_panel(app_url):
         slider = page.locator("#batch input[type=number]")
         slider.fill("2")
         slider.press("Enter")
+        # the click must not overtake the field's new value (CI once sent the old one and got a refusal)
+        page.wait_for_function("document.querySelector('#batch input[type=range]').value === '2'", timeout=30_000)
         page.locator("#batch-run").click()
         # whatever the press ends in (the race, a refusal, a failure) is drawn in the view: wait for it, then read
         page.wait_for_function("(v => v && !v.querySelector('.batch-hint') && v.innerText.trim().length > 0)"

@@ -60,7 +60,8 @@ def batch_panel(fields: dict, app: PlaygroundApp) -> None:
     model, assistant, strategies, prompt, chat and max_new_tokens components, by name."""
     with gr.Accordion("Batch race: several prompts in one batch, each row accepting its own drafts", open=False):
         with gr.Row():
-            batch = gr.Slider(1, MAX_BATCH, value=1, step=1, label=f"batch (1–{MAX_BATCH})", elem_id="batch")
+            # a batch of 1 is the race above (refused by batch_race): the slider starts where a batch race does
+            batch = gr.Slider(2, MAX_BATCH, value=2, step=1, label=f"batch (2–{MAX_BATCH})", elem_id="batch")
             button = gr.Button("Run the batch race", elem_id="batch-run")
         view = gr.HTML(HINT, elem_id="batch-view")      # always drawn: a press replaces the hint, never shows it
 
