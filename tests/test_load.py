@@ -43,12 +43,13 @@ def _request(client: Client, prompt: str, seed: int, max_new: int = TOKENS, stra
 
 def _wait_for_tokens(job, timeout: float = 120) -> None:
     """Until the submitted run is under way (its progress reports generated tokens)."""
-    deadline = time.time() + timeout
+    deadline, status = time.time() + timeout, None
     while time.time() < deadline:
         status = job.status()
         if status.progress_data and "tokens" in (status.progress_data[-1].desc or ""):
             return
         time.sleep(0.2)
+    pytest.fail(f"the submitted run reported no generated tokens within {timeout:.0f} s (last status: {status})")
 
 
 def test_sixteen_concurrent_clients_get_their_own_results(app_url):

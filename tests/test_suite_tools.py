@@ -1,0 +1,76 @@
+"""The suite's own tools: the curve memo (tests/curve_memo.py) and the forward clock (tests/forward_clock.py)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import forward_clock
+from curve_memo import curve_memo
+from decoding.runtime.forward_cost import ForwardCost
+from tiny_models import tiny_causal
+
+
+def _counting():
+    calls = []
+
+    def timed(lm, max_width, *, fast=False, **options):
+        calls.append((max_width, fast, options))
+        return ForwardCost({1: 1.0 + len(calls), max_width: 2.0}, source="measured")
+    return timed, calls
+
+
+def test_the_memo_times_a_real_sized_curve_once_and_hands_out_copies():
+    timed, calls = _counting()
+    lm = tiny_causal("llama")
+    memo = curve_memo(timed, {}, min_hidden=0)            # the tiny model counts as real-sized here
+    first, second = memo(lm, 9), memo(lm, 9)
+    assert len(calls) == 1 and first == second and first is not second     # a copy: it dies with its model
+    memo(lm, 9, fast=True)                                # another mode, another width: timed again
+    memo(lm, 13)
+    assert [c[:2] for c in calls] == [(9, False), (9, True), (13, False)]
+
+
+def test_the_memo_times_again_for_another_model_its_own_options_or_a_tiny_model():
+    timed, calls = _counting()
+    store: dict = {}
+    memo = curve_memo(timed, store, min_hidden=0)
+    a, b = tiny_causal("llama", seed=1), tiny_causal("llama", seed=2)
+    b.name = a.name + "-other"
+    memo(a, 9)
+    memo(b, 9)
+    memo(a, 9, repeats=2)                                 # a curve's own test: never memoised
+    assert len(calls) == 3 and calls[-1][2] == {"repeats": 2} and len(store) == 2
+    plain = curve_memo(timed, {})                         # the default threshold: the tiny model is timed each time
+    plain(a, 9)
+    plain(a, 9)
+    assert len(calls) == 5
+
+
+def test_the_clock_counts_big_layers_and_heads_only_once_per_outer_call(tmp_path, monkeypatch):
+    Layer = type("FakeDecoderLayer", (torch.nn.Module,), {"forward": lambda self, x: self.inner(x)})
+    layer = Layer()
+    layer.input_layernorm = torch.nn.LayerNorm(576)
+    layer.inner = torch.nn.Linear(4, 4)
+    small = Layer()
+    small.input_layernorm = torch.nn.LayerNorm(64)
+    small.inner = torch.nn.Linear(4, 4)
+    head = torch.nn.Linear(576, 20_000, bias=False)
+    assert forward_clock._is_clocked(layer) and forward_clock._is_clocked(head)
+    assert not forward_clock._is_clocked(small) and not forward_clock._is_clocked(layer.inner)
+    monkeypatch.setattr(forward_clock, "_seconds", forward_clock.defaultdict(float))
+    monkeypatch.setattr(forward_clock, "_calls", forward_clock.defaultdict(int))
+    monkeypatch.setitem(forward_clock._state, "test", "tests/test_x.py::t")
+    x = torch.zeros(1, 4)
+    for module in (layer, small, head):
+        forward_clock._pre(module, (x,))
+        forward_clock._pre(module.inner if hasattr(module, "inner") else module, (x,))   # nested: not counted
+        forward_clock._post(module.inner if hasattr(module, "inner") else module, (x,), x)
+        forward_clock._post(module, (x,), x)
+    assert forward_clock._calls["tests/test_x.py::t"] == 2          # the big layer and the head, not the small
+    assert forward_clock._seconds["tests/test_x.py::t"] > 0
+    (tmp_path / "gw0.json").write_text(json.dumps({"tests/test_x.py::t": {"seconds": 2.0, "calls": 3, "curve_s": 1.0},
+                                                   "tests/test_y.py::u": {"seconds": 5.0, "calls": 1}}))
+    (tmp_path / "gw1.json").write_text(json.dumps({"tests/test_x.py::v": {"seconds": 4.0, "calls": 2}}))
+    assert forward_clock.by_file(tmp_path) == [("tests/test_x.py", 6.0, 5, 1.0), ("tests/test_y.py", 5.0, 1, 0.0)]
