@@ -24,6 +24,10 @@ is started here, its log saved to a file whose path is printed; it is always kil
    (the quiet baseline's probe included) run busy; then a new prompt while busy (must not be recorded), the loops
    stopped, ``--settle`` seconds, then 3 new prompts quiet and how many of them were recorded (a baseline taken
    busy must not be kept: ``web/quiet.py``). Claims 2 and 3 as above are not run with ``--busy-start``.
+4. **The default race in the app's own mode** (``--race-repeats N``, default 3; 0 skips it; after claim 2, quiet):
+   the strategies the page ticks by default (the start's last ``default comparison here:`` log line) on the page's
+   default example at its default length, N times with distinct seeds (each computed, none a replay): per
+   strategy the median speed-up over greedy in the same run, and whether every run equalled greedy's tokens.
 
 ``--fresh``: every cache the start reads is empty: ``XDG_CACHE_HOME`` and ``DECODING_CACHE_DIR`` point into a new
 temporary folder and ``TORCHINDUCTOR_CACHE_DIR`` is unset, so the version choice (``routes.json``), the CPU kernel
@@ -45,6 +49,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +60,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 UNSEEN = ROOT / "presets" / "bench_unseen.yaml"
 DONE_LINE = "start-up done in"           # web.startup.DONE_LINE (tests/test_benchmark_scripts.py checks they agree)
+TICKED_LINE = "default comparison here:"  # web.startup.TICKED_LINE (likewise)
+EXAMPLE = "What are three good habits for getting better sleep?"      # the page's default example
 PAGE_MARK = b"Decoding Playground"       # in the page's HTML
 STRATEGIES = ["greedy", "prophet"]
 MAX_NEW = 32
@@ -319,6 +326,44 @@ def run_row(client, prompt: str, timeout: float, check: bool = True) -> dict:
     return row
 
 
+def ticked(lines: list[str]) -> list[str]:
+    """The strategies the page ticks by default: the last ``TICKED_LINE`` the start logged (it logs one each
+    time it chooses them); [] before it chose."""
+    found = [line[len(TICKED_LINE):] for line in lines if line.startswith(TICKED_LINE)]
+    return [name.strip() for name in found[-1].split(",") if name.strip()] if found else []
+
+
+def default_races(client, strategies: list[str], repeats: int, timeout: float) -> dict:
+    """Claim 4: the page's default comparison of its default example through /race, ``repeats`` times with seeds
+    1..repeats (distinct requests: each is computed). Per strategy the median speed-up over greedy in the same
+    run, and whether every run gave greedy's tokens."""
+    runs = []
+    for seed in range(1, repeats + 1):
+        job = client.submit(prompt=EXAMPLE, strategies=strategies, seed=seed, api_name="/race")
+        try:
+            doc = job.result(timeout=timeout)
+        except TimeoutError:
+            job.cancel()
+            raise BenchError(f"the default race gave no answer within {timeout:.0f} s") from None
+        rows = {r["strategy"]: r for r in doc.get("results") or ()}
+        greedy = rows.get("greedy") or {}
+        runs.append({"seed": seed, "greedy_tok_s": greedy.get("tokens_per_s"),
+                     "fast": bool((greedy.get("params") or {}).get("fast")),
+                     "speedup": {k: greedy["wall_s"] / r["wall_s"] for k, r in rows.items()
+                                 if k != "greedy" and not r.get("error") and r.get("wall_s")},
+                     "equal": {k: r.get("token_ids") == greedy.get("token_ids") for k, r in rows.items()
+                               if k != "greedy"},
+                     "errors": {k: r["error"] for k, r in rows.items() if r.get("error")}})
+        print(f"default race {seed}/{repeats}: " + ", ".join(f"{k} {v:.2f}x" for k, v in runs[-1]["speedup"].items())
+              + f" (greedy {runs[-1]['greedy_tok_s'] or 0:.1f} tok/s)", flush=True)
+    names = [s for s in strategies if s != "greedy"]
+    return {"strategies": strategies, "prompt": EXAMPLE, "runs": runs,
+            "median": {k: statistics.median([r["speedup"][k] for r in runs if k in r["speedup"]] or [float("nan")])
+                       for k in names},
+            "equal_every_run": {k: all(r["equal"].get(k, False) for r in runs) for k in names},
+            "greedy_tok_s_median": statistics.median([r["greedy_tok_s"] or 0.0 for r in runs])}
+
+
 def show_runs(title: str, rows: list[dict]) -> None:
     print(f"\n{title}\n")
     print("| # | words | prompt tokens | recorded | /race s | check s | compiled | message |")
@@ -344,6 +389,8 @@ def main() -> None:
     ap.add_argument("--page-timeout", type=float, default=600.0)
     ap.add_argument("--start-timeout", type=float, default=3600.0, help="for the start's background work")
     ap.add_argument("--run-timeout", type=float, default=900.0, help="for each /race call")
+    ap.add_argument("--race-repeats", type=int, default=3,
+                    help="claim 4: runs of the page's default comparison (0: none; not with --busy-start)")
     ap.add_argument("--app-arg", action="append", default=[], help="more arguments for app.py (repeatable)")
     ap.add_argument("--keep-cache", action="store_true", help="keep --fresh's temporary folder")
     ap.add_argument("--json", type=Path, default=None,
@@ -419,6 +466,12 @@ def main() -> None:
                 print(f"quiet {i}/{len(plan['quiet'])}: {r['words']} words, recorded {r.get('recorded')}, "
                       f"{r['seconds']:.1f} s", flush=True)
             doc["claim2"] = {"busy_share_before": share, "runs": quiet}
+            # ---------------------------------------------------------- 4. the default race, quiet
+            if args.race_repeats > 0:
+                strategies = ticked(server.app_lines())
+                if not strategies:
+                    raise BenchError(f"the start logged no '{TICKED_LINE}' line (the app's log: {log})")
+                doc["claim4"] = default_races(client, strategies, args.race_repeats, args.run_timeout)
             # ---------------------------------------------------------- 3. busy, not recorded
             loops = Loops(args.loops)
             time.sleep(1.0)
@@ -450,6 +503,13 @@ def report(doc: dict, page_s: float, first: dict, done_s: float) -> None:
     if "claim2" in doc:
         show_runs("Recorded when quiet (10 distinct prompts)", doc["claim2"]["runs"])
         show_runs(f"Busy ({doc['loops']} loops): must not be recorded", [doc["claim3"]["busy"]])
+    if "claim4" in doc:
+        c4 = doc["claim4"]
+        print(f"\nThe default race (ticked: {', '.join(c4['strategies'])}; the default example, "
+              f"{len(c4['runs'])} runs, greedy {c4['greedy_tok_s_median']:.1f} tok/s median)\n")
+        print("| strategy | median speed-up over greedy | every run greedy's tokens |\n|---|---|---|")
+        for name, value in c4["median"].items():
+            print(f"| {name} | {value:.2f}x | {'yes' if c4['equal_every_run'][name] else 'NO'} |")
     if "busy_start_runs" in doc:
         show_runs(f"Busy start: a run with {doc['loops']} loops still going (must not be recorded)",
                   [doc["busy_start_runs"]["busy"]])

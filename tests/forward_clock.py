@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,11 +30,11 @@ _state = {"test": None, "depth": 0, "start": 0.0}
 _seconds: dict = defaultdict(float)
 _calls: dict = defaultdict(int)
 _curves: dict = defaultdict(float)   # seconds of it spent timing forward-cost curves (runtime/forward_cost.calibrate)
-_clocked: dict = {}          # id(module) -> whether it is clocked (a big decoder layer or head)
+_clocked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # module -> clocked (a big layer or head)
 
 
 def _is_clocked(module) -> bool:
-    key = id(module)
+    key = module
     if key not in _clocked:
         name = type(module).__name__
         weight = getattr(module, "weight", None)

@@ -304,9 +304,13 @@ def test_the_start_benchmark_waits_for_the_line_the_start_logs_and_runs_distinct
     """bench_start waits for web/startup.py's last log line (a copy of its text: the script imports nothing
     heavy before its arguments are parsed) and runs every prompt once: 10 quiet ones of 4 to 420 words, one of
     them >= 400, and new ones for the first, busy and after-busy runs."""
-    from web.startup import DONE_LINE
+    from web.startup import DONE_LINE, TICKED_LINE
     bench = _bench_module("bench_start")
-    assert bench.DONE_LINE == DONE_LINE
+    assert bench.DONE_LINE == DONE_LINE and bench.TICKED_LINE == TICKED_LINE
+    # claim 4 races what the page ticks: the last choice the start logged (a re-timed curve logs a second one)
+    assert bench.ticked(["timing x", f"{TICKED_LINE} greedy, prophet", "not ticked by default here: lookahead ...",
+                         f"{TICKED_LINE} greedy, prophet, lookahead"]) == ["greedy", "prophet", "lookahead"]
+    assert bench.ticked(["timing x"]) == []
     plan = bench.prompt_plan()
     every = [t for group in plan.values() for t in group]
     assert len(set(every)) == len(every) == 15

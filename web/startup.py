@@ -39,6 +39,7 @@ from web.settings import DEFAULT_STRATEGIES, Settings
 
 Log = Callable[[str], None]
 DONE_LINE = "start-up done in"   # logged once when the background start has finished (benchmarks wait for it)
+TICKED_LINE = "default comparison here:"   # logged with the strategies the page ticks, each time they are chosen
 RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
 
@@ -223,6 +224,7 @@ class Startup:
 
         chosen, busy = self._watched(choose)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
+        self.log(f"{TICKED_LINE} {', '.join(chosen.strategies)}")
         for line in self.app.settings.strategies_note.splitlines():
             self.log(f"not ticked by default here: {line}")
         return busy
