@@ -281,6 +281,25 @@ def test_each_cpu_and_instruction_cap_gets_its_own_inductor_folder(monkeypatch, 
     assert other_torch.name.startswith("torch-9.9.9+cpu-cpu-")
 
 
+@pytest.mark.parametrize("capability, flags, arch", [
+    ("AVX512", "fpu avx2 avx512f amx_tile", "native"),         # an AMX Xeon, uncapped
+    ("AVX2", "fpu avx2 avx512f amx_tile", "x86-64-v3"),        # the same machine under make test's AVX2 caps
+    ("AVX2", "fpu avx2 avx_vnni", "x86-64-v3"),                # an AVX-VNNI client core, capped
+    ("AVX2", "fpu avx2 fma f16c", "native"),                   # an AMD EPYC Zen 3: native is AVX2 already
+    ("DEFAULT", "fpu sse2", "native")])
+def test_the_projects_kernels_are_built_for_avx2_when_pytorchs_are_capped_there(monkeypatch, capability, flags,
+                                                                                 arch):
+    """Under make test's AVX2 caps, PyTorch's, oneDNN's, MKL's and inductor's code runs AVX2; the project's own C++
+    kernels (attention, the float16-weight product) are built with -march=native, so the capped pass ran their
+    AVX-512 code (16-float vectors, other sums) and never the code a Zen 3 builds. Capped, they target x86-64-v3,
+    and the build's flags (part of its cache key) say so."""
+    from decoding.runtime import attention_kernels
+    monkeypatch.setattr(attention_kernels.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(attention_kernels, "cpuinfo", lambda key: flags if key == "flags" else "")
+    assert attention_kernels.target_arch() == arch
+    assert f"-march={arch}" in attention_kernels._flags()
+
+
 def test_a_page_built_before_the_choices_shows_them_when_it_loads():
     """``start_views`` (web/page_start.py): what a page built with the first settings changes on load once the start chose (the
     target, its head, the strategies, ``fast`` where the forward now runs compiled, the notes), and nothing for a

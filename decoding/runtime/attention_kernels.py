@@ -2,7 +2,8 @@
 it (``attention_kernels.cpp``: why, and why it stays exact, is written there).
 
 :func:`load` compiles the file once per machine, PyTorch version and source (g++ with ``-march=native``, so an
-Intel Xeon gets AVX-512 and an AMD EPYC its own vectors), keeps the library in the cache directory beside
+Intel Xeon gets AVX-512 and an AMD EPYC its own vectors; ``x86-64-v3`` where PyTorch's kernels are capped at AVX2,
+:func:`target_arch`), keeps the library in the cache directory beside
 inductor's, and registers its two operators (``torch.ops.decoding_attention.scores`` / ``.values``) with their
 shapes for the compiler. Where it cannot be built (no compiler, another PyTorch, ``DECODING_ATTENTION_KERNEL=0``)
 the compiled forward writes the same reductions for inductor instead (slower, equally exact) and says why.
@@ -25,7 +26,7 @@ from typing import Optional
 import torch
 
 from decoding import verify
-from decoding.runtime.cpu import cpu_fingerprint
+from decoding.runtime.cpu import cpu_fingerprint, cpuinfo
 
 PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
 
@@ -102,9 +103,25 @@ def library_path(cache: Path) -> Path:
     return cache / f"attention-{key}.so"
 
 
+WIDER_THAN_AVX2 = ("avx512f", "avx_vnni", "amx_tile")     # flags of a CPU that make's AVX2 caps narrow (Makefile)
+
+
+def target_arch() -> str:
+    """g++'s ``-march``: ``native``, or ``x86-64-v3`` (AVX2, FMA, F16C: what an AMD EPYC Zen 3 builds) where
+    PyTorch's kernels are capped at AVX2 on a wider CPU (``ATEN_CPU_CAPABILITY=avx2``: ``make test``'s second pass,
+    which inductor's code generation honours too), so the capped run computes with the code an AVX2-only machine
+    builds: 8-float vectors instead of 16, and so other sums (``attention_kernels.cpp``)."""
+    try:
+        capability = str(torch.backends.cpu.get_cpu_capability()).upper()
+    except (AttributeError, RuntimeError):
+        return "native"
+    wider = set(cpuinfo("flags").split()) & set(WIDER_THAN_AVX2)
+    return "x86-64-v3" if capability == "AVX2" and wider else "native"
+
+
 def _flags() -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c++17", "-fPIC",
+    return ["-O3", f"-march={target_arch()}", "-mtune=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c++17", "-fPIC",
             "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DAT_PARALLEL_OPENMP=1"]
 
 
