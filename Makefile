@@ -50,7 +50,8 @@ compiler:
 
 TEST_WORKERS ?= 2
 # The kernel-sensitive tests (tests/conftest.py KERNEL_FILES) run a second time with the CPU's wider instructions
-# turned off in PyTorch, oneDNN and MKL, so an AVX-512/AMX machine shows what an AVX2-only CPU computes.
+# turned off in PyTorch, oneDNN and MKL (and the project's C++ kernels built for x86-64-v3: attention_kernels.target_arch),
+# so an AVX-512/AMX machine shows what an AVX2-only CPU computes.
 # On a CPU with none of them (nor AVX-VNNI, which oneDNN uses above AVX2): an AVX2-only CPU such as an AMD EPYC
 # Zen 3, the caps change nothing and the first pass was that run, so the second is skipped and says so.
 # Where /proc/cpuinfo cannot be read it runs.
