@@ -311,6 +311,38 @@ def test_the_start_benchmark_waits_for_the_line_the_start_logs_and_runs_distinct
     assert bench.ticked(["timing x", f"{TICKED_LINE} greedy, prophet", "not ticked by default here: lookahead ...",
                          f"{TICKED_LINE} greedy, prophet, lookahead"]) == ["greedy", "prophet", "lookahead"]
     assert bench.ticked(["timing x"]) == []
+    assert bench.EXAMPLE == _bench_module("common").DEFAULT_PROMPT            # the page's default example
+
+
+def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_per_seed():
+    """Claim 4 on a stand-in client: three seeds, each a distinct request; a speed-up is greedy's wall time over the
+    strategy's in the same run (a 0.5 s prophet against a 1 s greedy is 2x, not 0.5x), the median over the runs,
+    and one run whose tokens differ from greedy's marks the strategy."""
+    bench = _bench_module("bench_start")
+    walls = {1: (1.0, 0.5, 1.0), 2: (1.2, 0.4, 1.0), 3: (0.9, 0.6, 0.9)}
+    asked = []
+
+    class Job:
+        def __init__(self, doc):
+            self.doc = doc
+
+        def result(self, timeout):
+            return self.doc
+
+    class Client:
+        def submit(self, prompt, strategies, seed, api_name):
+            asked.append((prompt, tuple(strategies), seed, api_name))
+            g, p, l = walls[seed]
+            return Job({"results": [
+                {"strategy": "greedy", "wall_s": g, "tokens_per_s": 64 / g, "token_ids": [1, 2], "params": {"fast": True}},
+                {"strategy": "prophet", "wall_s": p, "token_ids": [1, 2]},
+                {"strategy": "lookahead", "wall_s": l, "token_ids": [1, 2] if seed != 2 else [1, 3]}]})
+
+    got = bench.default_races(Client(), ["greedy", "prophet", "lookahead"], 3, timeout=5)
+    assert [a[2] for a in asked] == [1, 2, 3] and all(a[0] == bench.EXAMPLE for a in asked)
+    assert got["median"]["prophet"] == pytest.approx(2.0) and got["median"]["lookahead"] == pytest.approx(1.0)
+    assert got["equal_every_run"] == {"prophet": True, "lookahead": False}
+    assert got["runs"][0]["fast"] is True and got["greedy_tok_s_median"] == pytest.approx(64.0)
     plan = bench.prompt_plan()
     every = [t for group in plan.values() for t in group]
     assert len(set(every)) == len(every) == 15
