@@ -280,15 +280,21 @@ class Server:
 
 # --------------------------------------------------------------------------- /race
 
+def call_race(client, timeout: float, what: str, **values) -> dict:
+    """One /race with ``values``, waited for at most ``timeout`` seconds (then cancelled: BenchError naming ``what``)."""
+    job = client.submit(api_name="/race", **values)
+    try:
+        return job.result(timeout=timeout)
+    except TimeoutError:
+        job.cancel()
+        raise BenchError(f"{what} gave no answer within {timeout:.0f} s") from None
+
+
 def race(client, prompt: str, timeout: float) -> tuple[dict, float]:
     """One /race of greedy and prophet, ``MAX_NEW`` tokens: (its document, seconds)."""
     t0 = time.monotonic()
-    job = client.submit(prompt=prompt, strategies=STRATEGIES, max_new_tokens=MAX_NEW, api_name="/race")
-    try:
-        doc = job.result(timeout=timeout)
-    except TimeoutError:
-        job.cancel()
-        raise BenchError(f"/race gave no answer within {timeout:.0f} s ({words(prompt)}-word prompt)") from None
+    doc = call_race(client, timeout, f"/race ({words(prompt)}-word prompt)", prompt=prompt, strategies=STRATEGIES,
+                    max_new_tokens=MAX_NEW)
     return doc, time.monotonic() - t0
 
 
@@ -339,12 +345,7 @@ def default_races(client, strategies: list[str], repeats: int, timeout: float) -
     run, and whether every run gave greedy's tokens."""
     runs = []
     for seed in range(1, repeats + 1):
-        job = client.submit(prompt=EXAMPLE, strategies=strategies, seed=seed, api_name="/race")
-        try:
-            doc = job.result(timeout=timeout)
-        except TimeoutError:
-            job.cancel()
-            raise BenchError(f"the default race gave no answer within {timeout:.0f} s") from None
+        doc = call_race(client, timeout, "the default race", prompt=EXAMPLE, strategies=strategies, seed=seed)
         rows = {r["strategy"]: r for r in doc.get("results") or ()}
         greedy = rows.get("greedy") or {}
         runs.append({"seed": seed, "greedy_tok_s": greedy.get("tokens_per_s"),

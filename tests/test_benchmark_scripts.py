@@ -330,7 +330,7 @@ def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_p
             return self.doc
 
     class Client:
-        def submit(self, prompt, strategies, seed, api_name):
+        def submit(self, api_name, prompt, strategies, seed):
             asked.append((prompt, tuple(strategies), seed, api_name))
             g, p, l = walls[seed]
             return Job({"results": [
