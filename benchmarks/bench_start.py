@@ -61,7 +61,6 @@ ROOT = Path(__file__).resolve().parents[1]
 UNSEEN = ROOT / "presets" / "bench_unseen.yaml"
 DONE_LINE = "start-up done in"           # web.startup.DONE_LINE (tests/test_benchmark_scripts.py checks they agree)
 TICKED_LINE = "default comparison here:"  # web.startup.TICKED_LINE (likewise)
-EXAMPLE = "What are three good habits for getting better sleep?"      # the page's default example
 PAGE_MARK = b"Decoding Playground"       # in the page's HTML
 STRATEGIES = ["greedy", "prophet"]
 MAX_NEW = 32
@@ -281,7 +280,8 @@ class Server:
 # --------------------------------------------------------------------------- /race
 
 def call_race(client, timeout: float, what: str, **values) -> dict:
-    """One /race with ``values``, waited for at most ``timeout`` seconds (then cancelled: BenchError naming ``what``)."""
+    """One /race with ``values``, waited for at most ``timeout`` seconds (then cancelled: BenchError naming
+    ``what``)."""
     job = client.submit(api_name="/race", **values)
     try:
         return job.result(timeout=timeout)
@@ -339,13 +339,13 @@ def ticked(lines: list[str]) -> list[str]:
     return [name.strip() for name in found[-1].split(",") if name.strip()] if found else []
 
 
-def default_races(client, strategies: list[str], repeats: int, timeout: float) -> dict:
-    """Claim 4: the page's default comparison of its default example through /race, ``repeats`` times with seeds
-    1..repeats (distinct requests: each is computed). Per strategy the median speed-up over greedy in the same
-    run, and whether every run gave greedy's tokens."""
+def default_races(client, prompt: str, strategies: list[str], repeats: int, timeout: float) -> dict:
+    """Claim 4: the page's default comparison of ``prompt`` (its default example) through /race, ``repeats`` times
+    with seeds 1..repeats (distinct requests: each is computed). Per strategy the median speed-up over greedy in
+    the same run, and whether every run gave greedy's tokens."""
     runs = []
     for seed in range(1, repeats + 1):
-        doc = call_race(client, timeout, "the default race", prompt=EXAMPLE, strategies=strategies, seed=seed)
+        doc = call_race(client, timeout, "the default race", prompt=prompt, strategies=strategies, seed=seed)
         rows = {r["strategy"]: r for r in doc.get("results") or ()}
         greedy = rows.get("greedy") or {}
         runs.append({"seed": seed, "greedy_tok_s": greedy.get("tokens_per_s"),
@@ -358,7 +358,7 @@ def default_races(client, strategies: list[str], repeats: int, timeout: float) -
         print(f"default race {seed}/{repeats}: " + ", ".join(f"{k} {v:.2f}x" for k, v in runs[-1]["speedup"].items())
               + f" (greedy {runs[-1]['greedy_tok_s'] or 0:.1f} tok/s)", flush=True)
     names = [s for s in strategies if s != "greedy"]
-    return {"strategies": strategies, "prompt": EXAMPLE, "runs": runs,
+    return {"strategies": strategies, "prompt": prompt, "runs": runs,
             "median": {k: statistics.median([r["speedup"][k] for r in runs if k in r["speedup"]] or [float("nan")])
                        for k in names},
             "equal_every_run": {k: all(r["equal"].get(k, False) for r in runs) for k in names},
@@ -399,7 +399,7 @@ def main() -> None:
     args = ap.parse_args()
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from common import write_json                              # noqa: E402  (benchmarks/; imports torch)
+    from common import DEFAULT_PROMPT, write_json              # noqa: E402  (benchmarks/; imports torch)
     from decoding.runtime.kernel_choice import cpu_label       # noqa: E402
     from gradio_client import Client                           # noqa: E402
 
@@ -472,7 +472,7 @@ def main() -> None:
                 strategies = ticked(server.app_lines())
                 if not strategies:
                     raise BenchError(f"the start logged no '{TICKED_LINE}' line (the app's log: {log})")
-                doc["claim4"] = default_races(client, strategies, args.race_repeats, args.run_timeout)
+                doc["claim4"] = default_races(client, DEFAULT_PROMPT, strategies, args.race_repeats, args.run_timeout)
             # ---------------------------------------------------------- 3. busy, not recorded
             loops = Loops(args.loops)
             time.sleep(1.0)

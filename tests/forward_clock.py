@@ -34,22 +34,21 @@ _clocked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # module -
 
 
 def _is_clocked(module) -> bool:
-    key = module
-    if key not in _clocked:
+    if module not in _clocked:
         name = type(module).__name__
         weight = getattr(module, "weight", None)
         if name.endswith("DecoderLayer"):
             norm = getattr(module, "input_layernorm", None)
             size = getattr(getattr(norm, "weight", None), "numel", lambda: 0)()
-            _clocked[key] = size >= MIN_HIDDEN
+            _clocked[module] = size >= MIN_HIDDEN
         else:
-            _clocked[key] = weight is not None and getattr(weight, "ndim", 0) == 2 and weight.numel() >= MIN_HEAD \
+            _clocked[module] = weight is not None and getattr(weight, "ndim", 0) == 2 and weight.numel() >= MIN_HEAD \
                 and "Embedding" not in name
-    return _clocked[key]
+    return _clocked[module]
 
 
 def _pre(module, args):
-    import torch
+    import torch            # here, not at the top: `python tests/forward_clock.py` only sums JSON files
     if torch.compiler.is_compiling() or _state["test"] is None or not _is_clocked(module):
         return              # the compiler's check first: a graph guarded on _state would compile again
     if _state["depth"] == 0:
@@ -69,6 +68,7 @@ def _post(module, args, output):
 
 def pytest_configure(config):
     import torch
+
     from decoding.runtime import forward_cost
     torch.nn.modules.module.register_module_forward_pre_hook(_pre)
     torch.nn.modules.module.register_module_forward_hook(_post)
@@ -101,7 +101,8 @@ def pytest_unconfigure(config):
 
 
 def by_file(folder: Path) -> list[tuple[str, float, int]]:
-    """(file, seconds, clocked calls, of the seconds those timing forward-cost curves) summed over every worker's JSON in ``folder``, largest first."""
+    """(file, seconds, clocked calls, of the seconds those timing forward-cost curves) summed over every worker's
+    JSON in ``folder``, largest first."""
     total: dict = defaultdict(float)
     calls: dict = defaultdict(int)
     curves: dict = defaultdict(float)

@@ -311,7 +311,14 @@ def test_the_start_benchmark_waits_for_the_line_the_start_logs_and_runs_distinct
     assert bench.ticked(["timing x", f"{TICKED_LINE} greedy, prophet", "not ticked by default here: lookahead ...",
                          f"{TICKED_LINE} greedy, prophet, lookahead"]) == ["greedy", "prophet", "lookahead"]
     assert bench.ticked(["timing x"]) == []
-    assert bench.EXAMPLE == _bench_module("common").DEFAULT_PROMPT            # the page's default example
+    plan = bench.prompt_plan()
+    every = [t for group in plan.values() for t in group]
+    assert len(set(every)) == len(every) == 15
+    lengths = [bench.words(t) for t in plan["quiet"]]
+    assert len(lengths) == 10 and min(lengths) == 4 and 400 <= max(lengths) <= 420
+    assert [len(plan[k]) for k in ("first", "busy", "after")] == [1, 1, 3]
+    assert bench.fingerprint({"results": [{"strategy": "greedy", "wall_s": 0.5, "token_ids": [1]}]}) != \
+        bench.fingerprint({"results": [{"strategy": "greedy", "wall_s": 0.6, "token_ids": [1]}]})
 
 
 def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_per_seed():
@@ -334,20 +341,13 @@ def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_p
             asked.append((prompt, tuple(strategies), seed, api_name))
             g, p, l = walls[seed]
             return Job({"results": [
-                {"strategy": "greedy", "wall_s": g, "tokens_per_s": 64 / g, "token_ids": [1, 2], "params": {"fast": True}},
+                {"strategy": "greedy", "wall_s": g, "tokens_per_s": 64 / g, "token_ids": [1, 2],
+                 "params": {"fast": True}},
                 {"strategy": "prophet", "wall_s": p, "token_ids": [1, 2]},
                 {"strategy": "lookahead", "wall_s": l, "token_ids": [1, 2] if seed != 2 else [1, 3]}]})
 
-    got = bench.default_races(Client(), ["greedy", "prophet", "lookahead"], 3, timeout=5)
-    assert [a[2] for a in asked] == [1, 2, 3] and all(a[0] == bench.EXAMPLE for a in asked)
+    got = bench.default_races(Client(), "Sleep?", ["greedy", "prophet", "lookahead"], 3, timeout=5)
+    assert [a[2] for a in asked] == [1, 2, 3] and all(a[0] == "Sleep?" for a in asked) and got["prompt"] == "Sleep?"
     assert got["median"]["prophet"] == pytest.approx(2.0) and got["median"]["lookahead"] == pytest.approx(1.0)
     assert got["equal_every_run"] == {"prophet": True, "lookahead": False}
     assert got["runs"][0]["fast"] is True and got["greedy_tok_s_median"] == pytest.approx(64.0)
-    plan = bench.prompt_plan()
-    every = [t for group in plan.values() for t in group]
-    assert len(set(every)) == len(every) == 15
-    lengths = [bench.words(t) for t in plan["quiet"]]
-    assert len(lengths) == 10 and min(lengths) == 4 and 400 <= max(lengths) <= 420
-    assert [len(plan[k]) for k in ("first", "busy", "after")] == [1, 1, 3]
-    assert bench.fingerprint({"results": [{"strategy": "greedy", "wall_s": 0.5, "token_ids": [1]}]}) != \
-        bench.fingerprint({"results": [{"strategy": "greedy", "wall_s": 0.6, "token_ids": [1]}]})

@@ -121,7 +121,8 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
         assert len(chosen) == 2                  # done once a timing was quiet
         # each choice is logged by name (benchmarks/bench_start.py races the last one)
         assert [line for line in logs if line.startswith(startup.TICKED_LINE)] == [
-            f"{startup.TICKED_LINE} greedy, prophet", f"{startup.TICKED_LINE} greedy, prophet, prompt_lookup, lookahead"]
+            f"{startup.TICKED_LINE} greedy, prophet",
+            f"{startup.TICKED_LINE} greedy, prophet, prompt_lookup, lookahead"]
     finally:
         start.stopped.set()
 
@@ -315,3 +316,15 @@ def test_a_page_built_before_the_choices_shows_them_when_it_loads():
     assert "&lt;compiled&gt;" in views["target_note"]["value"] and views["target_note"]["visible"]
     notes_only = start_views(Settings(target_note="still timing, 40 s"), built)
     assert set(notes_only) == {"target_note", "compiled_note", "strategies_note"}     # the form stays the visitor's
+
+
+def test_the_cpu_label_says_when_the_kernels_are_capped(monkeypatch):
+    """Benchmark rows are keyed by ``cpu_label``: a run under the AVX2 caps must not replace the same CPU's
+    uncapped rows (BENCHMARKS.md keeps both)."""
+    from decoding.runtime import kernel_choice
+    fields = {"flags": "fpu avx2 avx512f amx_bf16", "cpu family": "6", "model": "167", "model name": "Xeon"}
+    monkeypatch.setattr(kernel_choice, "_cpuinfo", lambda key: fields.get(key, ""))
+    monkeypatch.setattr(kernel_choice, "pytorch_isa", lambda: "AVX512")
+    assert kernel_choice.cpu_label() == "Xeon (family 6 model 167; AMX)"
+    monkeypatch.setattr(kernel_choice, "pytorch_isa", lambda: "AVX2")
+    assert kernel_choice.cpu_label() == "Xeon (family 6 model 167; AMX, kernels capped at AVX2)"

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from decoding import verify
-from decoding.runtime.cpu import cpu_fingerprint, cpuinfo
+from decoding.runtime.cpu import cpu_fingerprint, cpuinfo, pytorch_isa
 
 PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it
 
@@ -111,18 +111,14 @@ def target_arch() -> str:
     PyTorch's kernels are capped at AVX2 on a wider CPU (``ATEN_CPU_CAPABILITY=avx2``: ``make test``'s second pass,
     which inductor's code generation honours too), so the capped run computes with the code an AVX2-only machine
     builds: 8-float vectors instead of 16, and so other sums (``attention_kernels.cpp``)."""
-    try:
-        capability = str(torch.backends.cpu.get_cpu_capability()).upper()
-    except (AttributeError, RuntimeError):
-        return "native"
     wider = set(cpuinfo("flags").split()) & set(WIDER_THAN_AVX2)
-    return "x86-64-v3" if capability == "AVX2" and wider else "native"
+    return "x86-64-v3" if pytorch_isa().upper() == "AVX2" and wider else "native"
 
 
 def _flags() -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["-O3", f"-march={target_arch()}", "-mtune=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c++17", "-fPIC",
-            "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DAT_PARALLEL_OPENMP=1"]
+    return ["-O3", f"-march={target_arch()}", "-mtune=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp",
+            "-std=c++17", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DAT_PARALLEL_OPENMP=1"]
 
 
 def _build(target: Path) -> None:

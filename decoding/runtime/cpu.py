@@ -26,16 +26,21 @@ def cpuinfo(field_name: str) -> str:
 CAPS_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
+def pytorch_isa() -> str:
+    """The instruction set PyTorch's kernels run here (``AVX512``, ``AVX2``, ``DEFAULT``: ``ATEN_CPU_CAPABILITY``
+    caps it), "?" where this PyTorch cannot say."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return "?"
+
+
 def kernel_isa() -> str:
     """The instruction set PyTorch's kernels run here, and any cap put on oneDNN or MKL (``make test`` runs the
     kernel-sensitive tests under AVX2 caps): part of every cached measurement's key, since a capped AVX-512
     machine computes and times like an AVX2 one."""
-    try:
-        isa = str(torch.backends.cpu.get_cpu_capability())
-    except (AttributeError, RuntimeError):
-        isa = "?"
     caps = [f"{name}={os.environ[name]}" for name in CAPS_ENV[1:] if os.environ.get(name)]
-    return ",".join([isa, *caps])
+    return ",".join([pytorch_isa(), *caps])
 
 
 def cpu_fingerprint() -> str:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from decoding.runtime import kernels
-from decoding.runtime.cpu import CAPS_ENV, cpu_fingerprint, kernel_isa  # noqa: F401: re-exported
+from decoding.runtime.cpu import CAPS_ENV, cpu_fingerprint, kernel_isa, pytorch_isa  # noqa: F401: re-exported
 from decoding.runtime.cpu import cpuinfo as _cpuinfo
 from decoding.runtime.kernels import BUCKETS, KINDS, PackedLinear, bucket_label, shape_of
 
@@ -75,7 +75,7 @@ def cpu_label() -> str:
            else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
     family, model = _cpuinfo("cpu family"), _cpuinfo("model")
     detail = "; ".join(x for x in (f"family {family} model {model}" if family else "", isa) if x)
-    capped = kernel_isa().split(",")[0]
+    capped = pytorch_isa()
     if isa and isa != "AVX2" and capped.upper() in ("AVX2", "DEFAULT"):
         detail += f", kernels capped at {capped.upper()}"
     return f"{cpu_name()} ({detail})" if detail else cpu_name()
