@@ -126,7 +126,7 @@ def test_drafts_follow_the_empirical_continuation_probabilities(seqs, depth, n, 
             ctx += (t,)
         f = brute.followers(ctx)
         could_go_on = len(chain.tokens) < budget and f and \
-            (chain.probs[-1] if chain.probs else 1.0) * max(f.values()) / sum(f.values()) >= min_prob
+            (chain.probs[-1] if chain.probs else 1.0) * max(f.values()) / sum(f.values()) >= min_prob + 1e-9
         assert not could_go_on, (w, chain.tokens)
         # 2. the tree: the `nodes` most probable continuations within the budget, each with its probability
         tr = tree.draft_tree(state, budget, min_prob, nodes)
@@ -140,9 +140,12 @@ def test_drafts_follow_the_empirical_continuation_probabilities(seqs, depth, n, 
             assert tr.probs[i] == pytest.approx(brute.prob(w, paths[-1]))
             assert tr.parents[i] < i
         assert len(set(paths)) == len(paths)
+        # a path whose probability rounds to the threshold (0.3 reached as 0.6 * 0.5 or as 0.3) may fall on either
+        # side of it in the tree's arithmetic and in the brute force's: it may be kept or not
         eligible = sorted((pr for d in range(1, budget + 1) for p in itertools.product(range(4), repeat=d)
-                           if (pr := brute.prob(w, p)) > 0 and pr >= min_prob), reverse=True)
-        assert len(tr.tokens) == min(nodes, len(eligible))
+                           if (pr := brute.prob(w, p)) > 0 and pr >= min_prob - 1e-9), reverse=True)
+        sure = [pr for pr in eligible if pr >= min_prob + 1e-9]
+        assert min(nodes, len(sure)) <= len(tr.tokens) <= min(nodes, len(eligible))
         if tr.tokens:   # nothing left out is more probable than what was kept
             assert min(tr.probs) >= eligible[len(tr.tokens) - 1] - 1e-12
 
