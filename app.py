@@ -42,7 +42,7 @@ from web.page_names import RUN_VIEWS, generation_input, param_input, run_inputs
 from web.page_parts import NAMED, PAGE, Inputs, Views, admitter
 from web.page_race import build_race, build_replay_state, wire_clock, wire_inspector, wire_steps
 from web.page_share import build_share, wire_run_clears_link, wire_share
-from web.page_start import inputs_fast, wire_start
+from web.page_start import inputs_fast, inputs_shape, wire_start
 from web.page_sweep import wire_sweep, wire_sweep_defaults
 from web.page_tabs import build_tabs
 from web.app_object import PlaygroundApp
@@ -176,7 +176,7 @@ def _wire(demo: gr.Blocks, ui: Views, form: Any, run_order: tuple, state: Playgr
     wire_model_races(form.races, inputs)
     wire_share(ui, demo, state)
     start = dict(model=inputs["model"], assistant=inputs["assistant"], strategies=inputs["strategies"], **form.notes)
-    wire_start(demo, state, state.settings, start, {s: c for (s, f), c in inputs_fast(inputs).items()})
+    wire_start(demo, state, state.settings, start, {**inputs_fast(inputs), **inputs_shape(inputs)})
     demo.run_event, demo.ui, demo.inputs, demo.run_order = run_event, ui, inputs, run_order
 
 

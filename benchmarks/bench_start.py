@@ -350,6 +350,9 @@ def default_races(client, prompt: str, strategies: list[str], repeats: int, time
         greedy = rows.get("greedy") or {}
         runs.append({"seed": seed, "greedy_tok_s": greedy.get("tokens_per_s"),
                      "fast": bool((greedy.get("params") or {}).get("fast")),
+                     # the prophet's step shape the page runs here (the start's choice from the curve)
+                     "prophet_shape": {k: ((rows.get("prophet") or {}).get("params") or {}).get(k)
+                                       for k in ("tree", "tree_nodes", "draft_tokens")} if "prophet" in rows else None,
                      "speedup": {k: greedy["wall_s"] / r["wall_s"] for k, r in rows.items()
                                  if k != "greedy" and not r.get("error") and r.get("wall_s")},
                      "equal": {k: r.get("token_ids") == greedy.get("token_ids") for k, r in rows.items()

@@ -343,7 +343,8 @@ def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_p
             return Job({"results": [
                 {"strategy": "greedy", "wall_s": g, "tokens_per_s": 64 / g, "token_ids": [1, 2],
                  "params": {"fast": True}},
-                {"strategy": "prophet", "wall_s": p, "token_ids": [1, 2]},
+                {"strategy": "prophet", "wall_s": p, "token_ids": [1, 2],
+                 "params": {"tree": True, "tree_nodes": 4, "draft_tokens": 6, "fast": True}},
                 {"strategy": "lookahead", "wall_s": l, "token_ids": [1, 2] if seed != 2 else [1, 3]}]})
 
     got = bench.default_races(Client(), "Sleep?", ["greedy", "prophet", "lookahead"], 3, timeout=5)
@@ -351,3 +352,4 @@ def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_p
     assert got["median"]["prophet"] == pytest.approx(2.0) and got["median"]["lookahead"] == pytest.approx(1.0)
     assert got["equal_every_run"] == {"prophet": True, "lookahead": False}
     assert got["runs"][0]["fast"] is True and got["greedy_tok_s_median"] == pytest.approx(64.0)
+    assert got["runs"][0]["prophet_shape"] == {"tree": True, "tree_nodes": 4, "draft_tokens": 6}

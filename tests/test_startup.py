@@ -99,7 +99,10 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
         lm = settings.load(settings.default_target())
         chosen.append((proc.others, lm.state.forward_cost.get(False)))
         lm.state.forward_cost[False] = f"curve timed with others at {proc.others}"
-        return dataclasses.replace(settings, strategies=narrow if proc.others > 0.5 else wide, strategies_note="")
+        quiet = proc.others <= 0.5
+        return dataclasses.replace(settings, strategies=wide if quiet else narrow, strategies_note="",
+                                   prophet_shape=(("tree_nodes", 4),) if quiet else (),
+                                   prophet_note="prophet: drafts a tree of 4 nodes here" if quiet else "")
 
     monkeypatch.setattr(startup, "chosen_strategies", choose)
     start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
@@ -123,6 +126,10 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
         assert [line for line in logs if line.startswith(startup.TICKED_LINE)] == [
             f"{startup.TICKED_LINE} greedy, prophet",
             f"{startup.TICKED_LINE} greedy, prophet, prompt_lookup, lookahead"]
+        # and the prophet's step shape with them: the page's fields follow the last choice
+        assert app.settings.prophet_shape == (("tree_nodes", 4),)
+        assert [line for line in logs if line.startswith(startup.SHAPE_LINE)] == [
+            f'{startup.SHAPE_LINE} {{"tree_nodes": 4}}: prophet: drafts a tree of 4 nodes here']
     finally:
         start.stopped.set()
 

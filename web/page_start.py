@@ -7,6 +7,7 @@ import html
 
 import gradio as gr
 
+from decoding.harness.pays import PROPHET_SHAPES
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from web.page_names import param_input
@@ -17,11 +18,29 @@ from web.settings import Settings
 from web.validation import param_fields
 
 
+# the prophet's fields a step shape sets (harness/pays.PROPHET_SHAPES): all of them follow the start's choice
+SHAPE_FIELDS = tuple(sorted({field for shape in PROPHET_SHAPES for field, _ in shape.params}))
+
+
+def shape_changed(settings: Settings) -> bool:
+    """Whether the start chose a prophet step other than the library's default on this machine's curve."""
+    return bool(settings.prophet_shape)
+
+
 def strategies_note(settings: Settings) -> str:
-    if not settings.strategies_note:
-        return ""
-    return "Not ticked by default here (each stays one click away):\n\n" + "\n".join(
-        f"- {html.escape(line)}" for line in settings.strategies_note.splitlines())
+    """The default strategies left out here and why, and the prophet's step where the start changed it (escaped)."""
+    parts = []
+    if shape_changed(settings) and settings.prophet_note:
+        parts.append(html.escape(settings.prophet_note) + " (its fields below start there; any shape stays one "
+                                                            "change away)")
+    if settings.strategies_note:
+        parts.append("Not ticked by default here (each stays one click away):\n\n" + "\n".join(
+            f"- {html.escape(line)}" for line in settings.strategies_note.splitlines()))
+    return "\n\n".join(parts)
+
+
+def note_shown(settings: Settings) -> bool:
+    return bool(strategies_note(settings))
 
 
 def inputs_fast(inputs: Inputs) -> dict:
@@ -40,18 +59,28 @@ def start_views(settings: Settings, built: Settings) -> dict:
     views = {"target_note": gr.update(value=html.escape(settings.target_note), visible=bool(settings.target_note)),
              "compiled_note": gr.update(value=html.escape(settings.compiled_note),
                                         visible=bool(settings.compiled_note)),
-             "strategies_note": gr.update(value=strategies_note(settings), visible=bool(settings.strategies_note))}
+             "strategies_note": gr.update(value=strategies_note(settings), visible=note_shown(settings))}
     if (target, settings.strategies, settings.compiled) != (built.default_target(), built.strategies, built.compiled):
         views.update(model=target, assistant=PROPHET if has_prophet(target) else "none",
                      strategies=[n for n in settings.strategies if n in registry()])
         views.update({("fast", s): ui_default(s, "fast", settings) for s, f in param_fields() if f == "fast"})
+    if settings.prophet_shape != built.prophet_shape:
+        views.update({(f, "prophet"): ui_default("prophet", f, settings) for f in SHAPE_FIELDS})
     return views
 
 
-def wire_start(demo: gr.Blocks, state: PlaygroundApp, built: Settings, views: dict, fast: dict) -> None:
+def inputs_shape(inputs: Inputs) -> dict:
+    """The prophet's fields a step shape sets: ("prophet", field) -> component."""
+    return {("prophet", f): inputs[param_input("prophet", f)] for f in SHAPE_FIELDS
+            if param_input("prophet", f) in inputs}
+
+
+def wire_start(demo: gr.Blocks, state: PlaygroundApp, built: Settings, views: dict, fields: dict) -> None:
     """A page opened after the start's choices were made shows them (``start_views``); one opened before them
-    has its notes updated by a timer until the start is done (its form is the visitor's by then)."""
-    components = {**views, **{("fast", s): c for s, c in fast.items()}}
+    has its notes updated by a timer until the start is done (its form is the visitor's by then). ``fields``:
+    the parameter fields the start's choices set, (strategy, field) -> component (``inputs_fast``,
+    ``inputs_shape``)."""
+    components = {**views, **{(f, s): c for (s, f), c in fields.items()}}
     names = list(components)
 
     def _load():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from decoding.harness.pays import SHAPE_PARAMS
 from decoding.params import params_to_dict
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import load_presets
@@ -98,9 +99,12 @@ def sweep_request(model: Any, assistant: Any, prompt: Any, chat: Any, max_new_to
 
 def ui_default(strategy: str, field: str, settings: Optional["Settings"] = None) -> Any:
     """What the page's parameter field shows at first: the field's default (``fast`` on where CUDA is, and on a
-    CPU where the default target's forward was compiled at start: ``settings.compiled``)."""
+    CPU where the default target's forward was compiled at start: ``settings.compiled``; the prophet's step shape
+    the start chose on this machine's curve: ``settings.prophet_shape``)."""
     cls = registry()[strategy].params_cls
     default = next(f.default for f in dataclasses.fields(cls) if f.name == field)
+    if strategy == "prophet" and settings is not None and field in dict(settings.prophet_shape):
+        return dict(settings.prophet_shape)[field]
     if field == "fast" and field_kind(cls, field) is bool:
         return bool(default or cuda_available() or (settings is not None and settings.compiled))
     return default
@@ -158,7 +162,11 @@ def param_values(strategies: Any, params: Any, settings: Settings = DEFAULT_SETT
         _check_json_types(name, reg[name].params_cls, given)
     values: dict[tuple[str, str], Any] = {}
     for name in chosen:
-        raw = {f.name: ui_default(name, f.name, settings) for f in dataclasses.fields(reg[name].params_cls)}
+        # the prophet's step shape is one unit: the start's (this machine's) unless the caller shapes the step
+        # itself, so {"tree_nodes": 8} gets the 8-node tree even where the start chose a chain
+        own = name == "prophet" and bool(set(params.get(name) or {}) & set(SHAPE_PARAMS))
+        base = dataclasses.replace(settings, prophet_shape=()) if own else settings
+        raw = {f.name: ui_default(name, f.name, base) for f in dataclasses.fields(reg[name].params_cls)}
         raw.update(params.get(name) or {})
         try:        # parsed here too, for a message that says where the value was given
             reg[name].parse({k: v for k, v in raw.items() if v is not None and v != ""})

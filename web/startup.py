@@ -20,12 +20,13 @@ new defaults (``app.py`` refreshes them on load), and every request reads the se
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from decoding.harness.pays import default_comparison
+from decoding.harness.pays import choose_prophet_shape, default_comparison
 from decoding.harness.steps import race_costs
 from decoding.runtime import compiled, routes
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
@@ -40,6 +41,7 @@ from web.settings import DEFAULT_STRATEGIES, Settings
 Log = Callable[[str], None]
 DONE_LINE = "start-up done in"   # logged once when the background start has finished (benchmarks wait for it)
 TICKED_LINE = "default comparison here:"   # logged with the strategies the page ticks, each time they are chosen
+SHAPE_LINE = "prophet step here:"         # logged with the prophet's parameters the page starts on (JSON), and why
 RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
 
@@ -52,13 +54,20 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     """``settings`` with the page's default comparison for this machine (``decoding/harness/pays.py``): the
     strategies of ``DEFAULT_STRATEGIES`` expected to run at least as fast as greedy on the default target's
     measured forward-cost curve in its served mode (``runtime/widths.machine_curve``; ``curve``: injected), and
-    one line for each one left out, which stays selectable. Without a curve (a GPU): all."""
+    one line for each one left out, which stays selectable; and the prophet's step shape on that curve
+    (``pays.choose_prophet_shape``: the 8-node tree where a wide forward is cheap, a small tree or a short chain
+    where it is not), which the page's prophet fields start on and the prophet's verdict judges. Without a curve
+    (a GPU): all, and the library's shape."""
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
-        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="")
-    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()])
-    return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note)
+        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="", prophet_shape=(),
+                                   prophet_note="")
+    shape = choose_prophet_shape(curve)
+    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()],
+                                {"prophet": shape.shape.parsed()})
+    return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note,
+                               prophet_shape=shape.shape.params, prophet_note=shape.reason)
 
 
 def compile_unpublished(lm: Any, log: Optional[Log] = None) -> Optional[str]:
@@ -223,7 +232,10 @@ class Startup:
             return chosen_strategies(settings)
 
         chosen, busy = self._watched(choose)
-        self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note)
+        self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
+                  prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
+        if chosen.prophet_note:
+            self.log(f"{SHAPE_LINE} {json.dumps(dict(chosen.prophet_shape))}: {chosen.prophet_note}")
         self.log(f"{TICKED_LINE} {', '.join(chosen.strategies)}")
         for line in self.app.settings.strategies_note.splitlines():
             self.log(f"not ticked by default here: {line}")

@@ -35,10 +35,19 @@ What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
 
 * ``lookahead`` and ``jacobi``: at the width their auto choice takes on this curve (or the user's), the
   models of ``runtime/widths.py``;
-* ``prophet``: ``PROPHET`` below: 2.37 tokens per forward, recorded on the default example (64 tokens,
-  bundled model, defaults: ``bench-cpu-prophet*.json``), a verify forward of 10.6 positions (its 8-node
-  tree, the root and the copy branch: issue 36's profile) and its drafting, 3.6 head calls of 2.35 ms per
-  35 ms forward (0.25 ``c(1)``, the same profile);
+* ``prophet``: the step shape its parameters draft (``PROPHET_SHAPES``; ``PROPHET``, the default 8-node tree:
+  2.21 tokens per forward on the default example, 64 tokens, a verify forward of 9.86 positions with the root
+  and the copy branch, and its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue
+  36's profile); parameters of no recorded shape are judged as the default tree.
+
+**The prophet's step shape** (``choose_prophet_shape``): where a wide verify forward costs little (a GPU, a
+flat CPU curve) the 8-node tree commits the most per forward; where it costs a lot (a compute-bound CPU: a
+16-position forward 2.7-3.4x a one-position one on AVX2) a smaller tree or a short chain is the better step
+(BENCHMARKS.md, "The prophet's step shape, chosen from the curve"). The start picks the shape with the most
+expected tokens per ms on the served curve, ``E / (c(T) / c(1) + D + STEP)``, with ``E`` over prompts the
+project did not write (the shape serves every prompt a visitor writes), the narrower one within the curve's
+noise (``widths.best_within_noise``); the page's prophet fields start on it, examples are recorded with it,
+and the prophet's verdict judges it on the default example.
 * ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.10 tokens per forward on the default example
   (``bench-cpu.json``, ``bench-cpu-xeon.json``) and 1 + 1.68 positions a forward (counted on the bundled
   model): a step without a match verifies one position, far narrower than 1 + ``draft_tokens``;
@@ -50,12 +59,13 @@ What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from decoding.runtime.widths import (STEP, WidthChoice, choose_block, choose_window, jacobi_forward_ms,
-                                     jacobi_forward_spread, jacobi_tokens, lookahead_paths, lookahead_positions,
-                                     lookahead_tokens, ratio_spread, spread_known, tree_ms)
+from decoding.runtime.widths import (STEP, WidthChoice, best_within_noise, choose_block, choose_window,
+                                     jacobi_forward_ms, jacobi_forward_spread, jacobi_tokens, lookahead_paths,
+                                     lookahead_positions, lookahead_tokens, ratio_spread, spread_known, tree_ms)
 from decoding.strategies import registry
 
 Cost = Callable[[float], float]
@@ -84,10 +94,97 @@ class Expectation:
 
 
 # Recorded on the default example (see the module docstring; BENCHMARKS.md, "How widths are chosen").
-PROPHET = Expectation(tokens=2.37, positions=10.6, drafting=0.25,
-                      source="the default example: the 8-node tree with its copy branch (bench-cpu-prophet*.json)")
 PROMPT_LOOKUP = Expectation(tokens=1.10, positions=2.7, drafting=0.0,
                             source="the default example: 1.68 drafted positions a step (a count, 2026-11-26)")
+
+
+# the prophet's parameters that make its step's shape (a caller who sets one shapes the step itself)
+SHAPE_PARAMS = ("budget", "draft_tokens", "tree", "tree_nodes", "tree_topk")
+
+
+@dataclass(frozen=True)
+class ProphetShape:
+    """One step shape of the prophet (its parameters), and what it makes of the default example and of prompts the
+    project did not write."""
+    name: str                           # "tree8", "chain2", ...
+    shown: str                          # "a tree of 8 nodes", "a chain of 2 drafted tokens"
+    params: tuple[tuple[str, Any], ...]  # the prophet's parameters that draft it (beyond the defaults)
+    expectation: Expectation            # on the default example (the verdicts)
+    unseen_tokens: float                # tokens per forward, median over prompts the project did not write
+
+    def parsed(self) -> Any:
+        return registry()["prophet"].parse(dict(self.params))
+
+
+# Counted with the shipped head on the bundled model: the default example, 64 tokens, eager (the float32, float16-
+# and bfloat16-weight versions gave the same counts there), and the median of 7 prompts (the default example and
+# 6 of presets/bench_unseen.yaml, 48 tokens: the same medians on the AMD EPYC Zen 3's and the Xeon's served
+# configs; BENCHMARKS.md, "The prophet's step shape, chosen from the curve"). Positions: the root and the nodes
+# verified a step, the copy branch's included; drafting: the head's ms a step in units of c(1), scaled from the
+# 8-node tree's 0.25 by the shapes' measured draft ms (7.7, 5.9, 3.9, 4.0 and 2.4 ms a step on one CPU).
+# Narrowest first: the order in which a near-tie is given to the narrower shape.
+PROPHET_SHAPES = (
+    ProphetShape("chain1", "a chain of 1 drafted token", (("tree", False), ("draft_tokens", 1)),
+                 Expectation(1.45, 2.0, 0.08, "the default example: a chain of 1"), 1.45),
+    ProphetShape("chain2", "a chain of 2 drafted tokens", (("tree", False), ("draft_tokens", 2)),
+                 Expectation(1.68, 2.97, 0.13, "the default example: a chain of 2"), 1.60),
+    ProphetShape("tree2", "a tree of 2 nodes", (("tree_nodes", 2),),
+                 Expectation(1.73, 4.0, 0.13, "the default example: a 2-node tree"), 2.18),
+    ProphetShape("tree4", "a tree of 4 nodes", (("tree_nodes", 4),),
+                 Expectation(1.94, 5.72, 0.19, "the default example: a 4-node tree"), 2.53),
+    ProphetShape("tree8", "a tree of 8 nodes (the default)", (),
+                 Expectation(2.21, 9.86, 0.25, "the default example: the 8-node tree with its copy branch"), 3.00),
+)
+PROPHET = PROPHET_SHAPES[-1].expectation       # the library's default step
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """The prophet's step shape for this machine's curve, and why."""
+    shape: ProphetShape
+    predicted: float                    # its predicted speed-up over greedy on prompts the project did not write
+    default_predicted: float            # the library's default shape's, on the same curve
+
+    @property
+    def params(self) -> dict:
+        return dict(self.shape.params)
+
+    @property
+    def reason(self) -> str:
+        if self.shape is PROPHET_SHAPES[-1]:
+            return (f"prophet: drafts {self.shape.shown} here: the curve says no narrower step pays better "
+                    f"(predicted {self.predicted:.2f}× greedy on prompts the project did not write)")
+        return (f"prophet: drafts {self.shape.shown} here: a wide verify forward costs too much on this curve "
+                f"for the default 8-node tree (predicted {self.predicted:.2f}× greedy on prompts the project did "
+                f"not write, against {self.default_predicted:.2f}×)")
+
+
+def shape_of(params: Any) -> Optional[ProphetShape]:
+    """The shape ``params`` (the prophet's; None: its defaults) draft, or None for one of no recorded shape."""
+    if params is None:
+        return PROPHET_SHAPES[-1]
+    plain = dataclasses.replace(params, fast=False)
+    return next((s for s in PROPHET_SHAPES if dataclasses.replace(s.parsed(), fast=False) == plain), None)
+
+
+def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SHAPES) -> ShapeChoice:
+    """The shape with the most expected tokens per ms on ``cost`` over prompts the project did not write (the shape
+    serves every prompt a visitor writes, not only the example): ``E / (c(T) / c(1) + D + STEP)``; a narrower one
+    within the curve's noise of the best wins (``widths.best_within_noise``, as lookahead's window)."""
+    one = float(cost(1))
+
+    def score(i: int) -> tuple[float, float, float, float]:
+        e = shapes[i - 1].expectation
+        forward = tree_ms(cost, e.positions, e.paths)
+        ms = forward + e.drafting * one
+        return (shapes[i - 1].unseen_tokens, e.positions, ms,
+                ratio_spread(cost, e.positions) * float(cost(e.positions)) / ms)
+    pick = best_within_noise("prophet shape", range(1, len(shapes) + 1), score, one)
+
+    def predicted(i: int) -> float:
+        tokens, _, ms, _ = score(i)
+        return tokens / (ms / one + STEP)
+    return ShapeChoice(shapes[pick.value - 1], predicted(pick.value), predicted(len(shapes)))
 
 
 @dataclass(frozen=True)
@@ -162,7 +259,8 @@ def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional
         return Expectation(jacobi_tokens(b.value, params.variant), positions, 0.0, "runtime/widths.py",
                            ms / float(cost(1)), jacobi_forward_spread(b.value, params.variant, cost, True)), b
     if strategy == "prophet":
-        return PROPHET, None
+        shape = shape_of(params)
+        return (shape.expectation if shape is not None else PROPHET), None
     if strategy == "prompt_lookup":
         return PROMPT_LOOKUP, None
     return None, None

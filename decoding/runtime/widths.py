@@ -32,7 +32,7 @@ commits 1 token per ``c(1)``. The models of ``E`` and ``T`` are simple, stated a
 **Noise.** A measured curve says how sure each width's time is (``ForwardCost.spread``: the gap between its
 fastest two timings). Two widths whose values differ by less than their forwards' spreads together are a
 coin toss that another start of the same machine may call the other way, so the choice is the *narrowest*
-width whose value is within that noise of the best one's (``_best``): a wider width must win by more than the
+width whose value is within that noise of the best one's (``best_within_noise``): a wider width must win by more than the
 noise. On a curve without a spread (injected) that is the plain best, ties going to the narrower.
 
 ``lookahead_window`` and ``jacobi_block`` resolve a run's width: a value the user gave (anything but 0)
@@ -159,7 +159,7 @@ def jacobi_forward_spread(block: int, variant: str, cost: Cost, ratio: bool = Fa
 
 # --------------------------------------------------------------------------- the choice
 
-def _best(name: str, options: Iterable[int], score: Callable[[int], tuple[float, float, float, float]],
+def best_within_noise(name: str, options: Iterable[int], score: Callable[[int], tuple[float, float, float, float]],
           one_ms: float) -> WidthChoice:
     """The narrowest option whose tokens per ms is within the noise of the best one's; ``score(x)`` = (E,
     positions, forward ms, relative spread of that ms); each step also costs ``STEP * one_ms``. Noise between
@@ -193,7 +193,7 @@ def choose_window(cost: Cost, ngram: int = 4, guess_set: int = 4, windows: Itera
         t = lookahead_positions(w, ngram, guess_set)
         ms = tree_ms(cost, t, lookahead_paths(w))
         return lookahead_tokens(w, ngram), t, ms, spread(cost, t) * float(cost(t)) / ms
-    return _best("window", windows, score, one)
+    return best_within_noise("window", windows, score, one)
 
 
 def choose_block(cost: Cost, variant: str = "hybrid", blocks: Iterable[int] = BLOCKS) -> WidthChoice:
@@ -206,7 +206,7 @@ def choose_block(cost: Cost, variant: str = "hybrid", blocks: Iterable[int] = BL
     def score(n: int) -> tuple[float, float, float, float]:
         positions, ms = jacobi_forward_ms(n, variant, cost)
         return jacobi_tokens(n, variant), positions, ms, jacobi_forward_spread(n, variant, cost)
-    return _best("block_size", blocks, score, one)
+    return best_within_noise("block_size", blocks, score, one)
 
 
 # --------------------------------------------------------------------------- a run's width

@@ -1,0 +1,136 @@
+"""The prophet's step shape from this machine's curve (decoding/harness/pays.choose_prophet_shape): the 8-node tree
+where a wide verify forward is cheap, a smaller tree or a short chain where it is not; the page's prophet fields
+start on the chosen shape, examples are recorded with it, and the prophet's verdict judges it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from decoding.harness.pays import PROPHET, PROPHET_SHAPES, choose_prophet_shape, shape_of, verdict
+from decoding.runtime.forward_cost import ForwardCost
+from decoding.strategies import registry
+from web.page_start import SHAPE_FIELDS, start_views, strategies_note
+from web.requests import default_request, ui_default
+from web.settings import Settings
+from web.startup import chosen_strategies
+
+WIDTHS = (1, 2, 4, 8, 16, 33)
+
+
+def _curve(slope: float, spread: float = 0.0) -> ForwardCost:
+    """c(T) = 10 ms * (1 + slope * (T - 1)); ``spread``: each width's measured relative spread."""
+    return ForwardCost({t: 10.0 * (1 + slope * (t - 1)) for t in WIDTHS},
+                       spread={t: spread for t in WIDTHS} if spread else {})
+
+
+def _shape(name: str):
+    return next(s for s in PROPHET_SHAPES if s.name == name)
+
+
+@pytest.mark.parametrize("slope, name", [(0.0, "tree8"), (0.01, "tree8"), (0.1, "tree4"), (0.2, "tree2"),
+                                         (0.5, "chain1")])
+def test_the_shape_follows_the_cost_of_a_wide_forward(slope, name):
+    """Flat: the widest tree (most tokens a forward); steeper: narrower steps. Choosing the slowest shape, or
+    judging by tokens alone, or by the cost alone, each fails one of these rows."""
+    choice = choose_prophet_shape(_curve(slope))
+    assert choice.shape.name == name
+    # judged on prompts the project did not write (the shape serves every prompt), with its drafting and the step
+    e, c = choice.shape.expectation, _curve(slope)
+    assert choice.predicted == pytest.approx(choice.shape.unseen_tokens / (c(e.positions) / c(1) + e.drafting + 0.05))
+    assert choice.predicted >= choice.default_predicted
+    if name != "tree8":     # the choice is worth making: it beats the default on the same curve
+        assert choice.predicted > 1.05 * choice.default_predicted
+        assert "too much" in choice.reason and f"{choice.default_predicted:.2f}" in choice.reason
+
+
+def test_every_shape_is_the_best_on_some_curve_and_a_near_tie_goes_to_the_narrower():
+    """The table is ordered narrowest first and no shape is dominated on every slope; within the curve's noise
+    the narrower shape wins (a wider one must pay by more than the noise)."""
+    positions = [s.expectation.positions for s in PROPHET_SHAPES]
+    assert positions == sorted(positions) and PROPHET_SHAPES[-1].expectation is PROPHET
+    seen = {choose_prophet_shape(_curve(k / 100)).shape.name for k in range(0, 80)}
+    assert seen >= {"tree8", "tree4", "tree2", "chain1"}
+    # at 4.5 % a position the shapes are within a few percent of each other: a sure curve -> the best one (the
+    # 8-node tree), a curve whose widths are each known to 5 % -> a narrower one within that noise of it
+    sure, noisy = choose_prophet_shape(_curve(0.045)), choose_prophet_shape(_curve(0.045, spread=0.05))
+    assert sure.shape.name == "tree8"
+    assert noisy.shape.expectation.positions < sure.shape.expectation.positions
+    assert noisy.predicted * 1.25 >= sure.predicted         # within the noise: 5 % at both ends of two ratios
+
+
+def test_params_name_their_shape_and_the_verdict_judges_it():
+    parse = registry()["prophet"].parse
+    for shape in PROPHET_SHAPES:
+        assert shape_of(shape.parsed()) is shape
+        assert shape_of(dataclasses.replace(shape.parsed(), fast=True)) is shape      # the mode is not the shape
+    assert shape_of(None) is PROPHET_SHAPES[-1] and shape_of(parse({})) is PROPHET_SHAPES[-1]
+    assert shape_of(parse({"tree_nodes": 5})) is None and shape_of(parse({"tree": "false"})) is None
+    steep = _curve(0.2)
+    tree2 = verdict("prophet", steep, _shape("tree2").parsed())
+    default = verdict("prophet", steep)
+    assert tree2.positions == _shape("tree2").expectation.positions and tree2.tokens == 1.73
+    assert default.positions == PROPHET.positions and tree2.speedup > default.speedup
+    # parameters of no recorded shape are judged as the default tree, as before shapes were chosen
+    assert verdict("prophet", steep, parse({"tree_nodes": 5})).speedup == default.speedup
+
+
+def test_the_start_chooses_the_shape_and_the_page_and_its_examples_start_on_it():
+    steep = chosen_strategies(Settings(), curve=_curve(0.1))
+    assert steep.prophet_shape == (("tree_nodes", 4),) and "a tree of 4 nodes" in steep.prophet_note
+    assert ui_default("prophet", "tree_nodes", steep) == 4 and ui_default("prophet", "tree_nodes") == 0
+    assert ui_default("prophet", "draft_tokens", steep) == 6                  # fields the shape leaves alone
+    request = default_request("Hi", steep)           # what the page sends untouched, what examples record
+    prophet = dict(request.plan)["prophet"]
+    assert prophet.tree_nodes == 4 and shape_of(prophet).name == "tree4"
+    flat = chosen_strategies(Settings(), curve=_curve(0.0))
+    assert flat.prophet_shape == () and shape_of(dict(default_request("Hi", flat).plan)["prophet"]).name == "tree8"
+    # the verdict on the steep curve was made on the shape the page runs, not on the default tree
+    assert "prophet" in steep.strategies or "4-position" not in steep.strategies_note
+    chains = chosen_strategies(Settings(), curve=_curve(0.5))
+    assert dict(chains.prophet_shape) == {"tree": False, "draft_tokens": 1}
+    assert ui_default("prophet", "tree", chains) is False and ui_default("prophet", "draft_tokens", chains) == 1
+
+
+def test_a_page_opened_after_the_choice_shows_the_shape_and_says_why():
+    built = Settings()
+    steep = chosen_strategies(built, curve=_curve(0.1))
+    views = start_views(steep, built)
+    assert {f: views[(f, "prophet")] for f in SHAPE_FIELDS} == {"draft_tokens": 6, "tree": True, "tree_nodes": 4}
+    note = views["strategies_note"]
+    assert note["visible"] and "a tree of 4 nodes" in note["value"]
+    # a later choice back to the default tree (a curve timed again) puts every field back
+    back = start_views(dataclasses.replace(steep, prophet_shape=(), prophet_note="x"), steep)
+    assert {f: back[(f, "prophet")] for f in SHAPE_FIELDS} == {"draft_tokens": 6, "tree": True, "tree_nodes": 0}
+    assert start_views(steep, steep) == {}
+    # the note is text: markup in it is escaped
+    hostile = dataclasses.replace(steep, prophet_note="<img src=x onerror=alert(1)>")
+    assert "<img" not in strategies_note(hostile) and "&lt;img" in strategies_note(hostile)
+    assert strategies_note(dataclasses.replace(steep, prophet_shape=())) == strategies_note(
+        dataclasses.replace(steep, prophet_shape=(), prophet_note=""))      # the default tree needs no line
+
+
+def test_the_page_built_after_the_choice_starts_its_prophet_fields_there():
+    import app
+    from web.page_names import param_input
+    demo = app.build_demo(chosen_strategies(Settings(), curve=_curve(0.1)))
+    assert demo.inputs[param_input("prophet", "tree_nodes")].value == 4
+    plain = app.build_demo(Settings())
+    assert plain.inputs[param_input("prophet", "tree_nodes")].value == 0
+
+
+def test_race_takes_the_machines_shape_unless_the_caller_shapes_the_step():
+    """/race fills what the caller leaves out with the page's defaults, the start's shape included; a caller who
+    sets any parameter of the step's shape gets the library's shape with it, not a mix (tree_nodes=8 on a machine
+    whose start chose a chain would otherwise draft a chain)."""
+    from decoding.harness.pays import SHAPE_PARAMS
+    from web.requests import param_values
+    chains = chosen_strategies(Settings(), curve=_curve(0.5))
+    machine = param_values(["greedy", "prophet"], {}, chains)
+    assert (machine[("prophet", "tree")], machine[("prophet", "draft_tokens")]) == (False, 1)
+    own = param_values(["greedy", "prophet"], {"prophet": {"tree_nodes": 8}}, chains)
+    assert (own[("prophet", "tree")], own[("prophet", "tree_nodes")], own[("prophet", "draft_tokens")]) == (True, 8, 6)
+    other = param_values(["greedy", "prophet"], {"prophet": {"confidence_threshold": 0.2}}, chains)
+    assert (other[("prophet", "tree")], other[("prophet", "confidence_threshold")]) == (False, 0.2)
+    assert set(SHAPE_FIELDS) <= set(SHAPE_PARAMS)
