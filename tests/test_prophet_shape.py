@@ -134,3 +134,16 @@ def test_race_takes_the_machines_shape_unless_the_caller_shapes_the_step():
     other = param_values(["greedy", "prophet"], {"prophet": {"confidence_threshold": 0.2}}, chains)
     assert (other[("prophet", "tree")], other[("prophet", "confidence_threshold")]) == (False, 0.2)
     assert set(SHAPE_FIELDS) <= set(SHAPE_PARAMS)
+
+
+def test_a_page_built_before_the_choice_shows_the_shape_on_load():
+    """The page is built while the start still times (library defaults); the start then chooses a 4-node tree: the
+    page's load event sends the prophet's fields the new values, each to its own field (not by position)."""
+    import app
+    from web.page_names import param_input
+    demo = app.build_demo(Settings())
+    demo.playground.settings = chosen_strategies(Settings(), curve=_curve(0.1))
+    (load,) = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "_load"]
+    sent = dict(zip((o._id for o in load.outputs), load.fn()))
+    got = {f: sent[demo.inputs[param_input("prophet", f)]._id] for f in SHAPE_FIELDS}
+    assert got == {"draft_tokens": 6, "tree": True, "tree_nodes": 4}
