@@ -39,6 +39,13 @@ What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
   2.21 tokens per forward on the default example, 64 tokens, a verify forward of 9.86 positions with the root
   and the copy branch, and its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue
   36's profile); parameters of no recorded shape are judged as the default tree.
+* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.10 tokens per forward on the default example
+  (``bench-cpu.json``, ``bench-cpu-xeon.json``) and 1 + 1.68 positions a forward (counted on the bundled
+  model): a step without a match verifies one position, far narrower than 1 + ``draft_tokens``;
+* ``greedy``: 1 token per ``c(1)``, the reference; other strategies: no model (reported as unknown).
+
+``verdicts(curve)`` gives one ``Verdict`` per strategy, each with one line that says why;
+``default_comparison(curve)`` keeps the ones that pay (greedy always) and the lines for the others.
 
 **The prophet's step shape** (``choose_prophet_shape``): where a wide verify forward costs little (a GPU, a
 flat CPU curve) the 8-node tree commits the most per forward; where it costs a lot (a compute-bound CPU: a
@@ -48,13 +55,6 @@ expected tokens per ms on the served curve, ``E / (c(T) / c(1) + D + STEP)``, wi
 project did not write (the shape serves every prompt a visitor writes), the narrower one within the curve's
 noise (``widths.best_within_noise``); the page's prophet fields start on it, examples are recorded with it,
 and the prophet's verdict judges it on the default example.
-* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.10 tokens per forward on the default example
-  (``bench-cpu.json``, ``bench-cpu-xeon.json``) and 1 + 1.68 positions a forward (counted on the bundled
-  model): a step without a match verifies one position, far narrower than 1 + ``draft_tokens``;
-* ``greedy``: 1 token per ``c(1)``, the reference; other strategies: no model (reported as unknown).
-
-``verdicts(curve)`` gives one ``Verdict`` per strategy, each with one line that says why;
-``default_comparison(curve)`` keeps the ones that pay (greedy always) and the lines for the others.
 """
 
 from __future__ import annotations
@@ -144,10 +144,6 @@ class ShapeChoice:
     shape: ProphetShape
     predicted: float                    # its predicted speed-up over greedy on prompts the project did not write
     default_predicted: float            # the library's default shape's, on the same curve
-
-    @property
-    def params(self) -> dict:
-        return dict(self.shape.params)
 
     @property
     def reason(self) -> str:

@@ -32,8 +32,9 @@ commits 1 token per ``c(1)``. The models of ``E`` and ``T`` are simple, stated a
 **Noise.** A measured curve says how sure each width's time is (``ForwardCost.spread``: the gap between its
 fastest two timings). Two widths whose values differ by less than their forwards' spreads together are a
 coin toss that another start of the same machine may call the other way, so the choice is the *narrowest*
-width whose value is within that noise of the best one's (``best_within_noise``): a wider width must win by more than the
-noise. On a curve without a spread (injected) that is the plain best, ties going to the narrower.
+width whose value is within that noise of the best one's (``best_within_noise``; the prophet's step shape uses it
+too, ``harness/pays.choose_prophet_shape``): a wider width must win by more than the noise. On a curve without a
+spread (injected) that is the plain best, ties going to the narrower.
 
 ``lookahead_window`` and ``jacobi_block`` resolve a run's width: a value the user gave (anything but 0)
 always wins; 0 (the default) means *auto*: on a CPU the choice above on the loaded model's curve (timed
@@ -159,8 +160,8 @@ def jacobi_forward_spread(block: int, variant: str, cost: Cost, ratio: bool = Fa
 
 # --------------------------------------------------------------------------- the choice
 
-def best_within_noise(name: str, options: Iterable[int], score: Callable[[int], tuple[float, float, float, float]],
-          one_ms: float) -> WidthChoice:
+def best_within_noise(name: str, options: Iterable[int],
+                      score: Callable[[int], tuple[float, float, float, float]], one_ms: float) -> WidthChoice:
     """The narrowest option whose tokens per ms is within the noise of the best one's; ``score(x)`` = (E,
     positions, forward ms, relative spread of that ms); each step also costs ``STEP * one_ms``. Noise between
     two options: the sum of their step ms' spreads (``x`` loses to the best ``b`` only when ``value(x) * (1 +
