@@ -343,6 +343,7 @@ def default_races(client, prompt: str, strategies: list[str], repeats: int, time
     """Claim 4: the page's default comparison of ``prompt`` (its default example) through /race, ``repeats`` times
     with seeds 1..repeats (distinct requests: each is computed). Per strategy the median speed-up over greedy in
     the same run, and whether every run gave greedy's tokens."""
+    from decoding.harness.pays import SHAPE_FIELDS      # the prophet's fields its step shape sets
     runs = []
     for seed in range(1, repeats + 1):
         doc = call_race(client, timeout, "the default race", prompt=prompt, strategies=strategies, seed=seed)
@@ -352,7 +353,7 @@ def default_races(client, prompt: str, strategies: list[str], repeats: int, time
                      "fast": bool((greedy.get("params") or {}).get("fast")),
                      # the prophet's step shape the page runs here (the start's choice from the curve)
                      "prophet_shape": {k: ((rows.get("prophet") or {}).get("params") or {}).get(k)
-                                       for k in ("tree", "tree_nodes", "draft_tokens")} if "prophet" in rows else None,
+                                       for k in SHAPE_FIELDS} if "prophet" in rows else None,
                      "speedup": {k: greedy["wall_s"] / r["wall_s"] for k, r in rows.items()
                                  if k != "greedy" and not r.get("error") and r.get("wall_s")},
                      "equal": {k: r.get("token_ids") == greedy.get("token_ids") for k, r in rows.items()

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from decoding.harness.pays import PROPHET, PROPHET_SHAPES, choose_prophet_shape, shape_of, verdict
+from decoding.harness.pays import PROPHET, PROPHET_SHAPES, SHAPE_FIELDS, choose_prophet_shape, shape_of, verdict
 from decoding.runtime.forward_cost import ForwardCost
 from decoding.strategies import registry
-from web.page_start import SHAPE_FIELDS, start_views, strategies_note
+from web.page_start import start_views, strategies_note
 from web.requests import default_request, ui_default
 from web.settings import Settings
 from web.startup import chosen_strategies

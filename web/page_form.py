@@ -17,7 +17,7 @@ from decoding.strategies import registry
 from web.page_model_races import build_model_races
 from web.page_names import generation_input, param_input
 from web.page_parts import Inputs
-from web.page_start import note_shown, strategies_note
+from web.page_start import strategies_note
 from web.requests import DEFAULT_MAX_NEW, ui_default
 from web.settings import Settings
 from web.validation import GENERATION_FIELDS, field_kind
@@ -145,8 +145,9 @@ def build_form(settings: Settings, presets: dict, prompts: dict) -> Form:
                                   value=[n for n in settings.strategies if n in reg],
                                   label="Strategies (greedy is always run as the reference)")
     # default strategies left out on this machine, and why (its measured curve)
-    notes["strategies_note"] = gr.Markdown(strategies_note(settings), elem_id="strategies-note",
-                                           elem_classes=["dp-help"], visible=note_shown(settings))
+    note = strategies_note(settings)
+    notes["strategies_note"] = gr.Markdown(note, elem_id="strategies-note", elem_classes=["dp-help"],
+                                           visible=bool(note))
     races = build_model_races(presets)
     with gr.Row():
         controls["run"] = gr.Button("Run", variant="primary", scale=2, elem_id="run")

@@ -7,7 +7,7 @@ import html
 
 import gradio as gr
 
-from decoding.harness.pays import PROPHET_SHAPES
+from decoding.harness.pays import SHAPE_FIELDS
 from decoding.runtime.pair import PROPHET, has_prophet
 from decoding.strategies import registry
 from web.page_names import param_input
@@ -18,29 +18,17 @@ from web.settings import Settings
 from web.validation import param_fields
 
 
-# the prophet's fields a step shape sets (harness/pays.PROPHET_SHAPES): all of them follow the start's choice
-SHAPE_FIELDS = tuple(sorted({field for shape in PROPHET_SHAPES for field, _ in shape.params}))
-
-
-def shape_changed(settings: Settings) -> bool:
-    """Whether the start chose a prophet step other than the library's default on this machine's curve."""
-    return bool(settings.prophet_shape)
-
-
 def strategies_note(settings: Settings) -> str:
-    """The default strategies left out here and why, and the prophet's step where the start changed it (escaped)."""
+    """The default strategies left out here and why, and the prophet's step where the start changed it from the
+    library's default (escaped); empty (and the note hidden) when there is neither."""
     parts = []
-    if shape_changed(settings) and settings.prophet_note:
+    if settings.prophet_shape and settings.prophet_note:
         parts.append(html.escape(settings.prophet_note) + " (its fields below start there; any shape stays one "
                                                             "change away)")
     if settings.strategies_note:
         parts.append("Not ticked by default here (each stays one click away):\n\n" + "\n".join(
             f"- {html.escape(line)}" for line in settings.strategies_note.splitlines()))
     return "\n\n".join(parts)
-
-
-def note_shown(settings: Settings) -> bool:
-    return bool(strategies_note(settings))
 
 
 def inputs_fast(inputs: Inputs) -> dict:
@@ -56,10 +44,11 @@ def start_views(settings: Settings, built: Settings) -> dict:
     if settings == built:
         return {}
     target = settings.default_target()
+    note = strategies_note(settings)
     views = {"target_note": gr.update(value=html.escape(settings.target_note), visible=bool(settings.target_note)),
              "compiled_note": gr.update(value=html.escape(settings.compiled_note),
                                         visible=bool(settings.compiled_note)),
-             "strategies_note": gr.update(value=strategies_note(settings), visible=note_shown(settings))}
+             "strategies_note": gr.update(value=note, visible=bool(note))}
     if (target, settings.strategies, settings.compiled) != (built.default_target(), built.strategies, built.compiled):
         views.update(model=target, assistant=PROPHET if has_prophet(target) else "none",
                      strategies=[n for n in settings.strategies if n in registry()])

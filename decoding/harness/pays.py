@@ -136,6 +136,8 @@ PROPHET_SHAPES = (
                  Expectation(2.21, 9.86, 0.25, "the default example: the 8-node tree with its copy branch"), 3.00),
 )
 PROPHET = PROPHET_SHAPES[-1].expectation       # the library's default step
+# the prophet's fields the shapes set (a page's fields and a benchmark's record follow all of them)
+SHAPE_FIELDS = tuple(sorted({field for shape in PROPHET_SHAPES for field, _ in shape.params}))
 
 
 @dataclass(frozen=True)
