@@ -154,14 +154,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def curve_once_per_worker():
-    """A real-sized model's forward-cost curve is timed once per worker and handed to the next load of the same
-    model, weights, kernels and mode (tests/curve_memo.py says why). A session fixture, not pytest_configure:
-    xdist's controller process runs no test and imports no torch."""
+def curve_once_per_run(tmp_path_factory):
+    """A real-sized model's forward-cost curve is timed once per run (the workers of ``-n`` share it through a
+    folder of the run's) and handed to the next load of the same model, weights, kernels and mode
+    (tests/curve_memo.py says why). A session fixture, not pytest_configure: xdist's controller process runs no
+    test and imports no torch."""
     from curve_memo import curve_memo
     from decoding.runtime import forward_cost
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")      # the same in every worker of one run
+    shared = tmp_path_factory.getbasetemp().parent / f"curves-{run}" if run else None
     timed = forward_cost.calibrate
-    forward_cost.calibrate = curve_memo(timed, {})
+    forward_cost.calibrate = curve_memo(timed, {}, shared=shared)
     yield
     forward_cost.calibrate = timed
 

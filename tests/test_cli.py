@@ -48,7 +48,7 @@ def test_run_json_matches_generate(tmp_path, target, capsys):
     spec = str(cache_root() / "smollm2-135m-instruct") if target == "local-dir" else target
     out = tmp_path / "out.json"
     rc = cli.main(["run", "--target", spec, "--strategy", "greedy", "--strategy", "beam",
-                   "--set", "num_beams=4", "--chat", "--prompt", PROMPT, "--max-new-tokens", "24",
+                   "--set", "num_beams=4", "--chat", "--prompt", PROMPT, "--max-new-tokens", "12",
                    "--no-warmup", "--json", str(out), "--quiet"])
     assert rc == 0
     table = capsys.readouterr().out
@@ -60,9 +60,9 @@ def test_run_json_matches_generate(tmp_path, target, capsys):
     by_name = {r["strategy"]: r for r in doc["results"]}
     for r in doc["results"]:
         assert RESULT_KEYS <= set(r) and r["events"] and r["error"] is None
-    assert by_name["greedy"]["token_ids"] == _generate(lm, doc["prompt_ids"], max_new_tokens=24)
+    assert by_name["greedy"]["token_ids"] == _generate(lm, doc["prompt_ids"], max_new_tokens=12)
     assert by_name["beam"]["params"]["num_beams"] == 4
-    assert by_name["beam"]["token_ids"] == _generate(lm, doc["prompt_ids"], max_new_tokens=24, num_beams=4)
+    assert by_name["beam"]["token_ids"] == _generate(lm, doc["prompt_ids"], max_new_tokens=12, num_beams=4)
     assert by_name["greedy"]["text"] == lm.tokenizer.decode(by_name["greedy"]["token_ids"],
                                                             skip_special_tokens=True)
 

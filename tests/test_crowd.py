@@ -343,20 +343,44 @@ def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url,
     print(f"\n[crowd] a recorded example replayed in {took:.2f} s")
 
 
-def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted):
-    values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=160, seed=3)
+class _HeldStop:
+    """A run's stop event whose ``is_set`` (asked by the strategy's loop before every step) waits at the
+    ``after``-th asking until ``release`` is set: the computation is held mid-run, whatever the machine's speed."""
+
+    def __init__(self, stop, release: threading.Event, after: int = 4) -> None:
+        self._stop, self._release, self._left = stop, release, after
+
+    def is_set(self) -> bool:
+        self._left -= 1
+        if self._left == 0:
+            self._release.wait(timeout=120)
+        return self._stop.is_set()
+
+    def __getattr__(self, name):
+        return getattr(self._stop, name)
+
+
+def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted, monkeypatch):
+    """The shared run is held a few steps in until the visitor who leaves has left (``_HeldStop``): the second
+    visitor joins a run that is sure to be going on any machine, and a leave that stopped it would cut it short
+    (it once took 160 tokens to outlast them)."""
+    left = threading.Event()
+    counting = compute.compute_run
+    monkeypatch.setattr(compute, "compute_run",
+                        lambda stop, req, budget_s=0: counting(_HeldStop(stop, left), req, budget_s))
+    values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=24, seed=3)
     stays, leaves = Client(app_url, verbose=False), Client(app_url, verbose=False)
     kept = page_submit(stays, **values)
-    wait_for(lambda: "tokens" in ((kept.status().progress_data or [None])[-1] or type("E", (), {"desc": ""})).desc,
-             timeout=120)
+    wait_for(lambda: len(counted) == 1, timeout=120)
     gone = page_submit(leaves, **values)
     wait_for(lambda: len(gone.outputs()) > 0, timeout=60)
     leaves.predict(api_name="/stop")
     out = gone.result(timeout=120)
+    left.set()
     assert "1 other visitor asked for this same run, so it goes on for them" in out.status
     full = kept.result(timeout=300)
     result = _doc(full)["results"][0]
-    assert len(counted) == 1 and result["stop_reason"] != "cancelled" and len(result["token_ids"]) == 160
+    assert len(counted) == 1 and result["stop_reason"] != "cancelled" and len(result["token_ids"]) == 24
 
 
 def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, app_state, monkeypatch):

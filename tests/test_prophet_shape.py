@@ -134,6 +134,11 @@ def test_race_takes_the_machines_shape_unless_the_caller_shapes_the_step():
     other = param_values(["greedy", "prophet"], {"prophet": {"confidence_threshold": 0.2}}, chains)
     assert (other[("prophet", "tree")], other[("prophet", "confidence_threshold")]) == (False, 0.2)
     assert set(SHAPE_FIELDS) <= set(SHAPE_PARAMS)
+    # and /race's own description (the API page) says so, naming every parameter that shapes the step
+    from web.api import race_endpoint
+    doc = " ".join(race_endpoint(None).__doc__.split())
+    said = doc[doc.index("The prophet's step shape"):][:200]
+    assert "start chose" in said and all(name in said for name in SHAPE_PARAMS), said
 
 
 def test_a_page_built_before_the_choice_shows_the_shape_on_load():

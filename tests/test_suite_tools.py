@@ -8,7 +8,7 @@ import torch
 
 import forward_clock
 from curve_memo import curve_memo
-from decoding.runtime.forward_cost import ForwardCost
+from decoding.runtime.forward_cost import REPEATS, ForwardCost
 from tiny_models import tiny_causal
 
 
@@ -30,6 +30,8 @@ def test_the_memo_times_a_real_sized_curve_once_and_hands_out_copies():
     memo(lm, 9, fast=True)                                # another mode, another width: timed again
     memo(lm, 13)
     assert [c[:2] for c in calls] == [(9, False), (9, True), (13, False)]
+    # the fixed passes only: the adaptive extra ones ran to their budget beside the other worker
+    assert all(c[2] == {"max_repeats": REPEATS} for c in calls)
 
 
 def test_the_memo_times_again_for_another_model_its_own_options_or_a_tiny_model():
@@ -46,6 +48,21 @@ def test_the_memo_times_again_for_another_model_its_own_options_or_a_tiny_model(
     plain(a, 9)
     plain(a, 9)
     assert len(calls) == 5
+
+
+def test_the_workers_of_a_run_share_a_curve_through_their_folder(tmp_path):
+    """Two workers' memos (their own stores, one folder): the first times the curve and leaves it there, the second
+    reads it; another key is timed again, and a memo on another folder (another run) times its own."""
+    timed, calls = _counting()
+    lm = tiny_causal("llama")
+    first, second = (curve_memo(timed, {}, min_hidden=0, shared=tmp_path / "run") for _ in range(2))
+    a = first(lm, 9)
+    b = second(lm, 9)
+    assert len(calls) == 1 and a == b and a is not b
+    second(lm, 13)
+    assert len(calls) == 2
+    curve_memo(timed, {}, min_hidden=0, shared=tmp_path / "other run")(lm, 9)
+    assert len(calls) == 3
 
 
 def test_the_clock_counts_big_layers_and_heads_only_once_per_outer_call(tmp_path, monkeypatch):

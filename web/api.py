@@ -66,6 +66,9 @@ def race_endpoint(app: PlaygroundApp) -> Callable:
             seed: the sampling seed (0 to 2147483647).
             chat: wrap the prompt in the model's chat template.
             params: parameters by strategy, e.g. {"prophet": {"tree_nodes": 8}}; the page's defaults for the rest.
+                The prophet's step shape (budget, draft_tokens, tree, tree_nodes, tree_topk) is the one this
+                machine's start chose from its forward-cost curve unless you set any of those five; each result's
+                "params" shows what ran, "fast" included (false: eager, before the compiled forward was ready).
             versus: a second model's preset name: the same strategies run on it too, each model against its own
                 greedy (every result names its "model"); default: none.
             generation: logits processors applied to every strategy, as the CLI's flags and the document's
