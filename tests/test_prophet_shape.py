@@ -5,10 +5,13 @@ start on the chosen shape, examples are recorded with it, and the prophet's verd
 from __future__ import annotations
 
 import dataclasses
+import statistics
+from types import SimpleNamespace
 
 import pytest
 
 from decoding.harness.pays import PROPHET, PROPHET_SHAPES, SHAPE_FIELDS, choose_prophet_shape, shape_of, verdict
+from decoding.harness.steps import StepRatio
 from decoding.runtime.forward_cost import ForwardCost
 from decoding.strategies import registry
 from web.page_start import start_views, strategies_note
@@ -74,6 +77,105 @@ def test_params_name_their_shape_and_the_verdict_judges_it():
     assert default.positions == PROPHET.positions and tree2.speedup > default.speedup
     # parameters of no recorded shape are judged as the default tree, as before shapes were chosen
     assert verdict("prophet", steep, parse({"tree_nodes": 5})).speedup == default.speedup
+
+
+def _steps(**ratios) -> dict:
+    return {name: StepRatio(ratio, 0.02, 3) for name, ratio in ratios.items()}
+
+
+TIMED = dict(chain1=1.2, chain2=1.35, tree2=1.3, tree4=1.7, tree8=2.4)   # a slow-memory CPU: the head costs
+
+
+def test_timed_steps_replace_the_curves_model_of_the_step():
+    """Where every shape's step was timed here, the shape with the most tokens per timed step wins, whatever the
+    curve says (a flat curve's model picks the 8-node tree), and its prediction is E over the timed ratio: an
+    inverted ratio, or the model's STEP added again, would fail; a shape left untimed leaves the model in charge."""
+    flat = _curve(0.0)
+    choice = choose_prophet_shape(flat, steps=_steps(**TIMED))
+    assert choice.shape.name == "tree2" and choice.step.ratio == 1.3
+    assert choice.predicted == pytest.approx(2.18 / 1.3) and choice.default_predicted == pytest.approx(3.00 / 2.4)
+    assert "timed on this machine" in choice.reason and "1.30× greedy's" in choice.reason
+    assert choice.reason.endswith("chain1 1.20×, chain2 1.35×, tree2 1.30×, tree4 1.70×, tree8 2.40×")
+    partial = {k: v for k, v in _steps(**TIMED).items() if k != "chain1"}
+    assert choose_prophet_shape(flat, steps=partial).shape.name == "tree8"
+    assert choose_prophet_shape(flat, steps=partial).step is None
+    # a near tie within the timings' spread goes to the narrower shape, as on a curve
+    tie = {name: StepRatio(ratio, 0.08, 3) for name, ratio in dict(TIMED, tree4=2.53 / (2.18 / 1.3) * 0.97).items()}
+    assert choose_prophet_shape(flat, steps=tie).shape.name == "tree2"
+
+
+def test_a_timed_step_decides_the_prophets_verdict_and_says_so():
+    """The prophet's verdict on the default example divides its tokens there by its timed step: a step timed at
+    more than those tokens is left out even on a flat curve, where the model would tick it."""
+    flat, tree2 = _curve(0.0), _shape("tree2")
+    slow = verdict("prophet", flat, tree2.parsed(), StepRatio(1.9, 0.02, 3))
+    assert slow.speedup == pytest.approx(1.73 / 1.9) and not slow.pays and slow.timed
+    assert "timed 1.90× greedy's here" in slow.reason and "timings' spread" in slow.reason
+    fast = verdict("prophet", flat, tree2.parsed(), StepRatio(1.2, 0.02, 3))
+    assert fast.pays and fast.margin == pytest.approx(fast.speedup * 0.02)
+    assert verdict("prophet", flat, tree2.parsed()).pays            # the model, untimed
+    # the start: every step timed 1.6x slower than TIMED; the 2-node tree is still the best shape (2.18 / 2.08
+    # on unseen prompts), and its 1.73 tokens on the default example do not pay for a step of 2.08
+    chosen = chosen_strategies(Settings(), curve=flat, steps=_steps(**{k: 1.6 * v for k, v in TIMED.items()}))
+    assert dict(chosen.prophet_shape) == {"tree_nodes": 2}
+    assert "prophet" not in chosen.strategies and "timed 2.08× greedy's" in chosen.strategies_note
+
+
+def test_the_start_times_the_shapes_only_where_it_timed_the_curve(monkeypatch):
+    """A measured curve comes with timed steps (the served mode, every shape, the head's pair); an injected curve
+    (tests, a caller's own) never times anything."""
+    from web import startup
+    timed = []
+
+    def steps(settings):
+        timed.append(settings.compiled)
+        return _steps(**TIMED)
+    monkeypatch.setattr(startup, "prophet_steps", steps)
+    monkeypatch.setattr(startup, "machine_curve", lambda lm, fast=False: _curve(0.0))
+    monkeypatch.setattr(Settings, "load", lambda self, name: None)
+    chosen = chosen_strategies(Settings(compiled=True))
+    assert timed == [True] and dict(chosen.prophet_shape) == {"tree_nodes": 2}
+    chosen_strategies(Settings(), curve=_curve(0.0))
+    assert timed == [True]
+
+
+def test_step_ratios_divide_each_run_by_greedy_in_its_round(monkeypatch):
+    """Each round times greedy and every run in turn; a run's ratio is the median over rounds of its median step
+    over greedy's in that round (a machine that slows between rounds slows both), its spread the rounds' standard
+    error relative to it."""
+    from decoding.harness import steps as steps_mod
+    rounds = {"": iter([[10, 10, 11], [20, 20], [10]]), "a": iter([[20, 21, 20], [44, 44], [25]])}
+    warm = []
+
+    def timed_run(name, params, ids, pair):
+        key = "" if name == "greedy" else "a"
+
+        def run(tokens):
+            if tokens <= 8:
+                warm.append(key)
+                return []
+            return next(rounds[key])
+        return run
+    monkeypatch.setattr(steps_mod, "_timed_run", timed_run)
+    monkeypatch.setattr(steps_mod, "_prompt_ids", lambda lm: [1, 2, 3])
+    got = steps_mod.step_ratios(None, {"a": ("prophet", SimpleNamespace(fast=True))}, None, tokens=24, repeats=3)
+    assert sorted(warm) == ["", "a"]
+    assert got["a"].ratio == pytest.approx(2.2) and got["a"].rounds == 3          # ratios 2.0, 2.2, 2.5
+    assert got["a"].spread == pytest.approx(statistics.stdev([2.0, 2.2, 2.5]) / 3 ** 0.5 / 2.2)
+
+
+def test_step_ratios_time_a_real_prophet_step_against_greedy():
+    """On a tiny model with a random head: every shape gets a ratio from every round, and a shape that verifies
+    more positions and drafts more is not timed cheaper than a chain of one by a wide margin."""
+    from decoding.harness.steps import step_ratios
+    from decoding.runtime.pair import ModelPair
+    from test_prophet import random_prophet
+    from tiny_models import tiny_causal
+    lm = tiny_causal("llama", seed=0)
+    pair = ModelPair(lm, prophet=random_prophet(lm))
+    runs = {s.name: ("prophet", s.parsed()) for s in PROPHET_SHAPES if s.name in ("chain1", "tree8")}
+    got = step_ratios(lm, runs, pair, tokens=12, repeats=2)
+    assert set(got) == {"chain1", "tree8"} and all(r.rounds == 2 and r.ratio > 0 for r in got.values())
 
 
 def test_the_start_chooses_the_shape_and_the_page_and_its_examples_start_on_it():

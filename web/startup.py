@@ -24,12 +24,14 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from decoding.harness.pays import choose_prophet_shape, default_comparison
-from decoding.harness.steps import race_costs
+from decoding.harness.pays import PROPHET_SHAPES, choose_prophet_shape, default_comparison
+from decoding.harness.steps import StepRatio, race_costs, step_ratios
 from decoding.runtime import compiled, routes
+from decoding.runtime.head import prophet_for
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
+from decoding.runtime.pair import ModelPair, has_prophet
 from decoding.runtime.routes import WIDTH, Config, RouteChoice
 from decoding.runtime.warmup import warm
 from decoding.runtime.widths import machine_curve
@@ -44,30 +46,56 @@ TICKED_LINE = "default comparison here:"   # logged with the strategies the page
 SHAPE_LINE = "prophet step here:"         # logged with the prophet's parameters the page starts on (JSON), and why
 RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
+# each prophet shape's timed runs (``prophet_steps``; visitors' runs wait meanwhile): 16-token runs ranked the 8-node
+# tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower; 24 ranked as raced
+SHAPE_TOKENS, SHAPE_ROUNDS = 24, 3
 
 
 def routes_file() -> Path:
     return cache_root().parent / "routes.json"
 
 
-def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], float]] = None) -> Settings:
+def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], float]] = None,
+                      steps: Optional[Mapping[str, StepRatio]] = None) -> Settings:
     """``settings`` with the page's default comparison for this machine (``decoding/harness/pays.py``): the
     strategies of ``DEFAULT_STRATEGIES`` expected to run at least as fast as greedy on the default target's
     measured forward-cost curve in its served mode (``runtime/widths.machine_curve``; ``curve``: injected), and
-    one line for each one left out, which stays selectable; and the prophet's step shape on that curve
-    (``pays.choose_prophet_shape``: the 8-node tree where a wide forward is cheap, a small tree or a short chain
-    where it is not), which the page's prophet fields start on and the prophet's verdict judges. Without a curve
-    (a GPU): all, and the library's shape."""
+    one line for each one left out, which stays selectable; and the prophet's step shape (``pays.choose_prophet_shape``:
+    the 8-node tree where a wide forward is cheap, a small tree or a short chain where it is not), which the page's
+    prophet fields start on and the prophet's verdict judges. Where the curve is measured here, each shape's step is
+    timed too, in the served mode (``prophet_steps``; ``steps``: injected), and the shape and the prophet's verdict
+    rest on those timings. Without a curve (a GPU): all, and the library's shape."""
+    timing = curve is None
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
         return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="", prophet_shape=(),
                                    prophet_note="")
-    shape = choose_prophet_shape(curve)
-    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()],
-                                {"prophet": shape.shape.parsed()})
+    names = [name for name in DEFAULT_STRATEGIES if name in registry()]
+    if steps is None and timing and "prophet" in names:
+        steps = prophet_steps(settings)
+    shape = choose_prophet_shape(curve, steps=steps)
+    chosen = default_comparison(curve, names, {"prophet": shape.shape.parsed()},
+                                {"prophet": shape.step} if shape.step is not None else None)
     return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note,
                                prophet_shape=shape.shape.params, prophet_note=shape.reason)
+
+
+def prophet_steps(settings: Settings) -> Optional[dict[str, StepRatio]]:
+    """Each prophet step shape's step over greedy's on the default target, timed in the served mode
+    (``harness/steps.step_ratios``: the default example, rounds in turn); None where the target has no head or a
+    run fails (the shape is then chosen on the curve's model)."""
+    lm = settings.load(settings.default_target())
+    if not has_prophet(lm.name):
+        return None
+    try:
+        pair = ModelPair(lm, prophet=prophet_for(lm))
+        prophet = registry()["prophet"]
+        runs = {shape.name: ("prophet", prophet.parse({**dict(shape.params), "fast": bool(settings.compiled)}))
+                for shape in PROPHET_SHAPES}
+        return step_ratios(lm, runs, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS) or None
+    except Exception:               # noqa: BLE001: the curve's model of the step stands in
+        return None
 
 
 def compile_unpublished(lm: Any, log: Optional[Log] = None) -> Optional[str]:

@@ -55,6 +55,13 @@ expected tokens per ms on the served curve, ``E / (c(T) / c(1) + D + STEP)``, wi
 project did not write (the shape serves every prompt a visitor writes), the narrower one within the curve's
 noise (``widths.best_within_noise``); the page's prophet fields start on it, examples are recorded with it,
 and the prophet's verdict judges it on the default example.
+
+**Timed steps.** ``D`` above is one CPU's profile of the head, and ``STEP`` a fit to one CPU's races: where memory
+is slow the head's drafting costs more (the AMD EPYC Zen 3's predictions ran 1.28-1.41× for the 2-node tree
+against about 1.06× raced). So where the start times the curve it also times each shape's whole step against
+greedy's, in the served mode, on the default example (``harness/steps.step_ratios``: drafting, verify forward
+and loop together), and ``E / ratio`` replaces the model, for the shape (``choose_prophet_shape(steps=...)``) and
+for the prophet's verdict (``verdict(step=...)``), with the rounds' spread as the noise.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from decoding.harness.steps import StepRatio
 from decoding.runtime.widths import (STEP, WidthChoice, best_within_noise, choose_block, choose_window,
                                      jacobi_forward_ms, jacobi_forward_spread, jacobi_tokens, lookahead_paths,
                                      lookahead_positions, lookahead_tokens, ratio_spread, spread_known, tree_ms)
@@ -142,19 +150,27 @@ SHAPE_FIELDS = tuple(sorted({field for shape in PROPHET_SHAPES for field, _ in s
 
 @dataclass(frozen=True)
 class ShapeChoice:
-    """The prophet's step shape for this machine's curve, and why."""
+    """The prophet's step shape for this machine's curve (or its timed steps), and why."""
     shape: ProphetShape
     predicted: float                    # its predicted speed-up over greedy on prompts the project did not write
     default_predicted: float            # the library's default shape's, on the same curve
+    step: Optional[StepRatio] = None    # its step over greedy's, timed here (None: modelled from the curve)
+    timed: tuple[tuple[str, float], ...] = ()   # every shape's timed step over greedy's, where they were timed
 
     @property
     def reason(self) -> str:
+        timed = f", from its step timed at {self.step.ratio:.2f}× greedy's here" if self.step is not None else ""
+        steps = ("; steps timed here, over greedy's: " + ", ".join(f"{name} {ratio:.2f}×" for name, ratio in self.timed)
+                 if self.timed else "")
         if self.shape is PROPHET_SHAPES[-1]:
-            return (f"prophet: drafts {self.shape.shown} here: the curve says no narrower step pays better "
-                    f"(predicted {self.predicted:.2f}× greedy on prompts the project did not write)")
-        return (f"prophet: drafts {self.shape.shown} here: a wide verify forward costs too much on this curve "
-                f"for the default 8-node tree (predicted {self.predicted:.2f}× greedy on prompts the project did "
-                f"not write, against {self.default_predicted:.2f}×)")
+            said = "its timed steps say" if self.step is not None else "the curve says"
+            return (f"prophet: drafts {self.shape.shown} here: {said} no narrower step pays better "
+                    f"(predicted {self.predicted:.2f}× greedy on prompts the project did not write{timed}){steps}")
+        why = ("its steps, timed on this machine, make it the fastest shape" if self.step is not None else
+               "a wide verify forward costs too much on this curve for the default 8-node tree")
+        return (f"prophet: drafts {self.shape.shown} here: {why} (predicted {self.predicted:.2f}× greedy on "
+                f"prompts the project did not write{timed}, against {self.default_predicted:.2f}× for the 8-node "
+                f"tree){steps}")
 
 
 def shape_of(params: Any) -> Optional[ProphetShape]:
@@ -165,24 +181,39 @@ def shape_of(params: Any) -> Optional[ProphetShape]:
     return next((s for s in PROPHET_SHAPES if dataclasses.replace(s.parsed(), fast=False) == plain), None)
 
 
-def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SHAPES) -> ShapeChoice:
+def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SHAPES,
+                         steps: Optional[Mapping[str, StepRatio]] = None) -> ShapeChoice:
     """The shape with the most expected tokens per ms on ``cost`` over prompts the project did not write (the shape
     serves every prompt a visitor writes, not only the example): ``E / (c(T) / c(1) + D + STEP)``; a narrower one
-    within the curve's noise of the best wins (``widths.best_within_noise``, as lookahead's window)."""
+    within the curve's noise of the best wins (``widths.best_within_noise``, as lookahead's window).
+
+    ``steps`` (shape name -> its step over greedy's, timed in the race's mode on this machine:
+    ``harness/steps.step_ratios``): where every shape has one, the timed step replaces the model's denominator,
+    ``E / ratio``, and the timings' spread is the noise. The model guesses the head's drafting from one CPU's
+    profile; where memory is slow the head costs more (an AMD EPYC Zen 3's predictions ran 1.3-1.4× against
+    about 1.06× raced)."""
     one = float(cost(1))
+    timed = steps is not None and all(shape.name in steps for shape in shapes)
 
     def score(i: int) -> tuple[float, float, float, float]:
-        e = shapes[i - 1].expectation
+        shape = shapes[i - 1]
+        e = shape.expectation
+        if timed:
+            step = steps[shape.name]
+            return shape.unseen_tokens, e.positions, step.ratio * one, step.spread
         forward = tree_ms(cost, e.positions, e.paths)
         ms = forward + e.drafting * one
-        return (shapes[i - 1].unseen_tokens, e.positions, ms,
+        return (shape.unseen_tokens, e.positions, ms,
                 ratio_spread(cost, e.positions) * float(cost(e.positions)) / ms)
-    pick = best_within_noise("prophet shape", range(1, len(shapes) + 1), score, one)
+    step = 0.0 if timed else STEP
+    pick = best_within_noise("prophet shape", range(1, len(shapes) + 1), score, one, step=step)
 
     def predicted(i: int) -> float:
         tokens, _, ms, _ = score(i)
-        return tokens / (ms / one + STEP)
-    return ShapeChoice(shapes[pick.value - 1], predicted(pick.value), predicted(len(shapes)))
+        return tokens / (ms / one + step)
+    return ShapeChoice(shapes[pick.value - 1], predicted(pick.value), predicted(len(shapes)),
+                       steps[shapes[pick.value - 1].name] if timed else None,
+                       tuple((shape.name, steps[shape.name].ratio) for shape in shapes) if timed else ())
 
 
 @dataclass(frozen=True)
@@ -197,6 +228,7 @@ class Verdict:
     drafting: float = 0.0             # D
     width: Optional[WidthChoice] = None    # lookahead's window or Jacobi's block it was judged at
     margin: Optional[float] = None    # ± on speedup from the curve's measured spread; None: the curve has none
+    timed: bool = False               # cost_ratio is its step timed here over greedy's (margin: the timings')
 
     PAYS, SLOWER, CLOSE = "pays", "does not pay", "too close to call"
 
@@ -220,7 +252,8 @@ class Verdict:
         """``±0.06 from the curve's spread``, or that the curve says nothing about how sure it is."""
         if self.margin is None:
             return "the curve has no measured spread"
-        return f"±{self.margin:.2f} from the curve's spread"
+        source = "the timings' spread" if self.timed else "the curve's spread"
+        return f"±{self.margin:.2f} from {source}"
 
     @property
     def reason(self) -> str:
@@ -232,6 +265,11 @@ class Verdict:
             return "greedy: the reference, one position per token"
         at = f" (at {self.width.shown})" if self.width is not None else ""
         verb = "too close to call, left out" if self.call == self.CLOSE else self.call
+        if self.timed:
+            return (f"{self.strategy}: its step (drafting, a {self.positions:.0f}-position forward and its loop) "
+                    f"timed {self.cost_ratio:.2f}× greedy's here; it needs ≥ {self.cost_ratio:.2f} tokens per "
+                    f"forward and makes ~{self.tokens:.2f}: {verb} (predicted {self.speedup:.2f}× greedy, "
+                    f"{self.certainty})")
         return (f"{self.strategy}{at}: a {self.positions:.0f}-position forward costs {self.forward:.2f}× one "
                 f"position here; with its {'drafting and ' if self.drafting else ''}loop it needs ≥ "
                 f"{self.cost_ratio:.2f} tokens per forward and makes ~{self.tokens:.2f}: {verb} "
@@ -264,11 +302,17 @@ def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional
     return None, None
 
 
-def verdict(strategy: str, cost: Cost, params: Any = None) -> Verdict:
-    """Whether ``strategy`` (with ``params``, else its defaults) is expected to pay on ``cost``."""
+def verdict(strategy: str, cost: Cost, params: Any = None, step: Optional[StepRatio] = None) -> Verdict:
+    """Whether ``strategy`` (with ``params``, else its defaults) is expected to pay on ``cost``; ``step``: its step
+    over greedy's, timed on this machine in the race's mode (``harness/steps.step_ratios``), which then replaces
+    the model's ``c(T) / c(1) + D + STEP``, its spread the curve's."""
     model, width = expectation(strategy, cost, params)
     if model is None:
         return Verdict(strategy, None)
+    if step is not None:
+        speedup = model.tokens / step.ratio
+        return Verdict(strategy, speedup, model.tokens, model.positions, step.ratio, 0.0, model.drafting, width,
+                       speedup * step.spread, timed=True)
     if model.forward_ratio is not None:
         forward, rel = model.forward_ratio, model.forward_spread
     else:
@@ -280,9 +324,11 @@ def verdict(strategy: str, cost: Cost, params: Any = None) -> Verdict:
     return Verdict(strategy, speedup, model.tokens, model.positions, ratio, forward, model.drafting, width, margin)
 
 
-def verdicts(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None) -> list[Verdict]:
-    """One verdict per strategy, in order (``params``: strategy name -> its parameters, where not the defaults)."""
-    return [verdict(name, cost, (params or {}).get(name)) for name in strategies]
+def verdicts(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None,
+             steps: Optional[Mapping[str, StepRatio]] = None) -> list[Verdict]:
+    """One verdict per strategy, in order (``params``: strategy name -> its parameters, where not the defaults;
+    ``steps``: strategy name -> its timed step, where one was timed)."""
+    return [verdict(name, cost, (params or {}).get(name), (steps or {}).get(name)) for name in strategies]
 
 
 @dataclass(frozen=True)
@@ -297,11 +343,12 @@ class Comparison:
         return "\n".join(self.notes)
 
 
-def default_comparison(cost: Cost, strategies: Sequence[str],
-                       params: Optional[Mapping[str, Any]] = None) -> Comparison:
-    """``strategies`` less those not expected to pay on ``cost`` beyond its noise (``Verdict.call``: one too
-    close to call is left out too, and its line says so); greedy, the reference, always stays."""
-    judged = verdicts(cost, strategies, params)
+def default_comparison(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None,
+                       steps: Optional[Mapping[str, StepRatio]] = None) -> Comparison:
+    """``strategies`` less those not expected to pay on ``cost`` (or their timed ``steps``) beyond its noise
+    (``Verdict.call``: one too close to call is left out too, and its line says so); greedy, the reference, always
+    stays."""
+    judged = verdicts(cost, strategies, params, steps)
     kept = tuple(v.strategy for v in judged if v.pays or v.strategy == "greedy")
     out = tuple(v for v in judged if v.strategy not in kept)
     return Comparison(kept, tuple(v.strategy for v in out), tuple(v.reason for v in out))

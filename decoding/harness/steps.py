@@ -9,18 +9,24 @@ one-position forward timed 50 ms against 82 ms for float32, yet through the app'
   long the prompt, is never a step;
 * :func:`race_costs` runs the race's greedy loop itself (the registered strategy, in the mode the race will run
   it: eager, or ``fast`` on the compiled forward) on a short chat prompt, warm-up first, and returns its median
-  decode step beside a ``width``-position verify forward in the same mode (``runtime/forward_cost``).
+  decode step beside a ``width``-position verify forward in the same mode (``runtime/forward_cost``);
+* :func:`step_ratios` times whole steps of other strategies the same way, each against greedy's in the same
+  rounds: what a prophet step of each shape costs on this machine, its drafting and its loop included
+  (``harness/pays.choose_prophet_shape``), where a model of the step from the forward-cost curve guesses the
+  drafting from another CPU's profile.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from decoding.events import ForwardPass
 from decoding.harness.runner import HookTracer, encode_prompt, run_one
 from decoding.params import GreedyParams
-from decoding.runtime.forward_cost import filler_ids, forward_cost
+from decoding.runtime.forward_cost import SPREAD_FLOOR, filler_ids, forward_cost
 from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
 
@@ -66,16 +72,63 @@ def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int =
     """Every decode step of ``repeats`` timed greedy runs of ``tokens`` tokens, as the race runs greedy (after an
     untimed warm-up run: caches allocated, graphs compiled or read from disk). ``context``: a prompt of that many
     tokens instead of the default example (filler ids: only its length matters to a step's cost)."""
-    strategy, pair = get_strategy("greedy"), ModelPair(lm)
     ids = _prompt_ids(lm) if context is None else filler_ids(lm.vocab_size, context)
-    params = GreedyParams(fast=fast)
-    run_one(strategy, params, ids, pair, max_new_tokens=min(tokens, 8), trace=False)
-    steps: list[float] = []
-    for _ in range(max(1, repeats)):
+    timed = _timed_run("greedy", GreedyParams(fast=fast), ids, ModelPair(lm))
+    timed(min(tokens, 8))                       # the warm-up: caches allocated, graphs compiled; not kept
+    return [step for _ in range(max(1, repeats)) for step in timed(tokens)]
+
+
+def _timed_run(name: str, params: Any, ids: list[int], pair: Any) -> Callable[[int], list[float]]:
+    """A call that runs strategy ``name`` for the tokens it is given and returns the run's decode steps in ms."""
+    strategy = get_strategy(name)
+
+    def run(tokens: int) -> list[float]:
         tracer = HookTracer()
         run_one(strategy, params, ids, pair, max_new_tokens=tokens, tracer=tracer)
-        steps += decode_steps_ms(tracer.events, tracer.times)
-    return steps
+        return decode_steps_ms(tracer.events, tracer.times)
+    return run
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    """A strategy's measured step over greedy's, in the race's mode: ``ratio`` (the median of the rounds'), and
+    ``spread``, how sure it is: the rounds' standard error (their standard deviation over the square root of
+    their number) relative to it, at least ``SPREAD_FLOOR``. Not the rounds' range: a shape then lost to a
+    narrower one whenever both rounds' ranges summed past their gap (a start on an Intel Xeon took the 2-node
+    tree, predicted 1.68× greedy, over the 8-node tree's 1.92×)."""
+    ratio: float
+    spread: float
+    rounds: int
+
+
+def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, tokens: int = TOKENS,
+                repeats: int = REPEATS) -> dict[str, StepRatio]:
+    """Each of ``runs`` (label -> (strategy, params)) against greedy in ``pair`` (its mode: ``fast`` as the runs'
+    params say) on the default example: every label's median decode step over greedy's, greedy and every label
+    timed in each of ``repeats`` rounds, in turn, after one short untimed warm-up of each. A step is the gap between two
+    target forwards, so a drafting strategy's step holds its drafting and its loop's work, and a run's steps
+    include the ones that draft nothing (a chain that stops at the confidence threshold)."""
+    if not runs:
+        return {}
+    fast = bool(getattr(next(iter(runs.values()))[1], "fast", False))
+    ids = _prompt_ids(lm)
+    calls = {"": _timed_run("greedy", GreedyParams(fast=fast), ids, pair),
+             **{label: _timed_run(name, params, ids, pair) for label, (name, params) in runs.items()}}
+    for call in calls.values():
+        call(min(tokens, 8))
+    per_round: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(max(1, repeats)):
+        medians = {label: statistics.median(call(tokens) or [math.nan]) for label, call in calls.items()}
+        for label in runs:
+            per_round[label].append(medians[label] / medians[""])
+    out = {}
+    for label, ratios in per_round.items():
+        ratios = [r for r in ratios if math.isfinite(r) and r > 0]
+        if ratios:
+            mid = statistics.median(ratios)
+            error = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
+            out[label] = StepRatio(mid, max(SPREAD_FLOOR, error / mid), len(ratios))
+    return out
 
 
 def race_costs(lm: Any, fast: bool, *, width: int, tokens: int = TOKENS, repeats: int = REPEATS) -> dict:

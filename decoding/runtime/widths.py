@@ -161,9 +161,11 @@ def jacobi_forward_spread(block: int, variant: str, cost: Cost, ratio: bool = Fa
 # --------------------------------------------------------------------------- the choice
 
 def best_within_noise(name: str, options: Iterable[int],
-                      score: Callable[[int], tuple[float, float, float, float]], one_ms: float) -> WidthChoice:
+                      score: Callable[[int], tuple[float, float, float, float]], one_ms: float,
+                      step: float = STEP) -> WidthChoice:
     """The narrowest option whose tokens per ms is within the noise of the best one's; ``score(x)`` = (E,
-    positions, forward ms, relative spread of that ms); each step also costs ``STEP * one_ms``. Noise between
+    positions, forward ms, relative spread of that ms); each step also costs ``step * one_ms`` (0 where the
+    score's ms is a whole step, timed: ``harness/pays.choose_prophet_shape``). Noise between
     two options: the sum of their step ms' spreads (``x`` loses to the best ``b`` only when ``value(x) * (1 +
     noise(x) + noise(b)) < value(b)``). Without spreads: the best, ties going to the narrower."""
     rows = []                                  # x, E, positions, step ms, forward ms, relative spread of step ms
@@ -172,7 +174,7 @@ def best_within_noise(name: str, options: Iterable[int],
         if not (math.isfinite(forward_ms) and forward_ms > 0):
             raise ValueError(f"the forward-cost curve gave {forward_ms!r} ms at {positions:g} positions; "
                              f"it must be positive")
-        ms = forward_ms + STEP * one_ms
+        ms = forward_ms + step * one_ms
         rows.append((x, tokens, positions, ms, forward_ms, rel * forward_ms / ms))
     if not rows:
         raise ValueError(f"{name}: no width to choose from")
