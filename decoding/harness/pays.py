@@ -160,8 +160,8 @@ class ShapeChoice:
     @property
     def reason(self) -> str:
         timed = f", from its step timed at {self.step.ratio:.2f}× greedy's here" if self.step is not None else ""
-        steps = ("; steps timed here, over greedy's: " + ", ".join(f"{name} {ratio:.2f}×" for name, ratio in self.timed)
-                 if self.timed else "")
+        listed = ", ".join(f"{name} {ratio:.2f}×" for name, ratio in self.timed)
+        steps = f"; steps timed here, over greedy's: {listed}" if self.timed else ""
         if self.shape is PROPHET_SHAPES[-1]:
             said = "its timed steps say" if self.step is not None else "the curve says"
             return (f"prophet: drafts {self.shape.shown} here: {said} no narrower step pays better "
