@@ -9,6 +9,7 @@ choice read decode steps from the run's events, never the prefill.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -44,7 +45,7 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(startup, "load_presets", _presets)
     monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
     monkeypatch.setattr(Settings, "load", lambda self, name: models[name])
-    monkeypatch.setattr(startup, "chosen_strategies", lambda settings: settings)
+    monkeypatch.setattr(startup, "chosen_strategies", lambda settings, **kw: settings)
     monkeypatch.setattr(startup, "forget_models", lambda keep=(): [])
     app = PlaygroundApp(Settings(target=BASE))
     yield app, models, tmp_path / "routes.json"
@@ -95,7 +96,7 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
     proc, chosen, logs = FakeProc(others=1.6), [], []
     narrow, wide = ("greedy", "prophet"), ("greedy", "prophet", "prompt_lookup", "lookahead")
 
-    def choose(settings):                # what the curve would say: drafting pays only when timed quiet
+    def choose(settings, **kw):          # what the curve would say: drafting pays only when timed quiet
         lm = settings.load(settings.default_target())
         chosen.append((proc.others, lm.state.forward_cost.get(False)))
         lm.state.forward_cost[False] = f"curve timed with others at {proc.others}"
@@ -137,7 +138,7 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
 def test_a_curve_timed_quiet_is_trusted_and_not_timed_again(world, monkeypatch):
     app, models, file = world
     chosen = []
-    monkeypatch.setattr(startup, "chosen_strategies", lambda settings: chosen.append(1) or settings)
+    monkeypatch.setattr(startup, "chosen_strategies", lambda settings, **kw: chosen.append(1) or settings)
     start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
                             compile=False, file=file, cpu=FakeProc(others=0.05), retry_s=0.05)
     try:
@@ -146,6 +147,52 @@ def test_a_curve_timed_quiet_is_trusted_and_not_timed_again(world, monkeypatch):
         assert start.curve_busy is None and chosen == [1]
     finally:
         start.stopped.set()
+
+
+def test_the_shapes_steps_are_timed_a_round_at_a_time_with_runs_let_through_between(world, monkeypatch):
+    """The prophet's shapes are timed before the curve, each round holding the line (no run computes beside it)
+    and releasing it after (a run waiting for the line goes between rounds, not after all of them); the steps
+    reach the choice, and a start whose steps came out empty tells the choice so ({}, not None: never timed twice)."""
+    from decoding.harness import steps as steps_mod
+    app, models, file = world
+    seen, held = [], []
+
+    def prophet_steps(settings, hold):
+        seen.append(app.line._held)                    # not held around the whole timing
+        for _ in range(3):
+            with hold():
+                held.append(app.line._held)            # each round alone
+            held.append(app.line._held)
+        return {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}
+    got = []
+    monkeypatch.setattr(startup, "prophet_steps", prophet_steps)
+    monkeypatch.setattr(startup, "chosen_strategies", lambda settings, **kw: got.append(kw) or settings)
+    start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
+                            compile=False, file=file, cpu=FakeProc(others=0.05), retry_s=0.05)
+    try:
+        start.run()
+        assert seen == [False] and held == [True, False] * 3
+        assert got == [{"steps": {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}}]
+        monkeypatch.setattr(startup, "prophet_steps", lambda settings, hold: None)
+        start._choose_strategies()
+        assert got[-1] == {"steps": {}}
+    finally:
+        start.stopped.set()
+
+
+def test_step_ratios_hold_the_line_for_the_warm_ups_and_each_round(monkeypatch):
+    from decoding.harness import steps as steps_mod
+    entered = []
+
+    @contextlib.contextmanager
+    def hold():
+        entered.append("in")
+        yield
+        entered.append("out")
+    monkeypatch.setattr(steps_mod, "_timed_run", lambda name, params, ids, pair: lambda tokens: [10.0, 10.0])
+    monkeypatch.setattr(steps_mod, "_prompt_ids", lambda lm: [1])
+    steps_mod.step_ratios(None, {"a": ("prophet", None)}, None, repeats=3, hold=hold)
+    assert entered == ["in", "out"] * 4                # the warm-ups, then 3 rounds
 
 
 @needs_compiler

@@ -19,6 +19,7 @@ new defaults (``app.py`` refreshes them on load), and every request reads the se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -63,8 +64,8 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     one line for each one left out, which stays selectable; and the prophet's step shape (``pays.choose_prophet_shape``:
     the 8-node tree where a wide forward is cheap, a small tree or a short chain where it is not), which the page's
     prophet fields start on and the prophet's verdict judges. Where the curve is measured here, each shape's step is
-    timed too, in the served mode (``prophet_steps``; ``steps``: injected), and the shape and the prophet's verdict
-    rest on those timings. Without a curve (a GPU): all, and the library's shape."""
+    timed too, in the served mode (``prophet_steps``; ``steps``: given, ``{}`` for none), and the shape and the
+    prophet's verdict rest on those timings. Without a curve (a GPU): all, and the library's shape."""
     timing = curve is None
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
@@ -81,19 +82,20 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
                                prophet_shape=shape.shape.params, prophet_note=shape.reason)
 
 
-def prophet_steps(settings: Settings) -> Optional[dict[str, StepRatio]]:
+def prophet_steps(settings: Settings, hold: Callable[[], Any] = contextlib.nullcontext
+                  ) -> Optional[dict[str, StepRatio]]:
     """Each prophet step shape's step over greedy's on the default target, timed in the served mode
-    (``harness/steps.step_ratios``: the default example, rounds in turn); None where the target has no head or a
-    run fails (the shape is then chosen on the curve's model)."""
+    (``harness/steps.step_ratios``: the default example, rounds in turn, each inside ``hold``); None where the target
+    has no head or a run fails (the shape is then chosen on the curve's model)."""
     lm = settings.load(settings.default_target())
-    if not has_prophet(lm.name):
-        return None
+    if getattr(lm.device, "type", str(lm.device)) != "cpu" or not has_prophet(lm.name):
+        return None                 # off the CPU the library's shape stands (no curve either)
     try:
         pair = ModelPair(lm, prophet=prophet_for(lm))
         prophet = registry()["prophet"]
         runs = {shape.name: ("prophet", prophet.parse({**dict(shape.params), "fast": bool(settings.compiled)}))
                 for shape in PROPHET_SHAPES}
-        return step_ratios(lm, runs, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS) or None
+        return step_ratios(lm, runs, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS, hold=hold) or None
     except Exception:               # noqa: BLE001: the curve's model of the step stands in
         return None
 
@@ -159,12 +161,12 @@ class Startup:
             self.busy.append(f"{config.label} (others used {share:.0%} of the cores)")
         return costs
 
-    def _watched(self, work: Callable[[], Any]) -> tuple[Any, Optional[float]]:
-        """``work()`` while no run computes (``Line.exclusive``) and /proc watches the other processes: its result,
-        and the others' share of the cores when it was over the quiet limit (the timing is then not trusted), else
-        None."""
+    def _watched(self, work: Callable[[], Any], exclusive: bool = True) -> tuple[Any, Optional[float]]:
+        """``work()`` while no run computes (``Line.exclusive``; ``exclusive=False``: ``work`` holds the line itself
+        where it must) and /proc watches the other processes: its result, and the others' share of the cores when
+        it was over the quiet limit (the timing is then not trusted), else None."""
         limits = self.app.limits.quiet
-        with self.app.line.exclusive():
+        with self.app.line.exclusive() if exclusive else contextlib.nullcontext():
             before = self.cpu()
             result = work()
             share = others_share(before, self.cpu(), limits.window_s)
@@ -252,14 +254,15 @@ class Startup:
         dropped and timed anew. Returns the others' share of the cores when it was over the quiet limit (the
         verdicts are then not trusted), else None."""
         settings = self.app.settings
-
-        def choose() -> Settings:
-            if again:
-                lm = settings.load(settings.default_target())
-                lm.state.forward_cost.pop(bool(settings.compiled), None)
-            return chosen_strategies(settings)
-
-        chosen, busy = self._watched(choose)
+        if again:
+            lm = settings.load(settings.default_target())
+            lm.state.forward_cost.pop(bool(settings.compiled), None)
+        # the prophet's shapes first, each round alone on the cores but runs let through between rounds (a slow CPU
+        # times them for tens of seconds), then the curve and the choice with no run computing
+        steps, steps_busy = self._watched(lambda: prophet_steps(settings, hold=self.app.line.exclusive),
+                                          exclusive=False)
+        chosen, busy = self._watched(lambda: chosen_strategies(settings, steps=steps or {}))
+        busy = max((b for b in (busy, steps_busy) if b is not None), default=None)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
                   prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
         if chosen.prophet_note:

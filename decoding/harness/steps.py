@@ -18,10 +18,11 @@ one-position forward timed 50 ms against 82 ms for float32, yet through the app'
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 from decoding.events import ForwardPass
 from decoding.harness.runner import HookTracer, encode_prompt, run_one
@@ -102,23 +103,28 @@ class StepRatio:
 
 
 def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, tokens: int = TOKENS,
-                repeats: int = REPEATS) -> dict[str, StepRatio]:
+                repeats: int = REPEATS, hold: Callable[[], ContextManager] = contextlib.nullcontext
+                ) -> dict[str, StepRatio]:
     """Each of ``runs`` (label -> (strategy, params)) against greedy in ``pair`` (its mode: ``fast`` as the runs'
     params say) on the default example: every label's median decode step over greedy's, greedy and every label
-    timed in each of ``repeats`` rounds, in turn, after one short untimed warm-up of each. A step is the gap between two
-    target forwards, so a drafting strategy's step holds its drafting and its loop's work, and a run's steps
-    include the ones that draft nothing (a chain that stops at the confidence threshold)."""
+    timed in each of ``repeats`` rounds, in turn, after one short untimed warm-up of each. A step is the gap between
+    two target forwards, so a drafting strategy's step holds its drafting and its loop's work, and a run's steps
+    include the ones that draft nothing (a chain that stops at the confidence threshold). ``hold``: entered around
+    the warm-ups and around each round (the app's ``Line.exclusive``: no visitor's run shares the cores with a
+    round, and runs go between rounds rather than wait for them all)."""
     if not runs:
         return {}
     fast = bool(getattr(next(iter(runs.values()))[1], "fast", False))
     ids = _prompt_ids(lm)
     calls = {"": _timed_run("greedy", GreedyParams(fast=fast), ids, pair),
              **{label: _timed_run(name, params, ids, pair) for label, (name, params) in runs.items()}}
-    for call in calls.values():
-        call(min(tokens, 8))
+    with hold():
+        for call in calls.values():
+            call(min(tokens, 8))
     per_round: dict[str, list[float]] = {label: [] for label in runs}
     for _ in range(max(1, repeats)):
-        medians = {label: statistics.median(call(tokens) or [math.nan]) for label, call in calls.items()}
+        with hold():
+            medians = {label: statistics.median(call(tokens) or [math.nan]) for label, call in calls.items()}
         for label in runs:
             per_round[label].append(medians[label] / medians[""])
     out = {}
