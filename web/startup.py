@@ -47,8 +47,8 @@ TICKED_LINE = "default comparison here:"   # logged with the strategies the page
 SHAPE_LINE = "prophet step here:"         # logged with the prophet's parameters the page starts on (JSON), and why
 RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
-# each prophet shape's timed runs (``prophet_steps``; visitors' runs wait meanwhile): 16-token runs ranked the 8-node
-# tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower; 24 ranked as raced
+# each prophet shape's timed runs (``prophet_steps``; a round holds the line, runs go between rounds): 16-token runs
+# ranked the 8-node tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower
 SHAPE_TOKENS, SHAPE_ROUNDS = 24, 3
 
 
@@ -254,14 +254,18 @@ class Startup:
         dropped and timed anew. Returns the others' share of the cores when it was over the quiet limit (the
         verdicts are then not trusted), else None."""
         settings = self.app.settings
-        if again:
-            lm = settings.load(settings.default_target())
-            lm.state.forward_cost.pop(bool(settings.compiled), None)
         # the prophet's shapes first, each round alone on the cores but runs let through between rounds (a slow CPU
         # times them for tens of seconds), then the curve and the choice with no run computing
         steps, steps_busy = self._watched(lambda: prophet_steps(settings, hold=self.app.line.exclusive),
                                           exclusive=False)
-        chosen, busy = self._watched(lambda: chosen_strategies(settings, steps=steps or {}))
+
+        def choose() -> Settings:
+            if again:           # dropped inside the hold: no run finds the curve gone and times it itself
+                lm = settings.load(settings.default_target())
+                lm.state.forward_cost.pop(bool(settings.compiled), None)
+            return chosen_strategies(settings, steps=steps or {})
+
+        chosen, busy = self._watched(choose)
         busy = max((b for b in (busy, steps_busy) if b is not None), default=None)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
                   prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
