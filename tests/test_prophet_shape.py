@@ -121,20 +121,22 @@ def test_a_timed_step_decides_the_prophets_verdict_and_says_so():
     assert "prophet" not in chosen.strategies and "timed 2.08× greedy's" in chosen.strategies_note
 
 
-def test_the_start_times_the_shapes_only_where_it_timed_the_curve(monkeypatch):
-    """A measured curve comes with timed steps (the served mode, every shape, the head's pair); an injected curve
-    (tests, a caller's own) never times anything."""
+def test_the_shapes_are_timed_in_the_served_mode_and_only_by_the_start(monkeypatch):
+    """The start times the shapes in the served mode (``prophet_steps``, given its settings) and hands them to the
+    choice; the choice itself, on a measured curve or an injected one, never times anything."""
     from web import startup
     timed = []
 
-    def steps(settings):
+    def steps(settings, hold=None):
         timed.append(settings.compiled)
         return _steps(**TIMED)
     monkeypatch.setattr(startup, "prophet_steps", steps)
     monkeypatch.setattr(startup, "machine_curve", lambda lm, fast=False: _curve(0.0))
     monkeypatch.setattr(Settings, "load", lambda self, name: None)
-    chosen = chosen_strategies(Settings(compiled=True))
+    served = Settings(compiled=True)
+    chosen = chosen_strategies(served, steps=startup.prophet_steps(served))
     assert timed == [True] and dict(chosen.prophet_shape) == {"tree_nodes": 2}
+    chosen_strategies(Settings(compiled=True))                  # the curve measured: still nothing timed
     chosen_strategies(Settings(), curve=_curve(0.0))
     assert timed == [True]
 

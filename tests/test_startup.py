@@ -160,7 +160,8 @@ def test_a_curve_timed_quiet_is_trusted_and_not_timed_again(world, monkeypatch):
 def test_the_shapes_steps_are_timed_a_round_at_a_time_with_runs_let_through_between(world, monkeypatch):
     """The prophet's shapes are timed before the curve, each round holding the line (no run computes beside it)
     and releasing it after (a run waiting for the line goes between rounds, not after all of them); the steps
-    reach the choice, and a start whose steps came out empty tells the choice so ({}, not None: never timed twice)."""
+    reach the choice, and a start whose steps came out empty gives it none (it then models a step from the curve;
+    the choice itself never times: tests/test_prophet_shape.py)."""
     from decoding.harness import steps as steps_mod
     app, models, file = world
     seen, held = [], []
@@ -183,7 +184,7 @@ def test_the_shapes_steps_are_timed_a_round_at_a_time_with_runs_let_through_betw
         assert got == [{"steps": {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}}]
         monkeypatch.setattr(startup, "prophet_steps", lambda settings, hold: None)
         start._choose_strategies()
-        assert got[-1] == {"steps": {}}
+        assert got[-1] == {"steps": None}
     finally:
         start.stopped.set()
 

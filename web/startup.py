@@ -63,20 +63,17 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     measured forward-cost curve in its served mode (``runtime/widths.machine_curve``; ``curve``: injected), and
     one line for each one left out, which stays selectable; and the prophet's step shape (``pays.choose_prophet_shape``:
     the 8-node tree where a wide forward is cheap, a small tree or a short chain where it is not), which the page's
-    prophet fields start on and the prophet's verdict judges. Where the curve is measured here, each shape's step is
-    timed too, in the served mode (``prophet_steps``; ``steps``: given, ``{}`` for none), and the shape and the
-    prophet's verdict rest on those timings. Without a curve (a GPU): all, and the library's shape."""
-    timing = curve is None
+    prophet fields start on and the prophet's verdict judges. ``steps``: each shape's step timed here (the start's
+    ``prophet_steps``); with them the shape and the prophet's verdict rest on the timings, without them on the
+    curve's model of a step. Without a curve (a GPU): all, and the library's shape."""
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
         return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="", prophet_shape=(),
                                    prophet_note="")
-    names = [name for name in DEFAULT_STRATEGIES if name in registry()]
-    if steps is None and timing and "prophet" in names:
-        steps = prophet_steps(settings)
     shape = choose_prophet_shape(curve, steps=steps)
-    chosen = default_comparison(curve, names, {"prophet": shape.shape.parsed()},
+    chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()],
+                                {"prophet": shape.shape.parsed()},
                                 {"prophet": shape.step} if shape.step is not None else None)
     return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note,
                                prophet_shape=shape.shape.params, prophet_note=shape.reason)
@@ -263,7 +260,7 @@ class Startup:
             if again:           # dropped inside the hold: no run finds the curve gone and times it itself
                 lm = settings.load(settings.default_target())
                 lm.state.forward_cost.pop(bool(settings.compiled), None)
-            return chosen_strategies(settings, steps=steps or {})
+            return chosen_strategies(settings, steps=steps)
 
         chosen, busy = self._watched(choose)
         busy = max((b for b in (busy, steps_busy) if b is not None), default=None)

@@ -61,7 +61,7 @@ is slow the head's drafting costs more (the AMD EPYC Zen 3's predictions ran 1.2
 against about 1.06× raced). So where the start times the curve it also times each shape's whole step against
 greedy's, in the served mode, on the default example (``harness/steps.step_ratios``: drafting, verify forward
 and loop together), and ``E / ratio`` replaces the model, for the shape (``choose_prophet_shape(steps=...)``) and
-for the prophet's verdict (``verdict(step=...)``), with the rounds' spread as the noise.
+for the prophet's verdict (``verdict(step=...)``), with the rounds' standard error as the noise.
 """
 
 from __future__ import annotations
@@ -154,13 +154,17 @@ class ShapeChoice:
     shape: ProphetShape
     predicted: float                    # its predicted speed-up over greedy on prompts the project did not write
     default_predicted: float            # the library's default shape's, on the same curve
-    step: Optional[StepRatio] = None    # its step over greedy's, timed here (None: modelled from the curve)
-    timed: tuple[tuple[str, float], ...] = ()   # every shape's timed step over greedy's, where they were timed
+    timed: tuple[tuple[str, StepRatio], ...] = ()   # every shape's step over greedy's, timed here (none: modelled)
+
+    @property
+    def step(self) -> Optional[StepRatio]:
+        """The chosen shape's timed step, or None where the steps were modelled from the curve."""
+        return dict(self.timed).get(self.shape.name)
 
     @property
     def reason(self) -> str:
         timed = f", from its step timed at {self.step.ratio:.2f}× greedy's here" if self.step is not None else ""
-        listed = ", ".join(f"{name} {ratio:.2f}×" for name, ratio in self.timed)
+        listed = ", ".join(f"{name} {step.ratio:.2f}×" for name, step in self.timed)
         steps = f"; steps timed here, over greedy's: {listed}" if self.timed else ""
         if self.shape is PROPHET_SHAPES[-1]:
             said = "its timed steps say" if self.step is not None else "the curve says"
@@ -212,8 +216,7 @@ def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SH
         tokens, _, ms, _ = score(i)
         return tokens / (ms / one + step)
     return ShapeChoice(shapes[pick.value - 1], predicted(pick.value), predicted(len(shapes)),
-                       steps[shapes[pick.value - 1].name] if timed else None,
-                       tuple((shape.name, steps[shape.name].ratio) for shape in shapes) if timed else ())
+                       tuple((shape.name, steps[shape.name]) for shape in shapes) if timed else ())
 
 
 @dataclass(frozen=True)
