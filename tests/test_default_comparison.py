@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
+from decoding.harness.pays import verdict
+from decoding.harness.steps import StepRatio
 from decoding.runtime.forward_cost import ForwardCost
 from web.requests import default_request
 from web.settings import DEFAULT_STRATEGIES, Settings
@@ -54,9 +56,90 @@ def test_the_page_ticks_the_machines_comparison_and_says_why_for_the_rest():
     assert len(notes) == 1 and "lookahead" in notes[0].value and "does not pay" in notes[0].value
     plain = app.build_demo(chosen_strategies(Settings(), curve=_curve(0.0)))
     assert plain.inputs["strategies"].value == list(DEFAULT_STRATEGIES)
-    # nothing left out: the note is there (a later start choice may fill it) but hidden and empty
-    assert all(not b.visible and not b.value for b in plain.blocks.values()
+    # nothing left out: the note says how sure each ticked verdict is, and lists nothing as left out
+    (note,) = [b for b in plain.blocks.values() if getattr(b, "elem_id", None) == "strategies-note"]
+    assert "Ticked by default here" in note.value and "Not ticked" not in note.value
+    assert all(f"- {name}" in note.value for name in DEFAULT_STRATEGIES[1:])
+    # no choice made yet: the note is there (a later start choice fills it) but hidden and empty
+    assert all(not b.visible and not b.value for b in app.build_demo(Settings()).blocks.values()
                if getattr(b, "elem_id", None) == "strategies-note")
     hostile = app.build_demo(Settings(strategies=("greedy",), strategies_note="<img src=x onerror=alert(1)>"))
     (note,) = [b for b in hostile.blocks.values() if getattr(b, "elem_id", None) == "strategies-note"]
     assert "<img" not in note.value and "&lt;img" in note.value
+
+
+def _raced(speedup: float, spread: float = 0.01, tokens: float = 1.2) -> StepRatio:
+    return StepRatio(1.05, 0.02, 3, speedup=speedup, speedup_spread=spread, tokens=tokens)
+
+
+def test_a_raced_verdict_ticks_what_the_race_says_whatever_the_model():
+    """Where the start raced a default strategy against greedy on the default example, the race is its verdict:
+    on a curve whose model says nothing pays, prompt lookup and lookahead raced at 1.07x and 1.19x are ticked;
+    on a flat curve whose model ticks everything, one raced at 0.90x is left out, and one at 1.01x +- 0.03 is
+    too close to call. An inverted speed-up, or the model's figure kept beside the race, would fail."""
+    dear = chosen_strategies(Settings(), curve=_curve(5.0),
+                             steps={"prompt_lookup": _raced(1.07, tokens=1.10), "lookahead": _raced(1.19, tokens=1.33)})
+    assert dear.strategies == ("greedy", "prompt_lookup", "lookahead")
+    ticked = dear.ticked_note.splitlines()
+    assert [line.split(":")[0].split(" (")[0] for line in ticked] == ["prompt_lookup", "lookahead"]
+    assert "raced against greedy on the default example here (3 rounds)" in ticked[0]
+    assert "1.10 tokens a forward" in ticked[0] and "(1.07× greedy, ±0.01 from the timings' spread)" in ticked[0]
+    assert "prophet" in dear.strategies_note and "does not pay" in dear.strategies_note       # modelled: dear
+    flat = chosen_strategies(Settings(), curve=_curve(0.0),
+                             steps={"prompt_lookup": _raced(0.90), "lookahead": _raced(1.01, spread=0.03)})
+    assert flat.strategies == ("greedy", "prophet")
+    lines = flat.strategies_note.splitlines()
+    assert "prompt_lookup" in lines[0] and "does not pay (0.90× greedy" in lines[0]
+    assert "lookahead" in lines[1] and "too close to call" in lines[1]
+    # a strategy with no model of its step is judged by its race
+    suffix = verdict("suffix", _curve(0.0), step=_raced(1.1))
+    assert suffix.pays and suffix.raced == 3 and verdict("suffix", _curve(0.0)).speedup is None
+
+
+def test_the_prophets_race_at_its_shape_decides_its_verdict_over_its_timed_step():
+    """The prophet's verdict is its race at the chosen shape (``steps["prophet"]``), not its shape's step times
+    the tokens recorded on another machine; without a race the shape's timed step stands in."""
+    shapes = {name: StepRatio(ratio, 0.02, 3) for name, ratio in
+              dict(chain1=1.2, chain2=1.35, tree2=1.3, tree4=1.7, tree8=2.4).items()}
+    stepped = chosen_strategies(Settings(), curve=_curve(0.0), steps=shapes)
+    assert "prophet" in stepped.strategies and "timed 1.30× greedy's" in stepped.ticked_note
+    raced = chosen_strategies(Settings(), curve=_curve(0.0), steps={**shapes, "prophet": _raced(0.95)})
+    assert "prophet" not in raced.strategies and "0.95× greedy" in raced.strategies_note
+    assert dict(raced.prophet_shape) == {"tree_nodes": 2}          # the shape still comes from the steps
+
+
+def test_the_start_races_the_page_default_comparison_at_its_length_in_the_served_mode(monkeypatch):
+    """``timed_steps``: the prophet's shapes first (short runs), then the default race at the page's default length,
+    the prophet at the shape those steps choose, every run in the served mode; a target without a head races the
+    others only; off the CPU, or without a curve, nothing is timed."""
+    from web import startup
+    from web.requests import DEFAULT_MAX_NEW
+    calls = []
+
+    def step_ratios(lm, runs, pair, *, tokens, repeats, hold):
+        calls.append((tokens, {label: (name, params) for label, (name, params) in runs.items()}))
+        if "prophet" in runs or "prompt_lookup" in runs:
+            return {label: _raced(1.1) for label in runs}
+        return {name: StepRatio(ratio, 0.02, 3) for name, ratio in
+                dict(chain1=1.2, chain2=1.35, tree2=1.3, tree4=1.7, tree8=2.4).items()}
+    cpu = SimpleNamespace(device=torch.device("cpu"), name="smollm2-135m-instruct")
+    monkeypatch.setattr(startup, "step_ratios", step_ratios)
+    monkeypatch.setattr(startup, "prophet_for", lambda lm: "head")
+    monkeypatch.setattr(startup, "has_prophet", lambda name: True)
+    monkeypatch.setattr(Settings, "load", lambda self, name: cpu)
+    got = startup.timed_steps(Settings(compiled=True), _curve(0.0))
+    (shape_tokens, shapes), (race_tokens, race) = calls
+    assert shape_tokens == startup.SHAPE_TOKENS and len(shapes) == 5
+    assert race_tokens == DEFAULT_MAX_NEW == startup.RACE_TOKENS
+    assert list(race) == ["prophet", "prompt_lookup", "lookahead"]
+    assert race["prophet"][1].tree_nodes == 2 and all(params.fast for _, params in race.values())
+    assert got["prophet"].speedup == 1.1 and got["tree2"].ratio == 1.3
+    calls.clear()
+    monkeypatch.setattr(startup, "has_prophet", lambda name: False)
+    startup.timed_steps(Settings(), _curve(0.0))
+    assert [list(runs) for _, runs in calls] == [["prompt_lookup", "lookahead"]]
+    assert not any(params.fast for _, params in calls[0][1].values())
+    calls.clear()
+    assert startup.timed_steps(Settings(), None) is None and calls == []
+    monkeypatch.setattr(Settings, "load", lambda self, name: SimpleNamespace(device=torch.device("cuda"), name="x"))
+    assert startup.timed_steps(Settings(), _curve(0.0)) is None and calls == []

@@ -122,19 +122,19 @@ def test_a_timed_step_decides_the_prophets_verdict_and_says_so():
 
 
 def test_the_shapes_are_timed_in_the_served_mode_and_only_by_the_start(monkeypatch):
-    """The start times the shapes in the served mode (``prophet_steps``, given its settings) and hands them to the
+    """The start times the shapes in the served mode (``timed_steps``, given its settings) and hands them to the
     choice; the choice itself, on a measured curve or an injected one, never times anything."""
     from web import startup
     timed = []
 
-    def steps(settings, hold=None):
+    def steps(settings, curve, hold=None):
         timed.append(settings.compiled)
         return _steps(**TIMED)
-    monkeypatch.setattr(startup, "prophet_steps", steps)
+    monkeypatch.setattr(startup, "timed_steps", steps)
     monkeypatch.setattr(startup, "machine_curve", lambda lm, fast=False: _curve(0.0))
     monkeypatch.setattr(Settings, "load", lambda self, name: None)
     served = Settings(compiled=True)
-    chosen = chosen_strategies(served, steps=startup.prophet_steps(served))
+    chosen = chosen_strategies(served, steps=startup.timed_steps(served, _curve(0.0)))
     assert timed == [True] and dict(chosen.prophet_shape) == {"tree_nodes": 2}
     chosen_strategies(Settings(compiled=True))                  # the curve measured: still nothing timed
     chosen_strategies(Settings(), curve=_curve(0.0))
@@ -144,9 +144,13 @@ def test_the_shapes_are_timed_in_the_served_mode_and_only_by_the_start(monkeypat
 def test_step_ratios_divide_each_run_by_greedy_in_its_round(monkeypatch):
     """Each round times greedy and every run in turn; a run's ratio is the median over rounds of its median step
     over greedy's in that round (a machine that slows between rounds slows both), its spread the rounds' standard
-    error relative to it."""
+    error relative to it. The same rounds race it: its speed-up is greedy's wall time a token over its own (the
+    median of the rounds'; an inverted ratio, or wall times not divided by tokens, would fail), and its tokens a
+    forward are counted."""
     from decoding.harness import steps as steps_mod
-    rounds = {"": iter([[10, 10, 11], [20, 20], [10]]), "a": iter([[20, 21, 20], [44, 44], [25]])}
+    T = steps_mod.Timed
+    rounds = {"": iter([T([10, 10, 11], 300, 24, 24), T([20, 20], 600, 24, 24), T([10], 330, 24, 24)]),
+              "a": iter([T([20, 21, 20], 200, 24, 10), T([44, 44], 500, 24, 12), T([25], 150, 20, 8)])}
     warm = []
 
     def timed_run(name, params, ids, pair):
@@ -155,7 +159,7 @@ def test_step_ratios_divide_each_run_by_greedy_in_its_round(monkeypatch):
         def run(tokens):
             if tokens <= 8:
                 warm.append(key)
-                return []
+                return T([], 1.0, 1, 1)
             return next(rounds[key])
         return run
     monkeypatch.setattr(steps_mod, "_timed_run", timed_run)
@@ -164,6 +168,10 @@ def test_step_ratios_divide_each_run_by_greedy_in_its_round(monkeypatch):
     assert sorted(warm) == ["", "a"]
     assert got["a"].ratio == pytest.approx(2.2) and got["a"].rounds == 3          # ratios 2.0, 2.2, 2.5
     assert got["a"].spread == pytest.approx(statistics.stdev([2.0, 2.2, 2.5]) / 3 ** 0.5 / 2.2)
+    # races: 300/200 = 1.5, 600/500 = 1.2, (330/24) / (150/20) = 1.833...; tokens a forward 2.4, 2.0, 2.5
+    speedups = [1.5, 1.2, (330 / 24) / (150 / 20)]
+    assert got["a"].speedup == pytest.approx(1.5) and got["a"].tokens == pytest.approx(2.4)
+    assert got["a"].speedup_spread == pytest.approx(statistics.stdev(speedups) / 3 ** 0.5 / 1.5)
 
 
 def test_step_ratios_time_a_real_prophet_step_against_greedy():

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from decoding.events import ForwardPass
+from decoding.harness import steps as steps_mod
 from decoding.harness.steps import decode_steps_ms, median_step_ms
 from decoding.runtime import compiled, routes
 from decoding.runtime.models import ModelPreset
@@ -46,6 +47,7 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(routes, "runs_here", lambda preset, device="cpu": True)
     monkeypatch.setattr(Settings, "load", lambda self, name: models[name])
     monkeypatch.setattr(startup, "chosen_strategies", lambda settings, **kw: settings)
+    monkeypatch.setattr(startup, "machine_curve", lambda lm, fast=False: None)     # no curve: nothing timed
     monkeypatch.setattr(startup, "forget_models", lambda keep=(): [])
     app = PlaygroundApp(Settings(target=BASE))
     yield app, models, tmp_path / "routes.json"
@@ -96,10 +98,11 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
     proc, chosen, logs = FakeProc(others=1.6), [], []
     narrow, wide = ("greedy", "prophet"), ("greedy", "prophet", "prompt_lookup", "lookahead")
 
+    def curve(lm, fast=False):           # the curve, timed where none is kept
+        return lm.state.forward_cost.setdefault(fast, f"curve timed with others at {proc.others}")
+
     def choose(settings, **kw):          # what the curve would say: drafting pays only when timed quiet
-        lm = settings.load(settings.default_target())
-        chosen.append((proc.others, lm.state.forward_cost.get(False)))
-        lm.state.forward_cost[False] = f"curve timed with others at {proc.others}"
+        chosen.append((proc.others, kw["curve"]))
         quiet = proc.others <= 0.5
         return dataclasses.replace(settings, strategies=wide if quiet else narrow, strategies_note="",
                                    prophet_shape=(("tree_nodes", 4),) if quiet else (),
@@ -113,6 +116,7 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
     for lm in models.values():
         lm.state.forward_cost = Curves()
     monkeypatch.setattr(startup, "chosen_strategies", choose)
+    monkeypatch.setattr(startup, "machine_curve", curve)
     start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
                             compile=False, file=file, log=logs.append, cpu=proc, retry_s=0.05)
     try:
@@ -126,8 +130,9 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
         while app.settings.strategies != wide and time.monotonic() < deadline:
             time.sleep(0.05)
         assert app.settings.strategies == wide and start.curve_busy is None
-        assert chosen[-1] == (0.0, None)         # the busy curve was dropped before the new timing
-        assert dropped == [True]                 # ... inside the line's hold
+        assert chosen[0] == (1.6, "curve timed with others at 1.6")
+        assert chosen[-1] == (0.0, "curve timed with others at 0.0")    # timed anew, never the kept busy one
+        assert dropped == [True]                 # ... dropped inside the line's hold
         assert any("timed again on a quiet machine" in line for line in logs)
         time.sleep(0.3)
         assert len(chosen) == 2                  # done once a timing was quiet
@@ -157,40 +162,44 @@ def test_a_curve_timed_quiet_is_trusted_and_not_timed_again(world, monkeypatch):
         start.stopped.set()
 
 
-def test_the_shapes_steps_are_timed_a_round_at_a_time_with_runs_let_through_between(world, monkeypatch):
-    """The prophet's shapes are timed before the curve, each round holding the line (no run computes beside it)
-    and releasing it after (a run waiting for the line goes between rounds, not after all of them); the steps
-    reach the choice, and a start whose steps came out empty gives it none (it then models a step from the curve;
-    the choice itself never times: tests/test_prophet_shape.py)."""
-    from decoding.harness import steps as steps_mod
+def test_the_steps_are_timed_after_the_curve_a_run_at_a_time_with_runs_let_through_between(world, monkeypatch):
+    """The shapes' steps and the default race are timed on the curve the start just timed (lookahead's auto window
+    comes from it), each run holding the line (no visitor's run computes beside it) and releasing it after (a run
+    waiting for the line goes between them, not after all of them); the steps reach the choice, and a start whose
+    steps came out empty gives it none (it then models a step from the curve; the choice itself never times:
+    tests/test_prophet_shape.py)."""
     app, models, file = world
     seen, held = [], []
+    monkeypatch.setattr(startup, "machine_curve", lambda lm, fast=False: "the curve")
 
-    def prophet_steps(settings, hold):
-        seen.append(app.line._held)                    # not held around the whole timing
+    def timed_steps(settings, curve, hold):
+        seen.append((curve, app.line._held))           # not held around the whole timing
         for _ in range(3):
             with hold():
-                held.append(app.line._held)            # each round alone
+                held.append(app.line._held)            # each run alone
             held.append(app.line._held)
         return {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}
     got = []
-    monkeypatch.setattr(startup, "prophet_steps", prophet_steps)
+    monkeypatch.setattr(startup, "timed_steps", timed_steps)
     monkeypatch.setattr(startup, "chosen_strategies", lambda settings, **kw: got.append(kw) or settings)
     start = startup.Startup(app, measure=_table(base__eager=200.0, base_fp16w__eager=150.0).__getitem__,
                             compile=False, file=file, cpu=FakeProc(others=0.05), retry_s=0.05)
     try:
         start.run()
-        assert seen == [False] and held == [True, False] * 3
-        assert got == [{"steps": {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}}]
-        monkeypatch.setattr(startup, "prophet_steps", lambda settings, hold: None)
+        assert seen == [("the curve", False)] and held == [True, False] * 3
+        assert got == [{"curve": "the curve", "steps": {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}}]
+        monkeypatch.setattr(startup, "timed_steps", lambda settings, curve, hold: None)
         start._choose_strategies()
-        assert got[-1] == {"steps": None}
+        assert got[-1] == {"curve": "the curve", "steps": None}
     finally:
         start.stopped.set()
 
 
-def test_step_ratios_hold_the_line_for_the_warm_ups_and_each_round(monkeypatch):
-    from decoding.harness import steps as steps_mod
+def _runs(steps_ms: list, wall_ms: float = 100.0, tokens: int = 24, forwards: int = 24) -> steps_mod.Timed:
+    return steps_mod.Timed(list(steps_ms), wall_ms, tokens, forwards)
+
+
+def test_step_ratios_hold_the_line_for_each_run_warm_ups_included(monkeypatch):
     entered = []
 
     @contextlib.contextmanager
@@ -198,10 +207,10 @@ def test_step_ratios_hold_the_line_for_the_warm_ups_and_each_round(monkeypatch):
         entered.append("in")
         yield
         entered.append("out")
-    monkeypatch.setattr(steps_mod, "_timed_run", lambda name, params, ids, pair: lambda tokens: [10.0, 10.0])
+    monkeypatch.setattr(steps_mod, "_timed_run", lambda name, params, ids, pair: lambda tokens: _runs([10.0, 10.0]))
     monkeypatch.setattr(steps_mod, "_prompt_ids", lambda lm: [1])
     steps_mod.step_ratios(None, {"a": ("prophet", None)}, None, repeats=3, hold=hold)
-    assert entered == ["in", "out"] * 4                # the warm-ups, then 3 rounds
+    assert entered == ["in", "out"] * 8                # 2 warm-ups, then greedy and "a" in each of 3 rounds
 
 
 @needs_compiler

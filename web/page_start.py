@@ -19,15 +19,16 @@ from web.validation import param_fields
 
 
 def strategies_note(settings: Settings) -> str:
-    """The default strategies left out here and why, and the prophet's step where the start changed it from the
-    library's default (escaped); empty (and the note hidden) when there is neither."""
+    """The prophet's step where the start changed it from the library's default, the default strategies ticked here
+    and how sure, and those left out and why (escaped); empty (and the note hidden) when there is none of them."""
     parts = []
     if settings.prophet_shape and settings.prophet_note:
         parts.append(html.escape(settings.prophet_note) + " (its fields below start there; any shape stays one "
                                                             "change away)")
-    if settings.strategies_note:
-        parts.append("Not ticked by default here (each stays one click away):\n\n" + "\n".join(
-            f"- {html.escape(line)}" for line in settings.strategies_note.splitlines()))
+    for lines, title in ((settings.ticked_note, "Ticked by default here"),
+                         (settings.strategies_note, "Not ticked by default here (each stays one click away)")):
+        if lines:
+            parts.append(f"{title}:\n\n" + "\n".join(f"- {html.escape(line)}" for line in lines.splitlines()))
     return "\n\n".join(parts)
 
 

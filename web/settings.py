@@ -34,6 +34,7 @@ class Settings:
     quiet_recordings: bool = False        # record a run only if timed on a quiet machine (app.main turns it on)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES   # the page's default comparison (chosen_strategies)
     strategies_note: str = ""             # one line per default strategy left out here, and why (from the curve)
+    ticked_note: str = ""                 # one line per default strategy ticked here, and how sure (its race)
     prophet_shape: tuple[tuple[str, Any], ...] = ()   # the prophet's step shape here, the fields the page's defaults
     prophet_note: str = ""                # change (harness/pays.choose_prophet_shape), and why
     compiled: bool = False                # the default target's forwards run compiled (web/startup.py); the page

@@ -39,6 +39,7 @@ from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
 from web.compute import decode_probe
 from web.quiet import CpuReader, baselines_of, others_share, read_proc
+from web.requests import DEFAULT_MAX_NEW
 from web.settings import DEFAULT_STRATEGIES, Settings
 
 Log = Callable[[str], None]
@@ -47,9 +48,12 @@ TICKED_LINE = "default comparison here:"   # logged with the strategies the page
 SHAPE_LINE = "prophet step here:"         # logged with the prophet's parameters the page starts on (JSON), and why
 RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
-# each prophet shape's timed runs (``prophet_steps``; a round holds the line, runs go between rounds): 16-token runs
-# ranked the 8-node tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower
+# each prophet shape's timed runs (``timed_steps``; each run holds the line, visitors' runs go between them): 16-token
+# runs ranked the 8-node tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower
 SHAPE_TOKENS, SHAPE_ROUNDS = 24, 3
+# the default race the verdicts rest on: the page's default length (a lookahead pool and a prompt lookup's matches
+# grow with the output: 24-token runs would judge a shorter race than the page runs)
+RACE_TOKENS, RACE_ROUNDS = DEFAULT_MAX_NEW, 3
 
 
 def routes_file() -> Path:
@@ -63,36 +67,52 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     measured forward-cost curve in its served mode (``runtime/widths.machine_curve``; ``curve``: injected), and
     one line for each one left out, which stays selectable; and the prophet's step shape (``pays.choose_prophet_shape``:
     the 8-node tree where a wide forward is cheap, a small tree or a short chain where it is not), which the page's
-    prophet fields start on and the prophet's verdict judges. ``steps``: each shape's step timed here (the start's
-    ``prophet_steps``); with them the shape and the prophet's verdict rest on the timings, without them on the
-    curve's model of a step. Without a curve (a GPU): all, and the library's shape."""
+    prophet fields start on and the prophet's verdict judges. ``steps``: what the start timed here
+    (``timed_steps``): each shape's step, by shape name, and the default race, by strategy name; with them the shape
+    rests on the timed steps and each raced strategy's verdict on its race, without them on the curve's model of
+    a step. Without a curve (a GPU): all, and the library's shape."""
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
-        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="", prophet_shape=(),
-                                   prophet_note="")
+        return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="", ticked_note="",
+                                   prophet_shape=(), prophet_note="")
     shape = choose_prophet_shape(curve, steps=steps)
+    raced = {name: steps[name] for name in DEFAULT_STRATEGIES if steps and name in steps}
+    if "prophet" not in raced and shape.step is not None:
+        raced["prophet"] = shape.step
     chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()],
-                                {"prophet": shape.shape.parsed()},
-                                {"prophet": shape.step} if shape.step is not None else None)
+                                {"prophet": shape.shape.parsed()}, raced or None)
     return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note,
-                               prophet_shape=shape.shape.params, prophet_note=shape.reason)
+                               ticked_note="\n".join(chosen.kept_notes), prophet_shape=shape.shape.params,
+                               prophet_note=shape.reason)
 
 
-def prophet_steps(settings: Settings, hold: Callable[[], Any] = contextlib.nullcontext
-                  ) -> Optional[dict[str, StepRatio]]:
-    """Each prophet step shape's step over greedy's on the default target, timed in the served mode
-    (``harness/steps.step_ratios``: the default example, rounds in turn, each inside ``hold``); None where the target
-    has no head or a run fails (the shape is then chosen on the curve's model)."""
+def timed_steps(settings: Settings, curve: Optional[Callable[[float], float]],
+                hold: Callable[[], Any] = contextlib.nullcontext) -> Optional[dict[str, StepRatio]]:
+    """What the default comparison is chosen from, timed on the default target in the served mode
+    (``harness/steps.step_ratios``: the default example, each run against greedy in the same rounds, each run
+    inside ``hold``): every prophet step shape's step (by shape name; ``SHAPE_TOKENS``-token runs), then the page's
+    default race at its default length, the prophet at the shape those steps choose on ``curve`` (by strategy
+    name). None off the CPU or without a curve (nothing is judged there), or where a run fails (the curve's model
+    of a step stands in)."""
     lm = settings.load(settings.default_target())
-    if getattr(lm.device, "type", str(lm.device)) != "cpu" or not has_prophet(lm.name):
-        return None                 # off the CPU the library's shape stands (no curve either)
+    if curve is None or getattr(lm.device, "type", str(lm.device)) != "cpu":
+        return None
+    fast, spec = bool(settings.compiled), registry()
     try:
-        pair = ModelPair(lm, prophet=prophet_for(lm))
-        prophet = registry()["prophet"]
-        runs = {shape.name: ("prophet", prophet.parse({**dict(shape.params), "fast": bool(settings.compiled)}))
-                for shape in PROPHET_SHAPES}
-        return step_ratios(lm, runs, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS, hold=hold) or None
+        head = has_prophet(lm.name)
+        pair = ModelPair(lm, prophet=prophet_for(lm) if head else None)
+        steps: dict[str, StepRatio] = {}
+        if head:
+            shapes = {shape.name: ("prophet", spec["prophet"].parse({**dict(shape.params), "fast": fast}))
+                      for shape in PROPHET_SHAPES}
+            steps.update(step_ratios(lm, shapes, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS, hold=hold))
+        shape = choose_prophet_shape(curve, steps=steps).shape
+        race = {name: (name, spec[name].parse({**(dict(shape.params) if name == "prophet" else {}), "fast": fast}))
+                for name in DEFAULT_STRATEGIES
+                if name != "greedy" and name in spec and (head or name != "prophet")}
+        steps.update(step_ratios(lm, race, pair, tokens=RACE_TOKENS, repeats=RACE_ROUNDS, hold=hold))
+        return steps or None
     except Exception:               # noqa: BLE001: the curve's model of the step stands in
         return None
 
@@ -251,24 +271,27 @@ class Startup:
         dropped and timed anew. Returns the others' share of the cores when it was over the quiet limit (the
         verdicts are then not trusted), else None."""
         settings = self.app.settings
-        # the prophet's shapes first, each round alone on the cores but runs let through between rounds (a slow CPU
-        # times them for tens of seconds), then the curve and the choice with no run computing
-        steps, steps_busy = self._watched(lambda: prophet_steps(settings, hold=self.app.line.exclusive),
-                                          exclusive=False)
+        lm = settings.load(settings.default_target())
+        fast = bool(settings.compiled)
 
-        def choose() -> Settings:
+        def curve() -> Any:
             if again:           # dropped inside the hold: no run finds the curve gone and times it itself
-                lm = settings.load(settings.default_target())
-                lm.state.forward_cost.pop(bool(settings.compiled), None)
-            return chosen_strategies(settings, steps=steps)
-
-        chosen, busy = self._watched(choose)
-        busy = max((b for b in (busy, steps_busy) if b is not None), default=None)
+                lm.state.forward_cost.pop(fast, None)
+            return machine_curve(lm, fast=fast)
+        # the curve first, alone on the cores; then the shapes' steps and the default race, each run alone but runs
+        # let through between them (a slow CPU times them for tens of seconds); then the choice, which times nothing
+        cost, curve_busy = self._watched(curve)
+        steps, steps_busy = self._watched(lambda: timed_steps(settings, cost, hold=self.app.line.exclusive),
+                                          exclusive=False)
+        chosen, busy = self._watched(lambda: chosen_strategies(settings, curve=cost, steps=steps))
+        busy = max((b for b in (curve_busy, steps_busy, busy) if b is not None), default=None)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
-                  prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
+                  ticked_note=chosen.ticked_note, prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
         if chosen.prophet_note:
             self.log(f"{SHAPE_LINE} {json.dumps(dict(chosen.prophet_shape))}: {chosen.prophet_note}")
         self.log(f"{TICKED_LINE} {', '.join(chosen.strategies)}")
+        for line in self.app.settings.ticked_note.splitlines():
+            self.log(f"ticked by default here: {line}")
         for line in self.app.settings.strategies_note.splitlines():
             self.log(f"not ticked by default here: {line}")
         return busy

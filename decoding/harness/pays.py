@@ -62,6 +62,17 @@ against about 1.06× raced). So where the start times the curve it also times ea
 greedy's, in the served mode, on the default example (``harness/steps.step_ratios``: drafting, verify forward
 and loop together), and ``E / ratio`` replaces the model, for the shape (``choose_prophet_shape(steps=...)``) and
 for the prophet's verdict (``verdict(step=...)``), with the rounds' standard error as the noise.
+
+**Raced verdicts.** The model's ``E`` for prompt lookup and lookahead is one count on one day, and its ``STEP``
+a fit: on an Intel Xeon whose curve put both at 0.97× ("too close to call"), the same app raced them at 1.07×
+and 1.19× greedy on the default example (lookahead made 1.33 tokens a forward, not the model's 1.13). So the
+start also races the page's default comparison itself, at the page's default length, each strategy against
+greedy in the same rounds (the prophet at the chosen shape; ``web/startup.timed_steps``), and a strategy's race
+is its verdict: ``speedup`` the rounds' median of greedy's ms a token over its own, ``± speedup * spread`` the
+rounds' standard error, the same three calls. The line says so (``raced against greedy on the default example
+here (3 rounds): 1.33 tokens a forward for a step 1.12× greedy's: pays (1.19× greedy, ±0.03 from the timings'
+spread)``), and a strategy with no model of its step (suffix decoding) can be judged by its race. The model
+stays for what is not raced (a curve injected, a GPU, a run that failed).
 """
 
 from __future__ import annotations
@@ -232,6 +243,7 @@ class Verdict:
     width: Optional[WidthChoice] = None    # lookahead's window or Jacobi's block it was judged at
     margin: Optional[float] = None    # ± on speedup from the curve's measured spread; None: the curve has none
     timed: bool = False               # cost_ratio is its step timed here over greedy's (margin: the timings')
+    raced: int = 0                    # rounds of a race against greedy on the default example that gave speedup
 
     PAYS, SLOWER, CLOSE = "pays", "does not pay", "too close to call"
 
@@ -268,6 +280,10 @@ class Verdict:
             return "greedy: the reference, one position per token"
         at = f" (at {self.width.shown})" if self.width is not None else ""
         verb = "too close to call, left out" if self.call == self.CLOSE else self.call
+        if self.raced:
+            return (f"{self.strategy}{at}: raced against greedy on the default example here ({self.raced} rounds): "
+                    f"{self.tokens:.2f} tokens a forward for a step {self.cost_ratio:.2f}× greedy's: {verb} "
+                    f"({self.speedup:.2f}× greedy, {self.certainty})")
         if self.timed:
             return (f"{self.strategy}: its step (drafting, a {self.positions:.0f}-position forward and its loop) "
                     f"timed {self.cost_ratio:.2f}× greedy's here; it needs ≥ {self.cost_ratio:.2f} tokens per "
@@ -308,8 +324,14 @@ def expectation(strategy: str, cost: Cost, params: Any = None) -> tuple[Optional
 def verdict(strategy: str, cost: Cost, params: Any = None, step: Optional[StepRatio] = None) -> Verdict:
     """Whether ``strategy`` (with ``params``, else its defaults) is expected to pay on ``cost``; ``step``: its step
     over greedy's, timed on this machine in the race's mode (``harness/steps.step_ratios``), which then replaces
-    the model's ``c(T) / c(1) + D + STEP``, its spread the curve's."""
+    the model's ``c(T) / c(1) + D + STEP``, its spread the curve's; where the same rounds raced it against greedy
+    (``step.speedup``), that race is the verdict, model or none."""
     model, width = expectation(strategy, cost, params)
+    if step is not None and step.speedup is not None and strategy != "greedy":
+        tokens = step.tokens if step.tokens is not None else (model.tokens if model is not None else 0.0)
+        return Verdict(strategy, step.speedup, tokens, model.positions if model is not None else 0.0, step.ratio,
+                       0.0, model.drafting if model is not None else 0.0, width,
+                       step.speedup * step.speedup_spread, timed=True, raced=step.rounds)
     if model is None:
         return Verdict(strategy, None)
     if step is not None:
@@ -340,6 +362,7 @@ class Comparison:
     strategies: tuple[str, ...]
     left_out: tuple[str, ...]
     notes: tuple[str, ...]            # one line per strategy left out: why, from the curve
+    kept_notes: tuple[str, ...] = ()  # one line per strategy kept besides greedy: how sure (its race or model)
 
     @property
     def note(self) -> str:
@@ -354,4 +377,5 @@ def default_comparison(cost: Cost, strategies: Sequence[str], params: Optional[M
     judged = verdicts(cost, strategies, params, steps)
     kept = tuple(v.strategy for v in judged if v.pays or v.strategy == "greedy")
     out = tuple(v for v in judged if v.strategy not in kept)
-    return Comparison(kept, tuple(v.strategy for v in out), tuple(v.reason for v in out))
+    return Comparison(kept, tuple(v.strategy for v in out), tuple(v.reason for v in out),
+                      tuple(v.reason for v in judged if v.strategy in kept and v.strategy != "greedy"))

@@ -10,10 +10,11 @@ one-position forward timed 50 ms against 82 ms for float32, yet through the app'
 * :func:`race_costs` runs the race's greedy loop itself (the registered strategy, in the mode the race will run
   it: eager, or ``fast`` on the compiled forward) on a short chat prompt, warm-up first, and returns its median
   decode step beside a ``width``-position verify forward in the same mode (``runtime/forward_cost``);
-* :func:`step_ratios` times whole steps of other strategies the same way, each against greedy's in the same
+* :func:`step_ratios` times whole runs of other strategies the same way, each against greedy's in the same
   rounds: what a prophet step of each shape costs on this machine, its drafting and its loop included
   (``harness/pays.choose_prophet_shape``), where a model of the step from the forward-cost curve guesses the
-  drafting from another CPU's profile.
+  drafting from another CPU's profile; and the same rounds' races, each run's wall time against greedy's over the
+  same tokens, the speed-up the page's race will show on the default example (``harness/pays.verdict``).
 """
 
 from __future__ import annotations
@@ -76,18 +77,40 @@ def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int =
     ids = _prompt_ids(lm) if context is None else filler_ids(lm.vocab_size, context)
     timed = _timed_run("greedy", GreedyParams(fast=fast), ids, ModelPair(lm))
     timed(min(tokens, 8))                       # the warm-up: caches allocated, graphs compiled; not kept
-    return [step for _ in range(max(1, repeats)) for step in timed(tokens)]
+    return [step for _ in range(max(1, repeats)) for step in timed(tokens).steps_ms]
 
 
-def _timed_run(name: str, params: Any, ids: list[int], pair: Any) -> Callable[[int], list[float]]:
-    """A call that runs strategy ``name`` for the tokens it is given and returns the run's decode steps in ms."""
+@dataclass(frozen=True)
+class Timed:
+    """One timed run: its decode steps (ms), its wall time (ms, the prefill included, as the race times a run), and
+    the tokens it made for its target forwards."""
+    steps_ms: list[float]
+    wall_ms: float
+    tokens: int
+    forwards: int
+
+
+def _timed_run(name: str, params: Any, ids: list[int], pair: Any) -> Callable[[int], Timed]:
+    """A call that runs strategy ``name`` for the tokens it is given and returns the run, timed."""
     strategy = get_strategy(name)
 
-    def run(tokens: int) -> list[float]:
+    def run(tokens: int) -> Timed:
         tracer = HookTracer()
-        run_one(strategy, params, ids, pair, max_new_tokens=tokens, tracer=tracer)
-        return decode_steps_ms(tracer.events, tracer.times)
+        result, wall_s, _ = run_one(strategy, params, ids, pair, max_new_tokens=tokens, tracer=tracer)
+        return Timed(decode_steps_ms(tracer.events, tracer.times), 1000.0 * wall_s, len(result.token_ids),
+                     int(result.target_forwards))
     return run
+
+
+def _ms_a_token(run: Timed) -> float:
+    return run.wall_ms / run.tokens if run.tokens > 0 and run.wall_ms > 0 else math.nan
+
+
+def _median_error(values: list[float]) -> tuple[float, float]:
+    """The median of ``values`` and their standard error relative to it, at least ``SPREAD_FLOOR``."""
+    mid = statistics.median(values)
+    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return mid, max(SPREAD_FLOOR, error / mid)
 
 
 @dataclass(frozen=True)
@@ -96,10 +119,17 @@ class StepRatio:
     ``spread``, how sure it is: the rounds' standard error (their standard deviation over the square root of
     their number) relative to it, at least ``SPREAD_FLOOR``. Not the rounds' range: a shape then lost to a
     narrower one whenever both rounds' ranges summed past their gap (a start on an Intel Xeon took the 2-node
-    tree, predicted 1.68× greedy, over the 8-node tree's 1.92×)."""
+    tree, predicted 1.68× greedy, over the 8-node tree's 1.92×).
+
+    The same rounds race it: ``speedup`` is greedy's wall time over its own for the same tokens (the median of
+    the rounds', the race's figure; ``speedup_spread`` as ``spread``), ``tokens`` its tokens per target forward
+    there. None where only a step was timed (injected)."""
     ratio: float
     spread: float
     rounds: int
+    speedup: Optional[float] = None
+    speedup_spread: float = 0.0
+    tokens: Optional[float] = None
 
 
 def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, tokens: int = TOKENS,
@@ -109,31 +139,39 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
     params say) on the default example: every label's median decode step over greedy's, greedy and every label
     timed in each of ``repeats`` rounds, in turn, after one short untimed warm-up of each. A step is the gap between
     two target forwards, so a drafting strategy's step holds its drafting and its loop's work, and a run's steps
-    include the ones that draft nothing (a chain that stops at the confidence threshold). ``hold``: entered around
-    the warm-ups and around each round (the app's ``Line.exclusive``: no visitor's run shares the cores with a
-    round, and runs go between rounds rather than wait for them all)."""
+    include the ones that draft nothing (a chain that stops at the confidence threshold). Each round also races
+    them: greedy's wall time a token over the label's (``StepRatio.speedup``). ``hold``: entered around each run,
+    warm-ups included (the app's ``Line.exclusive``: no visitor's run shares the cores with a timed one, and runs go
+    between them rather than wait for a round: on a slow CPU a round of four 64-token races takes 20 s)."""
     if not runs:
         return {}
     fast = bool(getattr(next(iter(runs.values()))[1], "fast", False))
     ids = _prompt_ids(lm)
     calls = {"": _timed_run("greedy", GreedyParams(fast=fast), ids, pair),
              **{label: _timed_run(name, params, ids, pair) for label, (name, params) in runs.items()}}
-    with hold():
-        for call in calls.values():
-            call(min(tokens, 8))
-    per_round: dict[str, list[float]] = {label: [] for label in runs}
-    for _ in range(max(1, repeats)):
+    for call in calls.values():
         with hold():
-            medians = {label: statistics.median(call(tokens) or [math.nan]) for label, call in calls.items()}
+            call(min(tokens, 8))
+    per_round: dict[str, list[tuple[float, float, float]]] = {label: [] for label in runs}
+    for _ in range(max(1, repeats)):
+        done = {}
+        for label, call in calls.items():
+            with hold():
+                done[label] = call(tokens)
+        greedy = done[""]
         for label in runs:
-            per_round[label].append(medians[label] / medians[""])
+            run = done[label]
+            step = statistics.median(run.steps_ms or [math.nan]) / statistics.median(greedy.steps_ms or [math.nan])
+            per_round[label].append((step, _ms_a_token(greedy) / _ms_a_token(run),
+                                     run.tokens / max(1, run.forwards)))
     out = {}
-    for label, ratios in per_round.items():
-        ratios = [r for r in ratios if math.isfinite(r) and r > 0]
-        if ratios:
-            mid = statistics.median(ratios)
-            error = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
-            out[label] = StepRatio(mid, max(SPREAD_FLOOR, error / mid), len(ratios))
+    for label, rounds in per_round.items():
+        ok = [r for r in rounds if all(math.isfinite(x) and x > 0 for x in r)]
+        if ok:
+            ratio, spread = _median_error([r[0] for r in ok])
+            speedup, speedup_spread = _median_error([r[1] for r in ok])
+            out[label] = StepRatio(ratio, spread, len(ok), speedup, speedup_spread,
+                                   statistics.median(r[2] for r in ok))
     return out
 
 
