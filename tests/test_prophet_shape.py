@@ -171,7 +171,32 @@ def test_step_ratios_divide_each_run_by_greedy_in_its_round(monkeypatch):
     # races: 300/200 = 1.5, 600/500 = 1.2, (330/24) / (150/20) = 1.833...; tokens a forward 2.4, 2.0, 2.5
     speedups = [1.5, 1.2, (330 / 24) / (150 / 20)]
     assert got["a"].speedup == pytest.approx(1.5) and got["a"].tokens == pytest.approx(2.4)
-    assert got["a"].speedup_spread == pytest.approx(statistics.stdev(speedups) / 3 ** 0.5 / 1.5)
+    own = statistics.stdev(speedups) / 3 ** 0.5 / 1.5
+    assert own <= got["a"].speedup_spread <= own * 1.01     # alone, its own rounds are the pooled ones
+
+
+def test_the_races_noise_is_pooled_over_every_strategy_raced_in_the_same_rounds(monkeypatch):
+    """Three rounds that happen to agree do not make a race sure: a strategy whose rounds agreed takes the noise the
+    other strategies' rounds show beside it (pooled deviations from each one's median), one whose own rounds scatter
+    more keeps its own. Judging each on its own error alone would fail."""
+    from decoding.harness import steps as steps_mod
+    T = steps_mod.Timed
+    walls = {"": iter([100.0] * 3), "a": iter([100.0] * 3), "b": iter([100.0, 100 / 1.2, 100 / 0.8])}
+
+    def timed_run(name, params, ids, pair):
+        key = "" if name == "greedy" else params
+
+        def run(tokens):
+            return T([10.0], 1.0, 1, 1) if tokens <= 8 else T([10.0], next(walls[key]), 10, 10)
+        return run
+    monkeypatch.setattr(steps_mod, "_timed_run", timed_run)
+    monkeypatch.setattr(steps_mod, "_prompt_ids", lambda lm: [1])
+    got = steps_mod.step_ratios(None, {"a": ("x", "a"), "b": ("x", "b")}, None, tokens=24, repeats=3)
+    assert got["a"].speedup == pytest.approx(1.0) and got["b"].speedup == pytest.approx(1.0)
+    pooled = (0.08 / 4) ** 0.5 / 3 ** 0.5                  # b's deviations 0, 0.2, -0.2; 2 + 2 degrees of freedom
+    assert got["a"].speedup_spread == pytest.approx(pooled)
+    assert got["b"].speedup_spread == pytest.approx(statistics.stdev([1.0, 1.2, 0.8]) / 3 ** 0.5)
+    assert got["a"].spread == got["b"].spread == pytest.approx(0.02)     # the steps' noise is each one's own
 
 
 def test_step_ratios_time_a_real_prophet_step_against_greedy():

@@ -122,7 +122,8 @@ class StepRatio:
     tree, predicted 1.68× greedy, over the 8-node tree's 1.92×).
 
     The same rounds race it: ``speedup`` is greedy's wall time over its own for the same tokens (the median of
-    the rounds', the race's figure; ``speedup_spread`` as ``spread``), ``tokens`` its tokens per target forward
+    the rounds', the race's figure; ``speedup_spread`` as ``spread``, or the error pooled over every label raced
+    in the same rounds where that is larger: ``_pooled_error``), ``tokens`` its tokens per target forward
     there. None where only a step was timed (injected)."""
     ratio: float
     spread: float
@@ -164,15 +165,32 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
             step = statistics.median(run.steps_ms or [math.nan]) / statistics.median(greedy.steps_ms or [math.nan])
             per_round[label].append((step, _ms_a_token(greedy) / _ms_a_token(run),
                                      run.tokens / max(1, run.forwards)))
+    kept = {label: [r for r in rounds if all(math.isfinite(x) and x > 0 for x in r)] for label, rounds in per_round.items()}
+    pooled = _pooled_error([[r[1] for r in ok] for ok in kept.values()])
     out = {}
-    for label, rounds in per_round.items():
-        ok = [r for r in rounds if all(math.isfinite(x) and x > 0 for x in r)]
+    for label, ok in kept.items():
         if ok:
             ratio, spread = _median_error([r[0] for r in ok])
             speedup, speedup_spread = _median_error([r[1] for r in ok])
-            out[label] = StepRatio(ratio, spread, len(ok), speedup, speedup_spread,
+            out[label] = StepRatio(ratio, spread, len(ok), speedup, max(speedup_spread, pooled),
                                    statistics.median(r[2] for r in ok))
     return out
+
+
+def _pooled_error(groups: list[list[float]]) -> float:
+    """The races' relative standard error pooled over every label (0 where there are too few rounds): each label's
+    rounds scatter around its own median by the same noise (greedy's run in that round, the machine), and three
+    rounds alone say little about it. In one process on an Intel Xeon, four sets of 3 rounds put prompt lookup at
+    1.00, 0.99, 1.07 and 1.03x greedy with their own standard errors from 0.02 to 0.09: a verdict on one set's own
+    error ticked it at one start and left it out at the next."""
+    squares, free, rounds = 0.0, 0, []
+    for values in groups:
+        if len(values) > 1:
+            mid = statistics.median(values)
+            squares += sum((v / mid - 1.0) ** 2 for v in values)
+            free += len(values) - 1
+            rounds.append(len(values))
+    return math.sqrt(squares / free) / math.sqrt(statistics.median(rounds)) if free else 0.0
 
 
 def race_costs(lm: Any, fast: bool, *, width: int, tokens: int = TOKENS, repeats: int = REPEATS) -> dict:
