@@ -70,9 +70,9 @@ start also races the page's default comparison itself, at the page's default len
 greedy in the same rounds (the prophet at the chosen shape; ``web/startup.timed_steps``), and a strategy's race
 is its verdict: ``speedup`` the rounds' median of greedy's ms a token over its own, ``± speedup * spread`` the
 rounds' standard error (pooled over every strategy raced in the same rounds where that is larger: three rounds
-alone say little about their noise), the same three calls. The line says so (``raced against greedy on the default example
-here (3 rounds): 1.33 tokens a forward for a step 1.12× greedy's: pays (1.19× greedy, ±0.03 from the timings'
-spread)``), and a strategy with no model of its step (suffix decoding) can be judged by its race. The model
+alone say little about their noise), the same three calls. The line says so (``raced against greedy on the
+default example here (3 rounds): 1.33 tokens a forward for a step 1.12× greedy's: pays (1.19× greedy, ±0.03
+from the timings' spread)``), and a strategy with no model of its step (suffix decoding) can be judged by its race. The model
 stays for what is not raced (a curve injected, a GPU, a run that failed).
 """
 

@@ -165,7 +165,8 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
             step = statistics.median(run.steps_ms or [math.nan]) / statistics.median(greedy.steps_ms or [math.nan])
             per_round[label].append((step, _ms_a_token(greedy) / _ms_a_token(run),
                                      run.tokens / max(1, run.forwards)))
-    kept = {label: [r for r in rounds if all(math.isfinite(x) and x > 0 for x in r)] for label, rounds in per_round.items()}
+    kept = {label: [r for r in rounds if all(math.isfinite(x) and x > 0 for x in r)]
+            for label, rounds in per_round.items()}
     pooled = _pooled_error([[r[1] for r in ok] for ok in kept.values()])
     out = {}
     for label, ok in kept.items():
