@@ -280,11 +280,12 @@ class Startup:
             return machine_curve(lm, fast=fast)
         # the curve first, alone on the cores; then the shapes' steps and the default race, each run alone but runs
         # let through between them (a slow CPU times them for tens of seconds); then the choice, which times nothing
+        # (so neither holds the line nor is watched)
         cost, curve_busy = self._watched(curve)
         steps, steps_busy = self._watched(lambda: timed_steps(settings, cost, hold=self.app.line.exclusive),
                                           exclusive=False)
-        chosen, busy = self._watched(lambda: chosen_strategies(settings, curve=cost, steps=steps))
-        busy = max((b for b in (curve_busy, steps_busy, busy) if b is not None), default=None)
+        chosen = chosen_strategies(settings, curve=cost, steps=steps)
+        busy = max((b for b in (curve_busy, steps_busy) if b is not None), default=None)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
                   ticked_note=chosen.ticked_note, prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
         if chosen.prophet_note:

@@ -329,10 +329,11 @@ def verdict(strategy: str, cost: Cost, params: Any = None, step: Optional[StepRa
     (``step.speedup``), that race is the verdict, model or none."""
     model, width = expectation(strategy, cost, params)
     if step is not None and step.speedup is not None and strategy != "greedy":
-        tokens = step.tokens if step.tokens is not None else (model.tokens if model is not None else 0.0)
-        return Verdict(strategy, step.speedup, tokens, model.positions if model is not None else 0.0, step.ratio,
-                       0.0, model.drafting if model is not None else 0.0, width,
-                       step.speedup * step.speedup_spread, timed=True, raced=step.rounds)
+        tokens, positions, drafting = ((model.tokens, model.positions, model.drafting) if model is not None
+                                       else (0.0, 0.0, 0.0))
+        return Verdict(strategy, step.speedup, step.tokens if step.tokens is not None else tokens, positions,
+                       step.ratio, 0.0, drafting, width, step.speedup * step.speedup_spread, timed=True,
+                       raced=step.rounds)
     if model is None:
         return Verdict(strategy, None)
     if step is not None:
