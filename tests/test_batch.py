@@ -161,6 +161,31 @@ def test_the_race_reports_throughput_and_exactness_per_strategy():
     assert entries[0]["batch_forwards"] < entries[0]["single_forwards"]   # one forward serves every row
 
 
+def test_greedys_rows_run_once_and_are_the_reference_whatever_the_order(monkeypatch):
+    """Greedy raced with its default parameters is the reference: its single-row runs are not run a second time
+    (they once were, a whole set of greedy rows more per race); raced last, it still runs first and the entries
+    keep the order asked for. Without greedy among the runs, an untimed reference runs once; greedy with other
+    parameters is raced, not taken as the reference."""
+    import decoding.harness.batch_race as batch_race
+    target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
+    pair, prompts = ModelPair(target, target), PROMPTS[:3]
+    want = _greedy_tokens(target, prompts, 8)
+    calls: list[str] = []
+    real = batch_race.run_one
+    monkeypatch.setattr(batch_race, "run_one", lambda strategy, *a, **kw: calls.append(strategy.name) or
+                        real(strategy, *a, **kw))
+    spec = ("speculative", SpeculativeParams(**CHAIN))
+    for runs, greedy_rows in [([("greedy", GreedyParams()), spec], 3), ([spec, ("greedy", GreedyParams())], 3),
+                              ([spec], 3), ([spec, ("greedy", GreedyParams(fast=True))], 6)]:
+        calls.clear()
+        entries = race_batch(prompts, pair, runs, max_new_tokens=8, warmup=False)
+        assert [e["strategy"] for e in entries] == [name for name, _ in runs]
+        assert calls.count("greedy") == greedy_rows and calls.count("speculative") == 3, (runs, calls)
+        assert calls[:3] == ["greedy"] * 3, calls                  # the reference first
+        for e in entries:
+            assert e["rows_equal_greedy"] == 3 and [r["token_ids"] for r in e["rows"]] == want
+
+
 def test_the_view_escapes_text_and_caps_the_steps():
     step = {"type": "BatchStep", "step": 2, "accepted": [3, 0], "committed": [4, 0], "fed": [4, 0], "width": 4,
             "waiting": [1]}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import gc
 import json
 import math
@@ -72,8 +73,10 @@ def _agree(e) -> None:
         assert str(exc) == f"[0]{want}", (str(exc), want)
 
 
-def _events() -> list[dict]:
-    """One of each shape the view-limit traces hold (the largest events the checks allow included)."""
+@functools.cache
+def events() -> tuple[dict, ...]:
+    """One of each shape the view-limit traces hold (the largest events the checks allow included). Built on first
+    use, not at import: every pytest worker collects this file, and building them takes seconds."""
     seen, out = {}, []
     for build in (V.chains_and_trees, V.beams_and_sampling, V.jacobi_copies_crosstok, V.lookahead_shapes,
                   V.longest_strings, V.most_events, V.crafted_many):
@@ -89,10 +92,9 @@ def _events() -> list[dict]:
     out.append({"type": "DraftTranslated", "step": 1, "position": 0, "assistant_tokens": [1, 2],
                 "assistant_ends": [1, 2], "target_tokens": [3], "target_ends": [2], "text": [65, 66],
                 "assistant_q": [0.5, 0.25], "intersection": True})
-    return out
+    return tuple(out)
 
 
-EVENTS = _events()
 HOSTILE = [None, True, False, 0, 1, -1, 7, 2**31, -(2**31), 10**6, 10**6 + 1, 4096, 4097, 2**1024, 10**400, 0.5, -0.0,
            1e308, math.inf, -math.inf, math.nan, "x", "greedy", "target", "window", "", "\ud800", [], [1], [-1],
            [True], [0.5], [math.nan], [math.inf], [2**31], [1, "a"], [[1]], [[1, 2], [3]], [[True]], [[]], {}, {"a": 1},
@@ -107,14 +109,14 @@ def test_every_event_type_has_a_compiled_check():
 
 
 def test_the_view_limit_events_pass_both_checks_alike():
-    assert len(EVENTS) > 40
-    for e in EVENTS:
+    assert len(events()) > 40
+    for e in events():
         _agree(e)
 
 
 def test_every_field_given_every_hostile_value_is_judged_alike():
     rng = random.Random(39)
-    for e in EVENTS:
+    for e in events():
         small = {k: (v[:64] if isinstance(v, list) else v) for k, v in e.items()}   # quick, same shapes
         for key in [k for k in small if k != "type"]:
             for value in rng.sample(HOSTILE, 12):
@@ -144,8 +146,9 @@ _value = st.one_of(_scalar, st.lists(_scalar, max_size=5),
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(EVENTS), st.dictionaries(st.sampled_from(sorted({k for e in EVENTS for k in e} - {"type"})),
-                                                _value, max_size=3))
+@given(st.deferred(lambda: st.sampled_from(events())),
+       st.deferred(lambda: st.dictionaries(st.sampled_from(sorted({k for e in events() for k in e} - {"type"})),
+                                           _value, max_size=3)))
 def test_random_changes_are_judged_alike(event, changes):
     small = {k: (v[:16] if isinstance(v, list) else v) for k, v in event.items()}
     _agree({**small, **changes})

@@ -70,29 +70,37 @@ def race_batch(prompts: Sequence[Sequence[int]], pair: ModelPair, runs: Sequence
                max_new_tokens: int, warmup: bool = True, context: Optional[RunContext] = None,
                progress: Optional[Progress] = None) -> list[dict]:
     """Each ``(strategy name, params object)`` of ``runs`` over ``prompts`` as one batch and row by row; one entry
-    per strategy (see :func:`_entry`). Greedy's single-row runs are the reference (run untimed when greedy is
-    not among ``runs``)."""
-    prompts = [list(p) for p in prompts]
+    per strategy (see :func:`_entry`), in the order of ``runs``. Greedy's single-row runs are the reference: its own
+    timed ones where greedy with its default parameters is among ``runs`` (it then runs first), else untimed ones."""
+    prompts, runs = [list(p) for p in prompts], list(runs)
     check_batch(len(prompts))
     for name, _ in runs:
         if name not in BATCHABLE:
             raise ValueError(f"a batch runs {', '.join(BATCHABLE)}; got strategy {name!r}")
     say = progress or (lambda msg: None)
     greedy_params = get_strategy("greedy").parse({})
-    say(f"greedy reference: {len(prompts)} single-row runs")
-    reference, _ = _singles("greedy", prompts, pair, greedy_params, max_new_tokens, context)
-    entries = []
-    for name, params in runs:
+    # greedy raced with its default parameters runs first, and its timed single-row runs are the reference;
+    # otherwise the reference runs untimed before the others (never both: that ran every row twice)
+    timed_reference = [i for i, (name, params) in enumerate(runs) if name == "greedy" and params == greedy_params][:1]
+    reference = None
+    if not timed_reference:
+        say(f"greedy reference: {len(prompts)} single-row runs")
+        reference, _ = _singles("greedy", prompts, pair, greedy_params, max_new_tokens, context)
+    entries: dict[int, dict] = {}
+    for i in timed_reference + [i for i in range(len(runs)) if i not in timed_reference]:
+        name, params = runs[i]
         if warmup:       # kernels, caches and drafters warmed once, untimed
             say(f"{name}: warm-up")
             batch_generate(name, prompts, pair, params, max_new_tokens=min(4, max_new_tokens), context=context)
             _singles(name, prompts[:1], pair, params, min(4, max_new_tokens), context)
-        say(f"{name}: {len(prompts)} rows one after another")
+        say(f"{name}: {len(prompts)} rows one after another" + (" (the greedy reference)" if reference is None
+                                                                  else ""))
         singles, single_s = _singles(name, prompts, pair, params, max_new_tokens, context)
+        reference = singles if reference is None else reference
         say(f"{name}: the batch of {len(prompts)}")
         rows, batch_s, steps = _timed_batch(name, prompts, pair, params, max_new_tokens, context)
-        entries.append(_entry(name, rows, singles, reference, batch_s, single_s, steps))
-    return entries
+        entries[i] = _entry(name, rows, singles, reference, batch_s, single_s, steps)
+    return [entries[i] for i in range(len(runs))]
 
 
 def _entry(name: str, rows: list, singles: list, reference: list, batch_s: float, single_s: float,
