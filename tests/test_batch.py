@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from decoding.harness.batch_race import batch_prompts, race_batch
+from decoding.harness.batch_race import batch_prompts, progress_steps, race_batch
 from decoding.harness.runner import encode_prompt
 from decoding.params import GreedyParams, PromptLookupParams, ProphetParams, SpeculativeParams
 from decoding.runtime import ragged
@@ -178,7 +178,9 @@ def test_greedys_rows_run_once_and_are_the_reference_whatever_the_order(monkeypa
     for runs, greedy_rows in [([("greedy", GreedyParams()), spec], 3), ([spec, ("greedy", GreedyParams())], 3),
                               ([spec], 3), ([spec, ("greedy", GreedyParams(fast=True))], 6)]:
         calls.clear()
-        entries = race_batch(prompts, pair, runs, max_new_tokens=8, warmup=False)
+        said: list[str] = []
+        entries = race_batch(prompts, pair, runs, max_new_tokens=8, warmup=False, progress=said.append)
+        assert len(said) == progress_steps(runs, warmup=False), said            # the progress bar's length
         assert [e["strategy"] for e in entries] == [name for name, _ in runs]
         assert calls.count("greedy") == greedy_rows and calls.count("speculative") == 3, (runs, calls)
         assert calls[:3] == ["greedy"] * 3, calls                  # the reference first
@@ -232,8 +234,12 @@ def test_the_page_panel_runs_a_batch_race_and_escapes_the_prompt(bundled):
         batch_race(prompt="<b>Hi</b>", batch=1, **ask)
     with pytest.raises(ValueError, match="batch must be a whole number from 1 to 8"):
         batch_race(prompt="Hi", batch=12, **ask)
-    page = batch_race(prompt="<b>Hi</b>", batch=2, **ask)
+    steps = []
+    page = batch_race(prompt="<b>Hi</b>", batch=2, **ask, progress=lambda *step: steps.append(step))
     assert "&lt;b&gt;Hi&lt;/b&gt;" in page and "<b>Hi" not in page
+    # greedy and the prophet: a warm-up, the rows one after another and the batch each (greedy's rows the reference)
+    assert [(done, total) for done, total, _ in steps] == [(i, 6) for i in range(6)], steps
+    assert steps[1][2] == "greedy: 2 rows one after another (the greedy reference)"
     assert "greedy: batch of 2" in page and "prophet: batch of 2" in page and "beam" not in page
 
 
@@ -245,7 +251,8 @@ def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
     from web.app_object import PlaygroundApp
     app = PlaygroundApp()
     seen = []
-    monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings: seen.append(values) or "<p>race</p>")
+    monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings, progress: seen.append(values) or
+                        "<p>race</p>")
     started = app.line.started
     out = asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 2))
     assert out == dict(value="<p>race</p>", visible=True) and len(seen) == 1
@@ -259,6 +266,27 @@ def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
     assert asyncio.run(batch_panel.shown(app, "m", "none", ["greedy"], "Hi", True, 8, 12))["value"].startswith("<p>batch")
 
 
+def test_the_panel_shows_each_step_of_the_race_on_its_progress_bar(monkeypatch):
+    """A batch race runs every strategy twice over every row (tens of seconds on a CPU): the press shows the place
+    in line, then each step as it starts, at its share of the steps, on the handler's progress bar."""
+    import time
+    from web import batch_panel
+    from web.app_object import PlaygroundApp
+
+    def race(*values, settings, progress):
+        for step, message in enumerate(("greedy: warm-up", "greedy: 2 rows one after another")):
+            progress(step, 4, message)
+            time.sleep(0.4)                 # the watcher looks every WATCH_S (0.1 s)
+        return "<p>race</p>"
+    monkeypatch.setattr(batch_panel, "batch_race", race)
+    seen = []
+    out = asyncio.run(batch_panel.shown(PlaygroundApp(), "m", "none", ["greedy"], "Hi", True, 8, 2,
+                                        progress=lambda fraction, desc: seen.append((fraction, desc))))
+    assert out == dict(value="<p>race</p>", visible=True)
+    assert seen[0] == (0.0, "batch race: waiting for the compute slot")
+    assert (0.0, "batch race: greedy: warm-up") in seen and (0.25, "batch race: greedy: 2 rows one after another") in seen
+
+
 def test_a_failing_batch_race_is_said_in_the_view_without_server_paths(monkeypatch):
     """A press always shows something: the race's own failure (not a refusal) is a message in the view, its
     server paths redacted and its markup escaped, where a bare toast left the view hidden and a waiting page
@@ -266,7 +294,7 @@ def test_a_failing_batch_race_is_said_in_the_view_without_server_paths(monkeypat
     from web import batch_panel
     from web.app_object import PlaygroundApp
 
-    def broken(*values, settings):
+    def broken(*values, settings, progress):
         raise RuntimeError("<b>boom</b> in /srv/secret/decoding/strategies/batched.py")
     monkeypatch.setattr(batch_panel, "batch_race", broken)
     out = asyncio.run(batch_panel.shown(PlaygroundApp(), "m", "none", ["greedy"], "Hi", True, 8, 2))

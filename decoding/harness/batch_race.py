@@ -66,12 +66,26 @@ def _singles(name: str, prompts: list[list[int]], pair: ModelPair, params: Any, 
     return results, total
 
 
+def _reference_index(runs: Sequence[tuple[str, Any]]) -> list[int]:
+    """The index of the greedy run (default parameters) whose timed single-row runs are the reference, if any."""
+    default = get_strategy("greedy").parse({})
+    return [i for i, (name, params) in enumerate(runs) if name == "greedy" and params == default][:1]
+
+
+def progress_steps(runs: Sequence[tuple[str, Any]], warmup: bool = True) -> int:
+    """How many messages :func:`race_batch` says to its ``progress`` for ``runs`` (a progress bar's length): an
+    untimed greedy reference where greedy is not raced, then per strategy its warm-up, its rows one after another
+    and its batch."""
+    return (0 if _reference_index(runs) else 1) + len(runs) * (3 if warmup else 2)
+
+
 def race_batch(prompts: Sequence[Sequence[int]], pair: ModelPair, runs: Sequence[tuple[str, Any]], *,
                max_new_tokens: int, warmup: bool = True, context: Optional[RunContext] = None,
                progress: Optional[Progress] = None) -> list[dict]:
     """Each ``(strategy name, params object)`` of ``runs`` over ``prompts`` as one batch and row by row; one entry
     per strategy (see :func:`_entry`), in the order of ``runs``. Greedy's single-row runs are the reference: its own
-    timed ones where greedy with its default parameters is among ``runs`` (it then runs first), else untimed ones."""
+    timed ones where greedy with its default parameters is among ``runs`` (it then runs first), else untimed ones.
+    ``progress`` hears a message as each of the :func:`progress_steps` steps starts."""
     prompts, runs = [list(p) for p in prompts], list(runs)
     check_batch(len(prompts))
     for name, _ in runs:
@@ -81,7 +95,7 @@ def race_batch(prompts: Sequence[Sequence[int]], pair: ModelPair, runs: Sequence
     greedy_params = get_strategy("greedy").parse({})
     # greedy raced with its default parameters runs first, and its timed single-row runs are the reference;
     # otherwise the reference runs untimed before the others (never both: that ran every row twice)
-    timed_reference = [i for i, (name, params) in enumerate(runs) if name == "greedy" and params == greedy_params][:1]
+    timed_reference = _reference_index(runs)
     reference = None
     if not timed_reference:
         say(f"greedy reference: {len(prompts)} single-row runs")
