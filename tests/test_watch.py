@@ -243,7 +243,7 @@ def _drive_every_handler(app: PlaygroundApp, tmp_path, monkeypatch) -> dict:
     monkeypatch.setattr(compute, "compute_run", _fake_run)
     monkeypatch.setattr(compute, "compute_sweep", lambda stop, req, budget_s=0: (
         {"strategy": req.strategy, "keys": req.keys, "points": []}, "Swept 0 settings."))
-    monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings: "<p>race</p>")
+    monkeypatch.setattr(batch_panel, "batch_race", lambda *values, settings, progress: "<p>race</p>")
 
     def fake_render(doc, fmt, mode, note, files, key=None):
         path = files.new_path("." + fmt)
