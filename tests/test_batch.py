@@ -269,19 +269,25 @@ def test_the_page_panel_computes_in_the_apps_line(monkeypatch):
 def test_the_panel_shows_each_step_of_the_race_on_its_progress_bar(monkeypatch):
     """A batch race runs every strategy twice over every row (tens of seconds on a CPU): the press shows the place
     in line, then each step as it starts, at its share of the steps, on the handler's progress bar."""
-    import time
+    import threading
     from web import batch_panel
     from web.app_object import PlaygroundApp
+    seen, shown_step = [], threading.Event()
 
     def race(*values, settings, progress):
         for step, message in enumerate(("greedy: warm-up", "greedy: 2 rows one after another")):
+            shown_step.clear()
             progress(step, 4, message)
-            time.sleep(0.4)                 # the watcher looks every WATCH_S (0.1 s)
+            # the next step only once the watcher (it looks every WATCH_S) put this one on the bar: no sleep to race
+            assert shown_step.wait(30), f"the progress bar never showed {message!r}: {seen}"
         return "<p>race</p>"
+
+    def bar(fraction, desc):
+        seen.append((fraction, desc))
+        if desc != "batch race: waiting for the compute slot":
+            shown_step.set()
     monkeypatch.setattr(batch_panel, "batch_race", race)
-    seen = []
-    out = asyncio.run(batch_panel.shown(PlaygroundApp(), "m", "none", ["greedy"], "Hi", True, 8, 2,
-                                        progress=lambda fraction, desc: seen.append((fraction, desc))))
+    out = asyncio.run(batch_panel.shown(PlaygroundApp(), "m", "none", ["greedy"], "Hi", True, 8, 2, progress=bar))
     assert out == dict(value="<p>race</p>", visible=True)
     assert seen[0] == (0.0, "batch race: waiting for the compute slot")
     assert (0.0, "batch race: greedy: warm-up") in seen and (0.25, "batch race: greedy: 2 rows one after another") in seen
