@@ -253,3 +253,77 @@ def test_a_conversion_parses_its_gguf_file_once(monkeypatch, tmp_path):
     assert gguf.GGUFReader is Counting                  # the swap is undone
     gguf.GGUFReader(str(path))
     assert len(parsed) == 2
+
+
+def _tiny_gguf(path: Path, tokens: int = 300) -> Path:
+    import gguf
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(tokens)])
+    writer.add_token_scores([float(i) / 7 for i in range(tokens)])
+    writer.add_token_types([1 + i % 3 for i in range(tokens)])
+    writer.add_context_length(128)
+    writer.add_string("general.name", "tiny")
+    writer.add_tensor("w", torch.arange(8, dtype=torch.float32).numpy())
+    writer.add_tensor("v", torch.arange(12, dtype=torch.float16).reshape(3, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_plain_reader_parses_what_ggufs_own_reader_parses_without_slicing_the_memmap(tmp_path, monkeypatch):
+    """``models._plain_reader``: every field and tensor as ``gguf.GGUFReader`` gives them (names, offsets, types,
+    each part's dtype and values), while the per-value slices no longer go through ``numpy.memmap``'s Python
+    hooks: the real reader slices the map once or more per token, the plain one about once per tensor (a reader
+    that still sliced the map per value fails the count). A gguf whose ``_get`` differs keeps its own reader."""
+    import gguf
+    import numpy as np
+    path = _tiny_gguf(tmp_path / "tiny.gguf")
+    real_slice, slices = np.memmap.__getitem__, []
+
+    def counting(self, index):
+        slices.append(index)
+        return real_slice(self, index)
+    monkeypatch.setattr(np.memmap, "__getitem__", counting)
+    real = gguf.GGUFReader(str(path))
+    by_real, slices[:] = len(slices), []
+    plain = models._plain_reader(gguf.GGUFReader)(str(path))
+    by_plain = len(slices)
+    assert by_real > 3 * 300 and by_plain <= 2 * len(real.tensors) + 2, (by_real, by_plain)
+    assert isinstance(plain, gguf.GGUFReader) and type(plain) is not gguf.GGUFReader
+    assert list(plain.fields) == list(real.fields) and len(real.fields["tokenizer.ggml.tokens"].data) == 300
+    for name, want in real.fields.items():
+        got = plain.fields[name]
+        assert (got.offset, got.data, got.types, len(got.parts)) == (want.offset, want.data, want.types,
+                                                                     len(want.parts)), name
+        assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got.parts, want.parts)), name
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset, t.data.tolist()) for t in plain.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape), t.data_offset, t.data.tolist()) for t in real.tensors]
+
+    class Other(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None, extra=None):
+            return super()._get(offset, dtype, count, override_order)
+    assert models._plain_reader(Other) is Other
+
+
+def test_a_conversion_reads_through_the_plain_reader(monkeypatch, tmp_path):
+    """``convert_gguf``'s one reader per file is the plain reader: the loads see its class."""
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path, seen = _tiny_gguf(tmp_path / "tiny.gguf"), []
+
+    class Made:
+        config = object()
+
+        def save_pretrained(self, folder):
+            (Path(folder) / "x.txt").write_text("saved")
+
+    def load(folder, gguf_file, **kwargs):
+        seen.append(gguf.GGUFReader(str(Path(folder) / gguf_file)))
+        return Made()
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", load)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", load)
+    models.convert_gguf(path, tmp_path / "out")
+    assert len(seen) == 2 and seen[0] is seen[1] and type(seen[0]).__name__ == "PlainGGUFReader"
+    assert isinstance(seen[0], gguf.GGUFReader)
