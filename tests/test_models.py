@@ -307,11 +307,22 @@ def test_the_plain_reader_parses_what_ggufs_own_reader_parses_without_slicing_th
     assert models._plain_reader(Other) is Other
 
 
-def test_a_conversion_reads_through_the_plain_reader(monkeypatch, tmp_path):
-    """``convert_gguf``'s one reader per file is the plain reader: the loads see its class."""
+def test_a_conversion_reads_through_the_plain_reader_and_builds_each_name_map_once(monkeypatch, tmp_path):
+    """``convert_gguf``'s one reader per file is the plain reader: the loads see its class. And transformers asks
+    gguf for the tensor-name map of the same architecture and depth once per module of the model it fills
+    (``get_gguf_hf_weights_map`` recurses: 397 times for SmolLM2, each map built afresh, 5 of its 8.6 s); within a
+    conversion each (architecture, depth) is built once and handed out again, and gguf's own function is back
+    after."""
     import gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path, seen = _tiny_gguf(tmp_path / "tiny.gguf"), []
+    path, seen, built = _tiny_gguf(tmp_path / "tiny.gguf"), [], []
+    real_map = gguf.get_tensor_name_map
+
+    def counting_map(arch, n_blocks):
+        built.append((arch, n_blocks))
+        return real_map(arch, n_blocks)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    maps = []
 
     class Made:
         config = object()
@@ -321,9 +332,15 @@ def test_a_conversion_reads_through_the_plain_reader(monkeypatch, tmp_path):
 
     def load(folder, gguf_file, **kwargs):
         seen.append(gguf.GGUFReader(str(Path(folder) / gguf_file)))
+        from gguf import get_tensor_name_map               # as transformers imports it, at each call
+        maps.extend(get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n) for n in (2, 2, 2, 3, 2))
         return Made()
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", load)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", load)
     models.convert_gguf(path, tmp_path / "out")
     assert len(seen) == 2 and seen[0] is seen[1] and type(seen[0]).__name__ == "PlainGGUFReader"
     assert isinstance(seen[0], gguf.GGUFReader)
+    assert built == [(gguf.MODEL_ARCH.LLAMA, 2), (gguf.MODEL_ARCH.LLAMA, 3)]
+    assert len(maps) == 10 and len({id(m) for m in maps}) == 2
+    assert maps[4].get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+    assert gguf.get_tensor_name_map is counting_map

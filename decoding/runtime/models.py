@@ -464,8 +464,14 @@ def _one_gguf_reader_per_file():
     times (its config, its tokenizer, its weights: ``load_gguf_checkpoint`` builds a new reader each time), and
     building one walks every metadata field through NumPy views: gemma-3-270m's 262,144-token vocabulary made that
     ~70 % of a 51 s conversion (29 s with one reader; SmolLM2 17 -> 13 s; the same files, byte for byte). The one
-    reader is :func:`_plain_reader`'s (gemma 23 -> 13 s, SmolLM2 9.4 -> 8.2 s on the Xeon). The readers are
-    read-only maps of the file. One conversion at a time holds the swap (a process-wide name)."""
+    reader is :func:`_plain_reader`'s (gemma 23 -> 15 s, SmolLM2 9.4 -> 8.6 s on the Xeon). The readers are
+    read-only maps of the file.
+
+    Likewise ``gguf.get_tensor_name_map``: transformers asks it for the same architecture and depth once per
+    module of the model it fills (``get_gguf_hf_weights_map`` recurses, 397 times for SmolLM2), and each call
+    builds the whole map again: 5 s of SmolLM2's 8.6. Within the block each (architecture, depth) is built once
+    (SmolLM2 converts in 3.1 s; the maps are only read). One conversion at a time holds the swaps (process-wide
+    names)."""
     import gguf
     with _GGUF_LOCK:
         real, readers = gguf.GGUFReader, {}
@@ -478,10 +484,21 @@ def _one_gguf_reader_per_file():
             return readers[key]
 
         gguf.GGUFReader = reader
+        real_map, maps = getattr(gguf, "get_tensor_name_map", None), {}
+
+        def name_map(arch: Any, n_blocks: int) -> Any:
+            if (arch, n_blocks) not in maps:
+                maps[arch, n_blocks] = real_map(arch, n_blocks)
+            return maps[arch, n_blocks]
+
+        if real_map is not None:
+            gguf.get_tensor_name_map = name_map
         try:
             yield
         finally:
             gguf.GGUFReader = real
+            if real_map is not None:
+                gguf.get_tensor_name_map = real_map
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -517,7 +534,7 @@ def _convert_once(gguf_path: Path, out_dir: Path, progress: Callable[[str], None
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir.parent / f".{out_dir.name}.lock")):
         if not (out_dir / "config.json").is_file():
-            progress(f"converting {gguf_path.name} to a safetensors cache (once, 10-30 s)")
+            progress(f"converting {gguf_path.name} to a safetensors cache (once, 5-20 s)")
             convert_gguf(gguf_path, out_dir)
 
 
