@@ -202,20 +202,30 @@ def test_second_bundled_model_assembles_from_parts_and_matches_generate():
     assert "Paris" in lm.tokenizer.decode(ours) or len(ours) == 16
 
 
+def _tiny_gguf(path: Path, tokens: int = 300) -> Path:
+    import gguf
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(tokens)])
+    writer.add_token_scores([float(i) / 7 for i in range(tokens)])
+    writer.add_token_types([1 + i % 3 for i in range(tokens)])
+    writer.add_context_length(128)
+    writer.add_string("general.name", "tiny")
+    writer.add_tensor("w", torch.arange(8, dtype=torch.float32).numpy())
+    writer.add_tensor("v", torch.arange(12, dtype=torch.float16).reshape(3, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def test_a_conversion_parses_its_gguf_file_once(monkeypatch, tmp_path):
     """transformers builds a new ``gguf.GGUFReader`` for the config, the tokenizer and the weights; parsing
     gemma's vocabulary three times was most of its conversion. ``convert_gguf`` holds one reader per file for
     both loads (each fake load below builds a reader as transformers does), and the real class comes back after."""
     import gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_token_list([f"t{i}" for i in range(64)])
-    writer.add_tensor("w", torch.arange(8, dtype=torch.float32).numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = _tiny_gguf(tmp_path / "tiny.gguf", tokens=64)
     real, parsed = gguf.GGUFReader, []
 
     class Counting(real):
@@ -253,23 +263,6 @@ def test_a_conversion_parses_its_gguf_file_once(monkeypatch, tmp_path):
     assert gguf.GGUFReader is Counting                  # the swap is undone
     gguf.GGUFReader(str(path))
     assert len(parsed) == 2
-
-
-def _tiny_gguf(path: Path, tokens: int = 300) -> Path:
-    import gguf
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_token_list([f"t{i}" for i in range(tokens)])
-    writer.add_token_scores([float(i) / 7 for i in range(tokens)])
-    writer.add_token_types([1 + i % 3 for i in range(tokens)])
-    writer.add_context_length(128)
-    writer.add_string("general.name", "tiny")
-    writer.add_tensor("w", torch.arange(8, dtype=torch.float32).numpy())
-    writer.add_tensor("v", torch.arange(12, dtype=torch.float16).reshape(3, 4).numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def test_the_plain_reader_parses_what_ggufs_own_reader_parses_without_slicing_the_memmap(tmp_path, monkeypatch):
