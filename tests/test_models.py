@@ -299,6 +299,14 @@ def test_the_plain_reader_parses_what_ggufs_own_reader_parses_without_slicing_th
             return super()._get(offset, dtype, count, override_order)
     assert models._plain_reader(Other) is Other
 
+    class Bytes(gguf.GGUFReader):              # a reader whose bytes are no NumPy array: its own slicing
+        def __init__(self, data):
+            self.data, self.byte_order = data, "I"
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            return ("own", offset, count)
+    assert models._plain_reader(Bytes)(b"\0" * 64)._get(8, np.uint32, 2) == ("own", 8, 2)
+
 
 def test_a_conversion_reads_through_the_plain_reader_and_builds_each_name_map_once(monkeypatch, tmp_path):
     """``convert_gguf``'s one reader per file is the plain reader: the loads see its class. And transformers asks

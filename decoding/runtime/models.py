@@ -434,7 +434,7 @@ def _plain_reader(real: type) -> type:
     262,144-token vocabulary made ~12.8 million such calls, 8.5 of the 23 s its conversion took. The same bytes
     through a plain ``ndarray`` view of the map parse in 2.2 s, and the converted files are the same, byte for byte.
     Only ``_get`` (every value's slice) is changed, and only where it has the signature written for (gguf 0.10 to
-    0.19): another gguf keeps its own reader."""
+    0.19) and the bytes are a NumPy array: another gguf keeps its own reader, or its own slicing."""
     import inspect
     try:
         names = list(inspect.signature(real._get).parameters)
@@ -449,7 +449,10 @@ def _plain_reader(real: type) -> type:
         def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
             plain = self.__dict__.get("_plain")
             if plain is None:               # the map's bytes, without the memmap subclass's per-slice hooks
-                plain = self._plain = self.data.view(np.ndarray)
+                data = getattr(self, "data", None)
+                plain = self._plain = data.view(np.ndarray) if isinstance(data, np.ndarray) else False
+            if plain is False:              # a gguf that keeps its bytes otherwise: its own slicing
+                return super()._get(offset, dtype, count, override_order)
             count, dtype = int(count), np.dtype(dtype)
             arr = plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
             return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
