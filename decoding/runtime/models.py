@@ -467,12 +467,12 @@ def _one_gguf_reader_per_file():
     times (its config, its tokenizer, its weights: ``load_gguf_checkpoint`` builds a new reader each time), and
     building one walks every metadata field through NumPy views: gemma-3-270m's 262,144-token vocabulary made that
     ~70 % of a 51 s conversion (29 s with one reader; SmolLM2 17 -> 13 s; the same files, byte for byte). The one
-    reader is :func:`_plain_reader`'s (gemma 23 -> 13-15 s, SmolLM2 8.6-9.4 -> 8.2 s on the Xeon). The readers are
+    reader is :func:`_plain_reader`'s (gemma 23 -> 13-15 s, SmolLM2 9.4 -> 8.2-8.6 s on the Xeon). The readers are
     read-only maps of the file.
 
     Likewise ``gguf.get_tensor_name_map``: transformers asks it for the same architecture and depth once per
     module of the model it fills (``get_gguf_hf_weights_map`` recurses, 397 times for SmolLM2), and each call
-    builds the whole map again: 5 s of SmolLM2's 8.2. Within the block each (architecture, depth) is built once
+    builds the whole map again: 5 s of SmolLM2's 8.2-8.6. Within the block each (architecture, depth) is built once
     (SmolLM2 converts in 3.1 s; the maps are only read). One conversion at a time holds the swaps (process-wide
     names)."""
     import gguf
