@@ -92,14 +92,13 @@ def race_batch(prompts: Sequence[Sequence[int]], pair: ModelPair, runs: Sequence
         if name not in BATCHABLE:
             raise ValueError(f"a batch runs {', '.join(BATCHABLE)}; got strategy {name!r}")
     say = progress or (lambda msg: None)
-    greedy_params = get_strategy("greedy").parse({})
     # greedy raced with its default parameters runs first, and its timed single-row runs are the reference;
     # otherwise the reference runs untimed before the others (never both: that ran every row twice)
     timed_reference = _reference_index(runs)
     reference = None
     if not timed_reference:
         say(f"greedy reference: {len(prompts)} single-row runs")
-        reference, _ = _singles("greedy", prompts, pair, greedy_params, max_new_tokens, context)
+        reference, _ = _singles("greedy", prompts, pair, get_strategy("greedy").parse({}), max_new_tokens, context)
     entries: dict[int, dict] = {}
     for i in timed_reference + [i for i in range(len(runs)) if i not in timed_reference]:
         name, params = runs[i]
