@@ -77,9 +77,11 @@ def _print_summary(summary: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     target, machine, prompts = start(args)
-    pair = ModelPair(target, None, prophet=prophet_for(target))
     greedy, g_params = get_strategy("greedy"), get_strategy("greedy").parse({})
     methods = _methods(args)
+    # the head only where a method drafts with it: prompt lookup alone runs on a target that ships none
+    head = any(strategy.name == "prophet" for strategy, _ in methods.values())
+    pair = ModelPair(target, None, prophet=prophet_for(target) if head else None)
 
     def timed(strategy, params, ids, n=args.max_new_tokens):
         return run_one(strategy, params, ids, pair, max_new_tokens=n, trace=False)

@@ -23,12 +23,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_local(demo, attempts: int = 3) -> str:
+def launch_local(demo, attempts: int = 3, pause_s: float = 2.0) -> str:
     """Start ``demo`` on a free loopback port; its URL.
 
     Gradio's start-up check gives the new server a single HEAD request with a 3 s timeout and raises
     "localhost is not accessible" when it times out, which a machine still busy with an earlier test's
-    server can cause (a full run once failed so, and the test passed alone): try again on a fresh port.
+    server can cause (a full run once failed so, and the test passed alone): try again on a fresh port, after
+    ``pause_s``.
     So too when another process (a parallel test worker) took the port between ``free_port`` and the launch."""
     for attempt in range(attempts):
         port = free_port()
@@ -41,7 +42,7 @@ def launch_local(demo, attempts: int = 3) -> str:
             if not retry or attempt == attempts - 1:
                 raise
             demo.close()
-            time.sleep(2)
+            time.sleep(pause_s)
     raise AssertionError("unreachable")
 
 
@@ -113,6 +114,24 @@ def _page_state(page) -> str:
         return page.evaluate(PAGE_STATE_JS)
     except Exception as exc:                     # noqa: BLE001 - the page itself may be gone
         return f"(the page could not be read: {exc})"
+
+
+@pytest.fixture(scope="session")
+def tiny_presets_file(tmp_path_factory) -> Path:
+    """An operator presets file naming tests/tiny_preset.py's tiny model (built once per worker)."""
+    from tiny_preset import write_tiny_model, write_tiny_presets
+    root = tmp_path_factory.mktemp("tiny-preset")
+    return write_tiny_presets(root, write_tiny_model(root / "model"))
+
+
+@pytest.fixture
+def tiny_model(tiny_presets_file, monkeypatch) -> str:
+    """The name of tests/tiny_preset.py's preset, offered by the app (and ``load_model``) for this test: for the
+    web-floor tests whose subject is not the bundled model's text."""
+    from decoding.runtime.models import EXTRA_PRESETS
+    from tiny_preset import TINY
+    monkeypatch.setenv(EXTRA_PRESETS, str(tiny_presets_file))
+    return TINY
 
 
 @pytest.fixture

@@ -11,12 +11,13 @@ from playground import cli
 from visualize.charts import sweep_figure
 
 
-def test_bench_cli_end_to_end(tmp_path, capsys):
-    """One prompt per category: two categories, so the per-category and the "all" rows both appear."""
+def test_bench_cli_end_to_end(tmp_path, capsys, tiny_model):
+    """One prompt per category: two categories, so the per-category and the "all" rows both appear. On the tiny
+    preset (tests/tiny_preset.py): the command's tables, sweeps and anchors are the subject, not the model."""
     prompts = tmp_path / "p.yaml"
     prompts.write_text("chat:\n  - Say hello.\ncode:\n  - Write a Python add function.\n")
     out, html = tmp_path / "b.json", tmp_path / "b.html"
-    rc = cli.main(["bench", "--strategy", "beam", "--set", "num_beams=2", "--prompts", str(prompts),
+    rc = cli.main(["bench", "--target", tiny_model, "--strategy", "beam", "--set", "num_beams=2", "--prompts", str(prompts),
                    "--repeats", "1", "--max-new-tokens", "4", "--sweep", "beam:num_beams=1,2",
                    "--json", str(out), "--html", str(html), "--quiet"])
     assert rc == 0

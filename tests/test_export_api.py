@@ -16,15 +16,19 @@ from PIL import Image
 from visualize import animation
 from web.page_client import page_run
 
-BUNDLED = "smollm2-135m-instruct"
 PROMPT = "Export test: name three rivers of Europe."
 
 
 @pytest.fixture(scope="module")
-def race(client):
-    """A real race of the bundled model (three strategies, 16 tokens) run by the page's /run: (race id, doc)."""
-    out = page_run(client, model=BUNDLED, strategies=["greedy", "prompt_lookup", "lookahead"], prompt=PROMPT,
-                   max_new_tokens=16, seed=0, page_defaults=True)
+def race(client, tiny_presets_file):
+    """A real race (three strategies, 16 tokens) run by the page's /run: (race id, doc). Of the tiny preset
+    (tests/tiny_preset.py): an export draws any model's race, and the recording is looked up by its id alone."""
+    from decoding.runtime.models import EXTRA_PRESETS
+    from tiny_preset import TINY
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(EXTRA_PRESETS, str(tiny_presets_file))
+        out = page_run(client, model=TINY, strategies=["greedy", "prompt_lookup", "lookahead"], prompt=PROMPT,
+                       max_new_tokens=16, seed=0, page_defaults=True)
     assert len(out.race_id) == 16, (out.share, out.race_id)
     return out.race_id, out.document()
 
@@ -111,12 +115,13 @@ def test_a_bad_value_is_refused_by_name(client, race, kwargs, message, app_state
     assert app_state.line.counts()["started"] == started              # refused before any work
 
 
-def test_a_run_drafting_from_the_visitors_own_history_gets_no_share_link(app_url):
+def test_a_run_drafting_from_the_visitors_own_history_gets_no_share_link(app_url, tiny_model):
     """A private run (suffix decoding from this session's earlier outputs) is never recorded, so it has no link:
-    its drafts would show the visitor's earlier outputs to whoever the link reached."""
+    its drafts would show the visitor's earlier outputs to whoever the link reached. On the tiny preset
+    (tests/tiny_preset.py): what is recorded is the floor's choice, whatever the model."""
     from gradio_client import Client
     me = Client(app_url, verbose=False)
-    values = dict(model=BUNDLED, strategies=["suffix"], prompt="Share test: list the months, separated by commas.",
+    values = dict(model=tiny_model, strategies=["suffix"], prompt="Share test: list the months, separated by commas.",
                   max_new_tokens=12, seed=0, page_defaults=True)
     first = page_run(me, **values)
     assert len(first.race_id) == 16 and "share-link" in first.share

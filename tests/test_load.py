@@ -36,8 +36,8 @@ CLIENTS, RUNS, TOKENS = 16, 2, 3
 
 
 def _request(client: Client, prompt: str, seed: int, max_new: int = TOKENS, strategies=("greedy",),
-             chat: bool = True) -> dict:
-    out = page_run(client, model=BUNDLED, strategies=list(strategies), prompt=prompt, max_new_tokens=max_new,
+             chat: bool = True, model: str = BUNDLED) -> dict:
+    out = page_run(client, model=model, strategies=list(strategies), prompt=prompt, max_new_tokens=max_new,
                    seed=seed, chat=chat)
     return {"doc": out.document(), "status": out.status}
 
@@ -53,12 +53,11 @@ def _wait_for_tokens(job, timeout: float = 120) -> None:
     pytest.fail(f"the submitted run reported no generated tokens within {timeout:.0f} s (last status: {status})")
 
 
-def test_sixteen_concurrent_clients_get_their_own_results(app_url):
-    lm = load_model(BUNDLED)
+def test_sixteen_concurrent_clients_get_their_own_results(app_url, tiny_model):
+    """On the tiny preset (tests/tiny_preset.py): concurrency is the subject, and its greedy differs by prompt."""
+    lm = load_model(tiny_model)
     prompts = [f"Give me word number {i} of a list of fruit." for i in range(CLIENTS)]
     expected = {}
-    # without the chat template (its system prompt is most of a short prompt's tokens): 48 prefills, a third
-    # of the forward time where memory is slow, and concurrency is the subject here
     for p in prompts:
         ids = encode_prompt(lm.tokenizer, p, chat=False)
         expected[p] = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=TOKENS).token_ids
@@ -72,7 +71,7 @@ def test_sixteen_concurrent_clients_get_their_own_results(app_url):
             client = Client(app_url, verbose=False)
             for r in range(RUNS):
                 t0 = time.perf_counter()
-                got = _request(client, prompts[i], seed=i * 100 + r, chat=False)
+                got = _request(client, prompts[i], seed=i * 100 + r, chat=False, model=tiny_model)
                 with lock:
                     latencies.append(time.perf_counter() - t0)
                     answers.append((prompts[i], i * 100 + r, got))
@@ -94,6 +93,7 @@ def test_sixteen_concurrent_clients_get_their_own_results(app_url):
         assert got["doc"]["prompt"] == prompt
         assert got["doc"]["environment"]["seed"] == seed
         assert got["doc"]["results"][0]["token_ids"] == expected[prompt]
+    assert len({tuple(tokens) for tokens in expected.values()}) > CLIENTS // 2     # a mix-up would show
     print(f"\n[load] {CLIENTS} clients x {RUNS} runs ({TOKENS} tokens each): {len(answers)} answers in {total:.1f} s; "
           f"latency median {statistics.median(latencies):.1f} s, max {max(latencies):.1f} s")
 
@@ -246,10 +246,11 @@ def test_stop_is_honoured_after_hundreds_of_stops_from_other_sessions(app_url, a
     assert honoured < 3.0
 
 
-def test_temp_files_stay_bounded_over_many_runs(monkeypatch):
+def test_temp_files_stay_bounded_over_many_runs(monkeypatch, tiny_model):
     """Our trace files keep the newest few; Gradio's copies go with delete_cache (short here, 30 min live).
     Twice as many runs as files kept, and one more (an eviction that waits for twice the files still fails; 24 runs
-    caught nothing more and cost ~5 s more of the worker, 50 runs ~20 s)."""
+    caught nothing more and cost ~5 s more of the worker, 50 runs ~20 s). The files are the floor's, so the runs are
+    the tiny preset's (tests/tiny_preset.py)."""
     from conftest import launch_local
     # every 1 s, files older than 10 s: a client on a busy machine fetches its trace before it goes (a 3 s age
     # once answered 403 to a fetch on a machine at load 10)
@@ -265,7 +266,7 @@ def test_temp_files_stay_bounded_over_many_runs(monkeypatch):
         counts = []
         runs = 2 * files.keep + 1
         for i in range(runs):
-            assert "Ran 1 strategies" in _request(client, f"Say {i}.", seed=i, max_new=1)["status"]
+            assert "Ran 1 strategies" in _request(client, f"Say {i}.", seed=i, max_new=1, model=tiny_model)["status"]
             counts.append((files.count(), cached()))
         # past delete_cache's age (10 s) Gradio's cleaner (every 1 s) removes its copies: awaited, not slept
         deadline = time.monotonic() + 60
