@@ -57,11 +57,14 @@ TEST_WORKERS ?= 2
 # Where /proc/cpuinfo cannot be read it runs.
 AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 WIDER_ISA := $(shell test -r /proc/cpuinfo && { grep -qwE 'avx512f|avx_vnni|amx_tile' /proc/cpuinfo && echo yes || echo no; } || echo yes)
+# Those files by path (tests/conftest.py KERNEL_FILES), so the capped pass collects them alone: `-m kernels` over the
+# whole suite spent ~11 s per worker importing the other 90-odd files. `=`: read when the recipe runs, after setup.
+KERNEL_TESTS = $(shell $(PY) -c 'import sys; sys.path.insert(0, "tests"); from conftest import KERNEL_FILES; print(*("tests/" + f for f in KERNEL_FILES))')
 test: setup browser compiler
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 ifeq ($(WIDER_ISA),yes)
 	HF_HUB_OFFLINE=1 $(AVX2_CAPS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m kernels \
-	    -o cache_dir=build/pytest-avx2
+	    -o cache_dir=build/pytest-avx2 $(KERNEL_TESTS)
 else
 	@echo "no AVX-512, AVX-VNNI or AMX on this CPU: the kernel files already ran as an AVX2-only CPU runs them (no capped pass)"
 endif

@@ -46,8 +46,10 @@ def test_race_with_prompt_and_strategies_alone_returns_the_cli_document(client, 
     assert list(doc) == keys and set(rows["greedy"]) == result_keys       # the CLI's document, key for key
 
 
-def test_race_takes_every_named_parameter(client):
-    doc = client.predict(prompt="Name a colour.", strategies=["greedy", "lookahead"], target=BUNDLED,
+def test_race_takes_every_named_parameter(client, tiny_model):
+    """On the tiny preset (tests/tiny_preset.py), as the tests of /race's handling below: the parameters are the
+    subject, not the model's text."""
+    doc = client.predict(prompt="Name a colour.", strategies=["greedy", "lookahead"], target=tiny_model,
                          assistant="none", max_new_tokens=5, seed=3, chat=False,
                          params={"lookahead": {"window": 3, "ngram": 4}}, api_name="/race")
     assert doc["prompt"] == "Name a colour." and doc["chat"] is False and doc["max_new_tokens"] == 5
@@ -57,15 +59,16 @@ def test_race_takes_every_named_parameter(client):
     assert lookahead["token_ids"] == doc["results"][0]["token_ids"] and len(lookahead["token_ids"]) <= 5
 
 
-def test_race_takes_the_five_generation_settings_the_cli_takes(client):
+def test_race_takes_the_five_generation_settings_the_cli_takes(client, tiny_model):
     settings = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2, "min_new_tokens": 3, "forced_bos_token_id": -1,
                 "forced_eos_token_id": -1}
     doc = client.predict(prompt="Say yes yes yes yes.", strategies=["greedy", "prompt_lookup"], max_new_tokens=8,
-                         generation=settings, api_name="/race")
+                         target=tiny_model, generation=settings, api_name="/race")
     assert doc["generation"] == settings                                   # applied, and written as the CLI does
     greedy, lookup = doc["results"]
     assert lookup["token_ids"] == greedy["token_ids"]                      # lossless under the same processors
-    plain = client.predict(prompt="Say yes yes yes yes.", strategies=["greedy"], max_new_tokens=8, api_name="/race")
+    plain = client.predict(prompt="Say yes yes yes yes.", strategies=["greedy"], max_new_tokens=8, target=tiny_model,
+                           api_name="/race")
     assert plain["generation"]["repetition_penalty"] == 1.0
     ids = greedy["token_ids"]
     assert not any(ids[i:i + 2] == ids[j:j + 2] for i in range(len(ids) - 1) for j in range(i + 1, len(ids) - 1))

@@ -192,15 +192,16 @@ def test_hostile_uploads_are_rejected_and_server_keeps_serving(client, tmp_path,
     assert "Ran 1 strategies" in run(client, ["greedy"], max_new=2)["status"]
 
 
-def test_sweep_through_the_server(client):
-    fig, status = client.predict(BUNDLED, "none", "Write a haiku about rivers.", True, 6, 0, "prompt_lookup",
+def test_sweep_through_the_server(client, tiny_model):
+    """On the tiny preset (tests/tiny_preset.py): the sweep's handling is the subject."""
+    fig, status = client.predict(tiny_model, "none", "Write a haiku about rivers.", True, 6, 0, "prompt_lookup",
                                  "draft_tokens=2,4", api_name="/sweep")
     assert status.startswith("Swept 2 settings of prompt_lookup")
     assert fig is not None
     for spec, message in (("window=-1", "window must be in [0, 32]"), ("", "sweep values: write KEY"),
                           ("window=1,2,3,4;ngram=2,3,4,5", "the limit is 12"), ("bogus=1", "bogus")):
         with pytest.raises(Exception, match=re.escape(message)):
-            client.predict(BUNDLED, "none", "Hi.", True, 6, 0, "lookahead", spec, api_name="/sweep")
+            client.predict(tiny_model, "none", "Hi.", True, 6, 0, "lookahead", spec, api_name="/sweep")
 
 
 # --------------------------------------------------------------------------- the service layer, without a server

@@ -280,9 +280,9 @@ def test_a_recording_is_drawn_once_for_every_replay(monkeypatch):
 
 
 # --------------------------------------------------------------------------- through the app
-def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0) -> dict:
+def _values(strategies=("greedy",), prompt="Say hi.", max_new=8, seed=0, model=BUNDLED) -> dict:
     """A run by name, page_run's keyword arguments (/run is off the API page: the helper sends every value)."""
-    return dict(model=BUNDLED, strategies=list(strategies), prompt=prompt, max_new_tokens=max_new, seed=seed)
+    return dict(model=model, strategies=list(strategies), prompt=prompt, max_new_tokens=max_new, seed=seed)
 
 
 def _doc(out) -> dict:
@@ -360,15 +360,17 @@ class _HeldStop:
         return getattr(self._stop, name)
 
 
-def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted, monkeypatch):
+def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted, monkeypatch, tiny_model):
     """The shared run is held a few steps in until the visitor who leaves has left (``_HeldStop``): the second
     visitor joins a run that is sure to be going on any machine, and a leave that stopped it would cut it short
-    (it once took 160 tokens to outlast them)."""
+    (it once took 160 tokens to outlast them). Held so, it needs no slow model: the tiny preset's
+    (tests/tiny_preset.py)."""
     left = threading.Event()
     counting = compute.compute_run
     monkeypatch.setattr(compute, "compute_run",
                         lambda stop, req, budget_s=0: counting(_HeldStop(stop, left), req, budget_s))
-    values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=24, seed=3)
+    values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=24, seed=3,
+                     model=tiny_model)
     stays, leaves = Client(app_url, verbose=False), Client(app_url, verbose=False)
     kept = page_submit(stays, **values)
     wait_for(lambda: len(counted) == 1, timeout=120)

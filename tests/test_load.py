@@ -54,7 +54,8 @@ def _wait_for_tokens(job, timeout: float = 120) -> None:
 
 
 def test_sixteen_concurrent_clients_get_their_own_results(app_url, tiny_model):
-    """On the tiny preset (tests/tiny_preset.py): concurrency is the subject, and its greedy differs by prompt."""
+    """On the tiny preset (tests/tiny_preset.py): concurrency is the subject, and its greedy differs by prompt when
+    the prompt is sent as raw text (chat=False)."""
     lm = load_model(tiny_model)
     prompts = [f"Give me word number {i} of a list of fruit." for i in range(CLIENTS)]
     expected = {}

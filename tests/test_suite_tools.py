@@ -1,4 +1,5 @@
-"""The suite's own tools: the curve memo (tests/curve_memo.py) and the forward clock (tests/forward_clock.py)."""
+"""The suite's own tools: the curve memo (tests/curve_memo.py), the forward clock (tests/forward_clock.py) and the
+tiny preset (tests/tiny_preset.py)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,30 @@ def test_the_clock_counts_big_layers_and_heads_only_once_per_outer_call(tmp_path
                                                    "tests/test_y.py::u": {"seconds": 5.0, "calls": 1}}))
     (tmp_path / "gw1.json").write_text(json.dumps({"tests/test_x.py::v": {"seconds": 4.0, "calls": 2}}))
     assert forward_clock.by_file(tmp_path) == [("tests/test_x.py", 6.0, 5, 1.0), ("tests/test_y.py", 5.0, 1, 0.0)]
+
+
+def test_the_tiny_preset_is_offered_to_the_test_that_asks_and_answers_by_prompt(tiny_model):
+    """The web-floor tests that race it rely on three things: the app's presets name it (only while such a test
+    runs), it loads by that name from its folder with the bundled tokenizer, and its greedy differs by prompt (a
+    model that said the same for every prompt would hide a mixed-up answer). By the prompt's own last tokens: two
+    random layers barely see a digit inside the chat template's long system prompt, so a test that checks whose
+    answer came back sends raw text (tests/test_load.py)."""
+    from decoding.harness.runner import encode_prompt
+    from decoding.params import GreedyParams
+    from decoding.runtime.models import load_model, load_presets
+    from decoding.runtime.pair import ModelPair
+    from decoding.strategies.baselines import greedy
+    from tiny_preset import BUNDLED
+    assert load_presets()[tiny_model].network is False
+    lm, bundled = load_model(tiny_model), load_model(BUNDLED)
+    assert lm.model.config.num_hidden_layers == 2 and lm.vocab_size == bundled.vocab_size and lm.chat
+    assert lm.tokenizer("Hi there")["input_ids"] == bundled.tokenizer("Hi there")["input_ids"]
+    answers = {tuple(greedy(encode_prompt(lm.tokenizer, f"Name fruit number {i}.", chat=False), ModelPair(lm),
+                            GreedyParams(), max_new_tokens=4).token_ids) for i in range(6)}
+    assert len(answers) >= 4
+
+
+def test_no_test_sees_the_tiny_preset_unless_it_asks():
+    from decoding.runtime.models import load_presets
+    from tiny_preset import TINY
+    assert TINY not in load_presets()

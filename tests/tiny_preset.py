@@ -10,7 +10,9 @@ layer of the app: validation by preset name, ``load_model`` from a folder, the k
 thread, traces and documents. Tests that are about the bundled model (its text, its head, the default example,
 its recordings) keep it.
 
-Its greedy depends on the prompt (``scale`` sharpens its logits), so a mixed-up answer still shows.
+Its greedy depends on the prompt's last tokens (``scale`` sharpens its logits), so a mixed-up answer still shows
+where the prompts are sent as raw text; inside the chat template's long system prompt two random layers barely see
+a digit that differs (tests/test_suite_tools.py checks the first).
 """
 
 from __future__ import annotations
