@@ -230,7 +230,8 @@ def pytest_runtest_protocol(item, nextitem):
 # forwards (tests/forward_clock.py; those run ~2.5x slower where memory is slow), with the files that compile or
 # convert a model on an empty cache first. The other files keep their order after these.
 SLOW_FILES = ("test_compiled.py", "test_browser.py", "test_prophet.py", "test_self_speculative.py", "test_models.py",
-              "test_load.py", "test_crowd.py", "test_model_state.py", "test_bf16_weights.py", "test_app.py", "test_benchmark_scripts.py", "test_model_race.py", "test_cli.py",
+              "test_load.py", "test_crowd.py", "test_model_state.py", "test_bf16_weights.py", "test_app.py",
+              "test_benchmark_scripts.py", "test_model_race.py", "test_cli.py",
               "test_queue_survives.py", "test_browser_issue49.py", "test_batch.py", "test_browser_model_race.py",
               "test_lookahead.py", "test_browser_hf.py", "test_universal.py", "test_suffix.py", "test_security.py",
               "test_hosting.py")
