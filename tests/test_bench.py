@@ -17,7 +17,8 @@ def test_bench_cli_end_to_end(tmp_path, capsys, tiny_model):
     prompts = tmp_path / "p.yaml"
     prompts.write_text("chat:\n  - Say hello.\ncode:\n  - Write a Python add function.\n")
     out, html = tmp_path / "b.json", tmp_path / "b.html"
-    rc = cli.main(["bench", "--target", tiny_model, "--strategy", "beam", "--set", "num_beams=2", "--prompts", str(prompts),
+    rc = cli.main(["bench", "--target", tiny_model, "--strategy", "beam", "--set", "num_beams=2",
+                   "--prompts", str(prompts),
                    "--repeats", "1", "--max-new-tokens", "4", "--sweep", "beam:num_beams=1,2",
                    "--json", str(out), "--html", str(html), "--quiet"])
     assert rc == 0

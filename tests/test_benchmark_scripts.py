@@ -285,7 +285,8 @@ def test_the_relaxed_benchmark_counts_what_each_acceptance_changes(tmp_path, tin
     bench_relaxed = _bench_module("bench_relaxed")
     threads = torch.get_num_threads()
     try:
-        doc = bench_relaxed.main(["--target", tiny_model, "--category", "humaneval:0", "--max-new-tokens", "6", "--threads", "1",
+        doc = bench_relaxed.main(["--target", tiny_model, "--category", "humaneval:0", "--max-new-tokens", "6",
+                                  "--threads", "1",
                                   "--strategy", "prompt_lookup", "--acceptance", "exact", "--acceptance", "lenient",
                                   "--json", str(tmp_path / "r" / "relaxed.json")])
     finally:
