@@ -125,13 +125,12 @@ def tiny_presets_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def tiny_model(tiny_presets_file, monkeypatch) -> str:
+def tiny_model(tiny_presets_file) -> Iterator[str]:
     """The name of tests/tiny_preset.py's preset, offered by the app (and ``load_model``) for this test: for the
     web-floor tests whose subject is not the bundled model's text."""
-    from decoding.runtime.models import EXTRA_PRESETS
-    from tiny_preset import TINY
-    monkeypatch.setenv(EXTRA_PRESETS, str(tiny_presets_file))
-    return TINY
+    from tiny_preset import offered
+    with offered(tiny_presets_file) as name:
+        yield name
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from playground.training.lora import add_lora, save_adapter
 from playground.training.packing import Doc, float_mask, pack
 from playground.training.trajectories import greedy_answers, record_trajectories
 
-BASE = "smollm2-135m-instruct"
 
 F64 = torch.float64
 PROMPT = "Give me two tips for staying focused while studying."

@@ -23,11 +23,9 @@ PROMPT = "Export test: name three rivers of Europe."
 def race(client, tiny_presets_file):
     """A real race (three strategies, 16 tokens) run by the page's /run: (race id, doc). Of the tiny preset
     (tests/tiny_preset.py): an export draws any model's race, and the recording is looked up by its id alone."""
-    from decoding.runtime.models import EXTRA_PRESETS
-    from tiny_preset import TINY
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(EXTRA_PRESETS, str(tiny_presets_file))
-        out = page_run(client, model=TINY, strategies=["greedy", "prompt_lookup", "lookahead"], prompt=PROMPT,
+    from tiny_preset import offered
+    with offered(tiny_presets_file) as tiny:
+        out = page_run(client, model=tiny, strategies=["greedy", "prompt_lookup", "lookahead"], prompt=PROMPT,
                        max_new_tokens=16, seed=0, page_defaults=True)
     assert len(out.race_id) == 16, (out.share, out.race_id)
     return out.race_id, out.document()

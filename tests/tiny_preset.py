@@ -18,7 +18,11 @@ a digit that differs (tests/test_suite_tools.py checks the first).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 TINY = "tiny-llama-test"
 BUNDLED = "smollm2-135m-instruct"
@@ -45,3 +49,13 @@ def write_tiny_presets(folder: Path, model_dir: Path) -> Path:
     path.write_text(f"models:\n  {TINY}:\n    hub_id: {str(model_dir)!r}\n    network: false\n    chat: true\n"
                     f"    description: a tiny random Llama for the web-floor tests\n", encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def offered(presets_file: Path) -> Iterator[str]:
+    """The app (and ``load_model``) offer ``TINY`` from ``presets_file`` within the block, and no longer after it;
+    its name. conftest's ``tiny_model`` holds it for one test, a module's fixture for the module's own run."""
+    from decoding.runtime.models import EXTRA_PRESETS
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(EXTRA_PRESETS, str(presets_file))
+        yield TINY
