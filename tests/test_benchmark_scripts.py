@@ -181,6 +181,32 @@ def test_the_attention_benchmark_times_both_kernels_and_compares_their_logits():
     assert lm.model.config._attn_implementation in (bench.STOCK, bench.NAME)
 
 
+def test_the_half_linear_benchmark_times_three_products_and_checks_each_rows_bits(monkeypatch):
+    from decoding.runtime import attention_kernels
+    if attention_kernels.load_default() is not None:
+        pytest.skip(f"the project's kernel does not build here: {attention_kernels.load_default()}")
+    bench = _bench_module("bench_half_linear")
+    monkeypatch.setattr(bench, "HEAD", (512, 576))       # the LM head's shape, smaller: the same loops
+    args = ["--layers", "1", "--rows", "1", "5", "--copies", "2", "--repeats", "1"]
+    doc = bench.main(args)
+    assert set(doc["rows"]) == {"1", "5"} and doc["copies"] == 2
+    for m, row in doc["rows"].items():
+        assert {"ours", "float32"} <= set(row["ms"]) and all(ms > 0 for ms in row["ms"].values())
+        assert row["exact"] is True
+        flops = 2 * sum(w.numel() for w in bench.weights(1, 1)[0]) * int(m)
+        assert row["ours_gflops"] == pytest.approx(flops / row["ms"]["ours"] / 1e6)
+    real = attention_kernels.half_linear                 # a kernel whose rows change with the row count is caught
+
+    def drifting(x, w, bias):
+        out = real(x, w, bias)
+        return out + 1e-3 * (x.shape[0] > 1)
+    monkeypatch.setattr(attention_kernels, "half_linear", drifting)
+    assert bench.main(args)["rows"]["5"]["exact"] is False
+    assert bench.main(["--layers", "0", "--rows", "1", "--copies", "1", "--repeats", "1"])["rows"]["1"]["exact"]
+    with pytest.raises(SystemExit):
+        bench.parse(["--rows", "0"])
+
+
 def test_the_profiler_counts_only_greedys_one_position_decode_forwards():
     from decoding.events import ForwardPass
     profile = _bench_module("profile_prophet")

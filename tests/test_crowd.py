@@ -24,6 +24,8 @@ from web.requests import default_request, run_request, ui_default
 from web.settings import DEFAULT_STRATEGIES
 from web.validation import GENERATION_FIELDS, param_fields
 
+from holding import hold_runs, wait_for
+
 BUNDLED = "smollm2-135m-instruct"
 
 
@@ -36,13 +38,6 @@ def gate_work(gate: threading.Event, log: list, name: str):
                 return f"{name} stopped"
         return f"{name} done"
     return work
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------- the line
@@ -343,32 +338,13 @@ def test_the_default_example_is_recorded_and_a_visitor_sees_it_replayed(app_url,
     print(f"\n[crowd] a recorded example replayed in {took:.2f} s")
 
 
-class _HeldStop:
-    """A run's stop event whose ``is_set`` (asked by the strategy's loop before every step) waits at the
-    ``after``-th asking until ``release`` is set: the computation is held mid-run, whatever the machine's speed."""
-
-    def __init__(self, stop, release: threading.Event, after: int = 4) -> None:
-        self._stop, self._release, self._left = stop, release, after
-
-    def is_set(self) -> bool:
-        self._left -= 1
-        if self._left == 0:
-            self._release.wait(timeout=120)
-        return self._stop.is_set()
-
-    def __getattr__(self, name):
-        return getattr(self._stop, name)
-
-
 def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, counted, monkeypatch, tiny_model):
-    """The shared run is held a few steps in until the visitor who leaves has left (``_HeldStop``): the second
+    """The shared run is held a few steps in until the visitor who leaves has left (``holding.hold_runs``): the second
     visitor joins a run that is sure to be going on any machine, and a leave that stopped it would cut it short
     (it once took 160 tokens to outlast them). Held so, it needs no slow model: the tiny preset's
     (tests/tiny_preset.py)."""
     left = threading.Event()
-    counting = compute.compute_run
-    monkeypatch.setattr(compute, "compute_run",
-                        lambda stop, req, budget_s=0: counting(_HeldStop(stop, left), req, budget_s))
+    hold_runs(monkeypatch, left)
     values = _values(("greedy",), prompt="Write a very long story about a lighthouse.", max_new=24, seed=3,
                      model=tiny_model)
     stays, leaves = Client(app_url, verbose=False), Client(app_url, verbose=False)

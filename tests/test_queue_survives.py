@@ -8,6 +8,10 @@ session, so after 2000 of them the waiting clients' sessions are gone and ``Queu
 ``KeyError`` in the queue's own loops: the queue stops (every call answered ``503 Queue is stopped.``) or a
 run is dropped without an answer. The test shrinks that bound to SESSIONS so a few hundred Stop calls do
 what 2000 did; the eviction is Gradio's own code either way.
+
+The runs are the tiny preset's (tests/tiny_preset.py), held a few steps in (``holding.hold_runs``) until the Stop
+loops have pushed every waiting session out twice over: the load meets runs that are sure to be waiting, on any
+machine, without a real model's forwards.
 """
 
 from __future__ import annotations
@@ -27,17 +31,16 @@ from web.page_client import page_run, page_submit
 
 import app
 from conftest import launch_local
+from holding import hold_runs, wait_for
 from stop_traffic import post, stop_loop, stop_routes
-
-BUNDLED = "smollm2-135m-instruct"
 CLIENTS, TOKENS = 8, 6
 SESSIONS = 40          # Gradio's bound is 2000; shrunk so the Stop loop pushes sessions out within seconds
 STOP_CALLS = 100       # calls per Stop loop (enough to push every waiting session out twice over)
 
 
-def _run(prompt: str, max_new: int, seed: int) -> dict:
+def _run(model: str, prompt: str, max_new: int, seed: int) -> dict:
     """A greedy run by name (page_run's keyword arguments)."""
-    return dict(model=BUNDLED, strategies=["greedy"], prompt=prompt, max_new_tokens=max_new, seed=seed)
+    return dict(model=model, strategies=["greedy"], prompt=prompt, max_new_tokens=max_new, seed=seed)
 
 
 def _doc(out) -> dict:
@@ -62,15 +65,15 @@ def served():
     demo.close()
 
 
-@pytest.fixture(scope="module")
-def expected():
-    """Greedy's tokens for a prompt, computed without the server."""
+@pytest.fixture
+def expected(tiny_model):
+    """Greedy's tokens for a prompt on the tiny preset, computed without the server."""
     from decoding.harness.runner import encode_prompt
     from decoding.params import GreedyParams
     from decoding.runtime.models import load_model
     from decoding.runtime.pair import ModelPair
     from decoding.strategies.baselines import greedy
-    lm = load_model(BUNDLED)
+    lm = load_model(tiny_model)
 
     def tokens(prompt: str, max_new: int) -> list[int]:
         ids = encode_prompt(lm.tokenizer, prompt, chat=True)
@@ -180,17 +183,23 @@ def test_the_health_middleware_names_the_session_a_stream_reads(path, query, wan
     assert queue_guard.stream_session({**scope, "method": "POST"}, FakeQueue()) is None
 
 
-def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
+def _new_sessions(counts: dict) -> int:
+    return sum(v for k, v in list(counts.items()) if k.startswith("call") and k.endswith("200"))
+
+
+def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected, tiny_model, monkeypatch):
     demo, url = served
+    release = threading.Event()
+    hold_runs(monkeypatch, release)
     prompts = [f"Name fruit number {i}." for i in range(CLIENTS)]
     # the clients are kept: a collected Client stops its heartbeat, and Gradio then cancels its run (as it should
     # for a closed tab), which a busy machine's garbage collector turned into a flaky CancelledError here
     clients = [Client(url, verbose=False) for _ in prompts]
-    jobs = [page_submit(c, **_run(p, TOKENS, i))
+    jobs = [page_submit(c, **_run(tiny_model, p, TOKENS, i))
             for i, (c, p) in enumerate(zip(clients, prompts))]
     # a client that gives up on its run (gradio_client's job.cancel()) is part of the traffic
     quitter_client = Client(url, verbose=False)
-    quitter = page_submit(quitter_client, **_run("Count to five.", 64, 0))
+    quitter = page_submit(quitter_client, **_run(tiny_model, "Count to five.", 64, 0))
     counts: dict[str, int] = {}
     done = threading.Event()
     t0 = time.perf_counter()
@@ -200,6 +209,12 @@ def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
         stopper.start()
     time.sleep(0.5)
     quitter.cancel()
+    try:           # the runs stay held until the loops have pushed every waiting session out twice over
+        wait_for(lambda: _new_sessions(counts) > 2 * SESSIONS or not any(s.is_alive() for s in stoppers),
+                 timeout=120)
+        held = sum(not j.done() for j in jobs)
+    finally:
+        release.set()
     deadline = time.time() + 150
     while time.time() < deadline and not all(j.done() for j in jobs) and not demo._queue.stopped:
         time.sleep(0.2)
@@ -207,19 +222,20 @@ def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     done.set()
     for stopper in stoppers:
         stopper.join(timeout=60)
-    new_sessions = sum(v for k, v in counts.items() if k.startswith("call") and k.endswith("200"))
+    new_sessions = _new_sessions(counts)
     finished = sum(j.done() and j.exception() is None for j in jobs)
     print(f"\n[queue] {CLIENTS} runs with Stop in a loop ({counts}): {finished}/{CLIENTS} answered in "
           f"{answered:.1f} s; {new_sessions} new sessions against a bound of {SESSIONS}; "
-          f"queue stopped: {demo._queue.stopped}")
+          f"{held} runs still held when the loops had done that; queue stopped: {demo._queue.stopped}")
     assert not demo._queue.stopped             # Gradio's own state: 503 "Queue is stopped." to every call
     assert finished == CLIENTS, [j.exception() if j.done() else "no answer" for j in jobs]
     assert new_sessions > 2 * SESSIONS          # the load did push sessions out
+    assert held == CLIENTS                     # ... while every run was still waiting for its answer
     for prompt, job in zip(prompts, jobs):
         doc = _doc(job.result())
         assert doc["prompt"] == prompt and doc["results"][0]["token_ids"] == expected(prompt, TOKENS)
     # the queue goes on serving: a run afterwards gives greedy's tokens
-    out = page_run(Client(url, verbose=False), **_run("Name a planet.", 4, 1))
+    out = page_run(Client(url, verbose=False), **_run(tiny_model, "Name a planet.", 4, 1))
     assert _doc(out)["results"][0]["token_ids"] == expected("Name a planet.", 4)
     status, health = _health(url)
     assert status == 200 and health["ok"], health
@@ -228,13 +244,23 @@ def test_runs_are_answered_while_stop_is_called_in_a_loop(served, expected):
     assert queue["sessions_spared"] > 0 and queue["restarts"] == 0       # the guard kept a waiting client's session
 
 
-def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monkeypatch):
+def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monkeypatch, tiny_model):
     demo, url = served
     queue = demo._queue
     monkeypatch.setattr(queue_guard, "WATCH_S", 2.0)        # long enough to see the 503 before the restart
+    release = threading.Event()                            # the run is held until the queue has come back
+    hold_runs(monkeypatch, release)
+    try:
+        _kill_and_recover(demo, url, tiny_model, release)
+    finally:
+        release.set()
+
+
+def _kill_and_recover(demo, url: str, model: str, release: threading.Event) -> None:
+    queue = demo._queue
     time.sleep(1.2)                                        # the watchdog's current sleep (1 s) ends first
     client = Client(url, verbose=False)                    # kept: a collected client's run is cancelled
-    job = page_submit(client, **_run("Write a long story about a fox.", 256, 0))
+    job = page_submit(client, **_run(model, "Write a long story about a fox.", 256, 0))
     while not queue.get_active_worker_count():
         time.sleep(0.1)
     restarts = queue.guard_restarts
@@ -261,7 +287,8 @@ def test_a_stopped_queue_is_restarted_and_its_running_job_answered(served, monke
     with pytest.raises(Exception) as failed:
         job.result(timeout=30)
     assert not isinstance(failed.value, TimeoutError)
-    out = page_run(Client(url, verbose=False), **_run("Name a planet.", 2, 1))
+    release.set()                                          # the cancelled run's thread ends; the next run is not held
+    out = page_run(Client(url, verbose=False), **_run(model, "Name a planet.", 2, 1))
     assert _doc(out)["results"][0]["token_ids"]
     print(f"\n[queue] processing loop killed: /healthz said 503 then 200 after {recovered:.1f} s "
           f"({statuses.count(503)} probes refused); the running job was answered with an error")
