@@ -309,26 +309,27 @@ def test_bundled_model_every_form_equals_greedy(bundled):
                          max_new_tokens=N_BUNDLED).token_ids == ref
 
 
-@pytest.mark.bundled
-def test_cli_runs_self_speculative_and_refuses_a_bad_exit_layer(tmp_path, capsys, bundled):
+def test_cli_runs_self_speculative_and_refuses_a_bad_exit_layer(tmp_path, capsys, tiny_model):
+    """Through the CLI on the tiny preset (tests/tiny_preset.py: two layers, so the exit is layer 1 of 2): the
+    subject is the command's plumbing; the bundled model's every form is checked above."""
     from playground import cli
     out = tmp_path / "out.json"
-    assert cli.main(["run", "--strategy", "self_speculative", "--set", "exit_layer=20", "--chat", "--prompt",
-                     "Name two planets.", "--max-new-tokens", "16", "--no-warmup", "--quiet", "--json",
-                     str(out)]) == 0
+    assert cli.main(["run", "--target", tiny_model, "--strategy", "self_speculative", "--set", "exit_layer=1",
+                     "--chat", "--prompt", "Name two planets.", "--max-new-tokens", "16", "--no-warmup", "--quiet",
+                     "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     rows = {r["strategy"]: r for r in doc["results"]}
     assert rows["self_speculative"]["token_ids"] == rows["greedy"]["token_ids"]
-    assert rows["self_speculative"]["matches_greedy"] and rows["self_speculative"]["params"]["exit_layer"] == 20
+    assert rows["self_speculative"]["matches_greedy"] and rows["self_speculative"]["params"]["exit_layer"] == 1
+    assert rows["self_speculative"]["draft_forwards"] > 0
     capsys.readouterr()
-    assert cli.main(["run", "--strategy", "self_speculative", "--set", "exit_layer=30", "--prompt", "hi",
-                     "--max-new-tokens", "2", "--no-warmup", "--quiet"]) == 1   # the strategy failed, by name
+    assert cli.main(["run", "--target", tiny_model, "--strategy", "self_speculative", "--set", "exit_layer=2",
+                     "--prompt", "hi", "--max-new-tokens", "2", "--no-warmup", "--quiet"]) == 1   # failed, by name
     text = capsys.readouterr()
-    assert "exit_layer must be in [1, 29]" in text.out + text.err
+    assert "exit_layer must be in [1, 1]" in text.out + text.err
 
 
-@pytest.mark.bundled
-def test_the_app_lists_its_parameters_and_draws_its_column(bundled):
+def test_the_app_lists_its_parameters_and_draws_its_column(tiny_model):
     from web import handlers
     from web.app_object import PlaygroundApp
     from web.validation import param_fields
@@ -338,16 +339,15 @@ def test_the_app_lists_its_parameters_and_draws_its_column(bundled):
     async def drain(agen):
         return [item async for item in agen]
     outs = asyncio.run(drain(handlers.run_playground(
-        PlaygroundApp(), BUNDLED, "none", ["self_speculative"], "Say hello.", True, 8, 0,
-        {("self_speculative", "exit_layer"): 20}, request=types.SimpleNamespace(session_hash="s", request=None))))
+        PlaygroundApp(), tiny_model, "none", ["self_speculative"], "Say hello.", True, 8, 0,
+        {("self_speculative", "exit_layer"): 1}, request=types.SimpleNamespace(session_hash="s", request=None))))
     last = outs[-1]
     assert last["status"].startswith("Ran 2 strategies"), last["status"]
     html = str(last["columns"])
     assert html.count("class='dp-col") >= 2 and "Self-speculative" in html
 
 
-@pytest.mark.bundled
-def test_the_benchmark_script_times_the_draft_and_races_greedy(bundled, tmp_path):
+def test_the_benchmark_script_times_the_draft_and_races_greedy(tiny_model, tmp_path):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -355,15 +355,16 @@ def test_the_benchmark_script_times_the_draft_and_races_greedy(bundled, tmp_path
     threads = torch.get_num_threads()
     try:
         doc = bench_self_speculative.main(["--category", "humaneval:0", "--max-new-tokens", "6", "--repeats", "1",
-                                           "--threads", "1", "--variant", "e20:exit_layer=20", "--cost-repeats", "1",
-                                           "--context", "16", "--json", str(tmp_path / "b.json")])
+                                           "--threads", "1", "--variant", "e1:exit_layer=1", "--cost-repeats", "1",
+                                           "--context", "16", "--target", tiny_model,
+                                           "--json", str(tmp_path / "b.json")])
     finally:
         torch.set_num_threads(threads)
-    cost = doc["draft_cost"]["e20"]
-    assert cost["layer_share"] == pytest.approx(20 / 30, abs=1e-3) and cost["exit_layer"] == 20
+    cost = doc["draft_cost"]["e1"]
+    assert cost["layer_share"] == pytest.approx(1 / 2, abs=1e-3) and cost["exit_layer"] == 1
     assert 0 < cost["draft_ms"] and 0 < cost["full_ms"]
-    assert [s["method"] for s in doc["summary"]] == ["e20"] and doc["summary"][0]["equal"] == 1
-    assert json.loads((tmp_path / "b.json").read_text())["rows"][0]["methods"]["e20"]["exit_layer"] == 20
+    assert [s["method"] for s in doc["summary"]] == ["e1"] and doc["summary"][0]["equal"] == 1
+    assert json.loads((tmp_path / "b.json").read_text())["rows"][0]["methods"]["e1"]["exit_layer"] == 1
 
 
 def test_relaxed_acceptance_reaches_the_self_drafter_and_marks_the_run_lossy(models):
