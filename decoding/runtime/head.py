@@ -284,8 +284,8 @@ class Prophet(nn.Module):
     def pack(self, half: bool = True) -> int:
         """Inference kernels on the CPU (see ``decoding/runtime/kernels.py``); how many layers were swapped (0: none).
 
-        ``half``: float16 weights (``kernels.HalfLinear``) where the build has FBGEMM. The
-        head only drafts, so rounding its weights changes at most which tokens are
+        ``half``: float16 weights (``kernels.HalfLinear``, on the project's kernel where it builds) where the
+        build has FBGEMM. The head only drafts, so rounding its weights changes at most which tokens are
         proposed, never what is committed; it halves the bytes a draft step reads.
         Otherwise oneDNN's packed float32 kernels.
         """
@@ -295,9 +295,9 @@ class Prophet(nn.Module):
             head = nn.Linear(self.config.hidden, len(self.vocab), bias=False, device="meta")
             head.weight = nn.Parameter(self.head.to(self.dtype), requires_grad=False)
             # a plain attribute, as PackedLinear.packed: a submodule would add its weight to state_dict()
-            object.__setattr__(self, "_packed_head",
-                               kernels.HalfLinear(head) if use_half else kernels.PackedLinear(head))
-            wrap = kernels.HalfLinear if use_half else kernels.PackedLinear
+            own = use_half and kernels.own_half()
+            wrap = (lambda linear: kernels.HalfLinear(linear, own=own)) if use_half else kernels.PackedLinear
+            object.__setattr__(self, "_packed_head", wrap(head))
             for layer in self.layers:   # q|k|v and gate|up as one product each (plain attributes, as above)
                 for name, parts in (("joined_qkv", (layer.q, layer.k, layer.v)),
                                     ("joined_gate_up", (layer.gate, layer.up))):

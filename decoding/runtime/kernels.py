@@ -354,7 +354,8 @@ class _ReducedLinear(nn.Module):
 
 
 class HalfLinear(_ReducedLinear):
-    """``nn.Linear`` whose weights are read as float16 (FBGEMM's prepacked fp16 GEMM), float32 in and out.
+    """``nn.Linear`` whose weights are read as float16, float32 in and out: on the project's kernel (``own``) or on
+    FBGEMM's prepacked fp16 GEMM.
 
     For drafters: a draft token never decides what is committed (the target's
     verification does), so a draft head may round its weights to float16. A target
@@ -403,24 +404,29 @@ def half_available() -> bool:
     return _HALF_OK[0]
 
 
+def own_half() -> bool:
+    """Whether float16 weights run on the project's kernel here (``attention_kernels.half_linear``, built on first
+    use): rows independent of the width, and 1.2-1.4x faster than FBGEMM's at 1 to 16 rows on an Intel Xeon, with
+    and without the AVX2 caps (BENCHMARKS.md, "The float16-weight product, second version")."""
+    return attention_kernels.load_default() is None
+
+
 def half_linears(model: nn.Module) -> int:
     """Every float32 CPU linear layer of ``model`` on float16 weights (``HalfLinear``); how many were swapped.
 
-    For draft-only modules (see ``HalfLinear``), and for a target only as a preset that says so
-    (``weights: fp16``, ``models.WEIGHTS``): that makes it another model, its own reference. Does
-    nothing on other devices or dtypes, or on a build without FBGEMM. The model must stay frozen
-    afterwards.
+    On the project's kernel where it builds here (:func:`own_half`), else on FBGEMM's. For draft-only modules (see
+    ``HalfLinear``), and for a target only as a preset that says so (``weights: fp16``, ``models.WEIGHTS``): that
+    makes it another model, its own reference, exact against its own greedy at every width only on the project's
+    kernel (FBGEMM's rows change with the width on an AVX2 CPU). Does nothing on other devices or dtypes, or on a
+    build without FBGEMM. The model must stay frozen afterwards.
     """
-    return _swap_float32_linears(model, HalfLinear) if half_available() else 0
-
-
-def half_target_linears(model: nn.Module) -> int:
-    """``half_linears`` for a float16-weight *target* (``weights: fp16``): on the project's kernel where it builds
-    here (rows independent of the width: exact against its own greedy, and compilable), else on FBGEMM's."""
     if not half_available():
         return 0
-    own = attention_kernels.load_default() is None
+    own = own_half()
     return _swap_float32_linears(model, lambda linear: HalfLinear(linear, own=own))
+
+
+half_target_linears = half_linears     # a float16-weight target's linears: the same swap (models.WEIGHTS names it)
 
 
 def _swap_float32_linears(model: nn.Module, wrap: Callable[[nn.Module], nn.Module]) -> int:
