@@ -61,6 +61,7 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
             alone = torch.cat([half(x[i:i + 1]) for i in range(40)])
             for m in (2, 3, 4, 7, 10, 17, 40):
                 assert torch.equal(half(x[:m]), alone[:m]), (n, k, m)
+            assert half(x[:0]).shape == (0, n)          # no rows: an empty product, not a division by no groups
             want = torch.nn.functional.linear(x.double(), layer.weight.half().double(), layer.bias.double())
         assert torch.allclose(alone.double(), want, atol=1e-5, rtol=1e-5)
     lm = tiny_causal("llama", seed=3, scale=4.0)

@@ -404,6 +404,7 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   at::Tensor bias;
   if (bias_in.has_value() && bias_in->defined()) bias = float32(*bias_in);
   auto out = at::empty({M, N}, x.options());
+  if (M == 0 || tiles == 0) return out;                             // nothing to multiply (and no row groups)
   const float* px = x.data_ptr<float>();
   const uint16_t* pw = reinterpret_cast<const uint16_t*>(w.data_ptr<at::Half>());
   const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
