@@ -33,6 +33,7 @@ import app
 from conftest import launch_local
 from holding import hold_runs, wait_for
 from stop_traffic import post, stop_loop, stop_routes
+
 CLIENTS, TOKENS = 8, 6
 SESSIONS = 40          # Gradio's bound is 2000; shrunk so the Stop loop pushes sessions out within seconds
 STOP_CALLS = 100       # calls per Stop loop (enough to push every waiting session out twice over)
