@@ -394,10 +394,10 @@ inline int64_t row_groups(int64_t M) {
 // tile to float32 once, into a buffer that stays in L1 (9 KB at K = 576, 24 KB at 1536), and run every group of rows
 // over it (``float_tile``): the conversion is paid once a tile, not once a row group. (At 3 and 4 rows, two direct
 // groups measured 8-18 % faster than widening, relative to FBGEMM in the same runs: the widening is paid over too
-// few groups.) With the prefetch, the compiled
-// float16-weight forward of the bundled model under the AVX2 caps on an Intel Xeon (family 6 model 167), against
-// the kernel before: one position 23.4 -> 19.2 ms, 10 positions 44.3 -> 31.4, 16 positions 58.0 -> 40.5
-// (BENCHMARKS.md, "The float16-weight product, second version"; benchmarks/bench_half_linear.py times the products).
+// few groups.) With the prefetch, the compiled float16-weight forward of the bundled model under the AVX2 caps on an
+// Intel Xeon (family 6 model 167), against the kernel before: one position 23.4 -> 19.2 ms, 10 positions 44.3 ->
+// 31.4, 16 positions 58.0 -> 40.5 (BENCHMARKS.md, "The float16-weight product, second version";
+// benchmarks/bench_half_linear.py times the products).
 at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10::optional<at::Tensor>& bias_in) {
   TORCH_CHECK(w_in.dim() == 4 && w_in.size(2) == 4 && w_in.size(3) == 8 && w_in.scalar_type() == at::kHalf,
               "half_linear's weights are float16, packed [N / 4, K / 8, 4, 8]");
