@@ -10,7 +10,8 @@ fits. Three products, timed interleaved after a warm-up round in one process, me
 products:
 
 - ``ours``: ``attention_kernels.half_linear`` (float16 weights, each row's bits the same at any M);
-- ``fbgemm``: PyTorch's prepacked float16 product (``quantized.linear_dynamic_fp16``), where this build has it;
+- ``fbgemm``: PyTorch's prepacked float16 product (``quantized.linear_dynamic_fp16``), where this build has it
+  (``kernels.half_available``);
 - ``float32``: ``F.linear`` on the float32 weights (twice the bytes).
 
 Each M also checks that ``ours`` gives every row the bits it gives that row alone. The CPU and the instruction set
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from common import interleaved_ms, median, write_json  # first: it puts the repository root on sys.path
 
-from decoding.runtime import attention_kernels
+from decoding.runtime import attention_kernels, kernels
 from decoding.runtime.cpu import pytorch_isa
 from decoding.runtime.kernel_choice import cpu_label
 
@@ -47,15 +48,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.copies <= 16 or not 1 <= args.repeats <= 100 or not 0 <= args.layers <= 64:
         p.error("--copies: 1 to 16; --repeats: 1 to 100; --layers: 0 to 64")
     return args
-
-
-def _fbgemm() -> bool:
-    try:
-        torch.ops.quantized.linear_dynamic_fp16(torch.ones(1, 8), torch.ops.quantized.linear_prepack_fp16(
-            torch.ones(4, 8), None))
-        return True
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
 
 
 def weights(copies: int, layers: int = LAYERS) -> list[list[torch.Tensor]]:
@@ -90,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     if reason is not None:
         raise SystemExit(f"the project's kernel is not available here: {reason}")
     copies = weights(args.copies, args.layers)
-    kinds = products(copies, _fbgemm())
+    kinds = products(copies, kernels.half_available())
     names = list(kinds)
     cpu = f"{cpu_label()}; PyTorch's kernels: {pytorch_isa()}; kernel built for {attention_kernels.target_arch()}"
     print(f"CPU: {cpu}; {torch.get_num_threads()} threads; {args.copies} copies of the weights "

@@ -228,7 +228,7 @@ def test_joined_projections_are_used_and_keep_every_strategys_tokens(weights):
     """q/k/v and gate/up run as one product each in the compiled graph (runtime/compiled._Joined): on a model
     whose linears allow it, every layer is joined, and every lossless strategy still gives eager greedy's tokens
     (a join that split its output in the wrong order, or dropped a bias, would not). ``fp16``: a float16-weight
-    target on the project's kernel (``kernels.half_target_linears``): compiled, every lossless strategy gives the
+    target on the project's kernel (``kernels.half_linears``): compiled, every lossless strategy gives the
     compiled greedy's tokens, and the kernel is the one that ran (its calls counted)."""
     from decoding.runtime import attention_kernels, kernels
     if weights == "bf16" and not kernels.bf16_available():
@@ -238,7 +238,7 @@ def test_joined_projections_are_used_and_keep_every_strategys_tokens(weights):
     if not kernels.available():
         pytest.skip("no oneDNN linears in this PyTorch")
     model = tiny_causal("llama", seed=3, scale=8.0, dtype=torch.float32)
-    swap = {"bf16": kernels.bf16_linears, "packed": kernels.pack_linears, "fp16": kernels.half_target_linears}
+    swap = {"bf16": kernels.bf16_linears, "packed": kernels.pack_linears, "fp16": kernels.half_linears}
     assert swap[weights](model.model) > 0
     if weights == "fp16":
         assert attention_kernels.ready() and all(m.own for m in model.model.modules()

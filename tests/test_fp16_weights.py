@@ -45,7 +45,7 @@ def test_rows_do_not_depend_on_how_many_are_computed_together():
 
 @needs_half
 def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
-    """The float16-weight target's linears (``kernels.half_target_linears``) run on the project's kernel where it
+    """The float16-weight target's linears (``kernels.half_linears``) run on the project's kernel where it
     builds: every row of a product over M rows is the bits of the same row alone (FBGEMM's differ for every M > 1
     on an AMD EPYC Zen 3), so a verify forward's row is the one-position forward's product for product."""
     from decoding.runtime import attention_kernels
@@ -65,7 +65,7 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
             want = torch.nn.functional.linear(x.double(), layer.weight.half().double(), layer.bias.double())
         assert torch.allclose(alone.double(), want, atol=1e-5, rtol=1e-5)
     lm = tiny_causal("llama", seed=3, scale=4.0)
-    assert kernels.half_target_linears(lm.model) > 0
+    assert kernels.half_linears(lm.model) > 0
     assert all(m.own for m in lm.model.modules() if isinstance(m, kernels.HalfLinear))
     with torch.inference_mode():
         wide, narrow = width_logits(lm.model, torch.tensor([prompt(12, seed=1)]), torch.tensor([prompt(10, seed=2)]))

@@ -8,8 +8,9 @@ forward (about 2.5 times more where memory is slow: an AMD EPYC Zen 3), and thos
 (``tests/forward_clock.py`` counts them). This model's forward costs about a millisecond, and it still runs every
 layer of the app: validation by preset name, ``load_model`` from a folder, the kernel choice, the line, the run
 thread, traces and documents. Tests that are about the bundled model (its text, its head, the default example,
-its recordings) keep it, and so do those that need a run to last on any machine without holding it (a Stop mid-run,
-a queue under a storm of Stops).
+its recordings) keep it, and so do those that need a run to last on any machine without holding it (a Stop
+mid-run). A test that needs a run to be going on while something else happens holds it instead
+(``tests/holding.py``: a visitor leaving a shared run, the queue under a storm of Stops).
 
 Its greedy depends on the prompt's last tokens (``scale`` sharpens its logits), so a mixed-up answer still shows
 where the prompts are sent as raw text; inside the chat template's long system prompt two random layers barely see

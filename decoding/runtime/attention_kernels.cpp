@@ -378,13 +378,16 @@ inline void float_tile(const float* x, int64_t K, const float* w, const float* b
 constexpr int64_t TB = 8;        // tiles (of 4 outputs) a worker takes at a time
 constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of a tile (below)
 
-// The next row group's size with ``left`` rows to go: 3 at a time, but 2 + 2 rather than 3 + 1 (one row alone uses
-// a quarter of the registers a group of three does).
-inline int64_t group_rows(int64_t left) { return left == 4 || left < 3 ? std::min<int64_t>(left, 2) : 3; }
+// The next row group's size in a product over M rows, with ``left`` rows to go: 2 at a time when the rows read the
+// float16 weights straight (M <= DIRECT_ROWS), else 3 at a time, but 2 + 2 rather than 3 + 1 (one row alone uses a
+// quarter of the registers a group of three does).
+inline int64_t group_rows(int64_t M, int64_t left) {
+  return M <= DIRECT_ROWS || left == 4 || left < 3 ? std::min<int64_t>(left, 2) : 3;
+}
 
 inline int64_t row_groups(int64_t M) {
   int64_t groups = 0;
-  for (int64_t left = M; left > 0; left -= group_rows(left)) ++groups;
+  for (int64_t left = M; left > 0; left -= group_rows(M, left)) ++groups;
   return groups;
 }
 
@@ -413,10 +416,11 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* py = out.data_ptr<float>();
   const int64_t tile_lines = (K * 4 * 2 + 63) / 64;               // a tile's bytes in cache lines
-  const int64_t groups = M <= DIRECT_ROWS ? (M + 1) / 2 : row_groups(M);
+  const int64_t groups = row_groups(M);
   const int64_t per_group = (tile_lines + groups - 1) / groups;    // the next tile's lines each group asks for
+  const bool direct = M <= DIRECT_ROWS;
   at::parallel_for(0, (tiles + TB - 1) / TB, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> widened(M > DIRECT_ROWS ? static_cast<size_t>(K * 4 + 16) : 0);     // + 16: room to align it
+    std::vector<float> widened(direct ? 0 : static_cast<size_t>(K * 4 + 16));     // + 16: room to align it
     float* wf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(widened.data()) + 63) & ~uintptr_t(63));
     const int64_t end = std::min(tiles, hi * TB);
     for (int64_t t = lo * TB; t < end; ++t) {
@@ -425,31 +429,26 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
       float* yt = py + t * 4;
       const char* next = reinterpret_cast<const char*>(wt + K * 4);
       const int64_t lines = t + 1 < end ? tile_lines : 0;          // nothing past this worker's last tile
-      if (M <= DIRECT_ROWS) {                                      // groups of 2 (the last may be 1)
-        for (int64_t m = 0, g = 0; m < M; ++g) {
-          const int64_t rows = std::min<int64_t>(2, M - m);
-          const char* part = next + g * per_group * 64;
-          const int64_t own = std::max<int64_t>(0, std::min(per_group, lines - g * per_group));
-          if (rows == 2) half_tile<2>(px + m * K, K, wt, bt, yt + m * N, N, part, own);
-          if (rows == 1) half_tile<1>(px + m * K, K, wt, bt, yt + m * N, N, part, own);
-          m += rows;
+      if (!direct) {
+        for (int64_t j = 0; j < K * 4; j += 32) {                 // a cache line of float16 a step (K * 4 % 32 == 0)
+          const v8 f0 = half8(wt + j), f1 = half8(wt + j + 8), f2 = half8(wt + j + 16), f3 = half8(wt + j + 24);
+          std::memcpy(wf + j, &f0, sizeof(v8));
+          std::memcpy(wf + j + 8, &f1, sizeof(v8));
+          std::memcpy(wf + j + 16, &f2, sizeof(v8));
+          std::memcpy(wf + j + 24, &f3, sizeof(v8));
         }
-        continue;
-      }
-      for (int64_t j = 0; j < K * 4; j += 32) {                   // a cache line of float16 a step (K * 4 % 32 == 0)
-        const v8 f0 = half8(wt + j), f1 = half8(wt + j + 8), f2 = half8(wt + j + 16), f3 = half8(wt + j + 24);
-        std::memcpy(wf + j, &f0, sizeof(v8));
-        std::memcpy(wf + j + 8, &f1, sizeof(v8));
-        std::memcpy(wf + j + 16, &f2, sizeof(v8));
-        std::memcpy(wf + j + 24, &f3, sizeof(v8));
       }
       for (int64_t m = 0, g = 0; m < M; ++g) {
         const char* part = next + g * per_group * 64;
         const int64_t own = std::max<int64_t>(0, std::min(per_group, lines - g * per_group));
-        const int64_t rows = group_rows(M - m);
-        if (rows == 3) float_tile<3>(px + m * K, K, wf, bt, yt + m * N, N, part, own);
-        if (rows == 2) float_tile<2>(px + m * K, K, wf, bt, yt + m * N, N, part, own);
-        if (rows == 1) float_tile<1>(px + m * K, K, wf, bt, yt + m * N, N, part, own);
+        const int64_t rows = group_rows(M, M - m);
+        const float* xm = px + m * K;
+        float* ym = yt + m * N;
+        if (direct && rows == 2) half_tile<2>(xm, K, wt, bt, ym, N, part, own);
+        if (direct && rows == 1) half_tile<1>(xm, K, wt, bt, ym, N, part, own);
+        if (!direct && rows == 3) float_tile<3>(xm, K, wf, bt, ym, N, part, own);
+        if (!direct && rows == 2) float_tile<2>(xm, K, wf, bt, ym, N, part, own);
+        if (!direct && rows == 1) float_tile<1>(xm, K, wf, bt, ym, N, part, own);
         m += rows;
       }
     }

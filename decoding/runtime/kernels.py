@@ -426,8 +426,6 @@ def half_linears(model: nn.Module) -> int:
     return _swap_float32_linears(model, lambda linear: HalfLinear(linear, own=own))
 
 
-half_target_linears = half_linears     # a float16-weight target's linears: the same swap (models.WEIGHTS names it)
-
 
 def _swap_float32_linears(model: nn.Module, wrap: Callable[[nn.Module], nn.Module]) -> int:
     """Every float32 CPU ``nn.Linear``/``PackedLinear`` of ``model`` replaced by ``wrap(plain linear)``."""

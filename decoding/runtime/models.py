@@ -57,7 +57,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # width-independent (kernels.int8_available).
 WEIGHTS = ("full", "fp16", "bf16", "int8")
 # What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
-_WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_target_linears,
+_WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_linears,
                             "fp16-weights"),
                    "bf16": ("oneDNN bfloat16 kernels whose rows do not depend on the width, and an attention whose "
                             "rows do not depend on the key length past its block (both checked on this CPU)",
