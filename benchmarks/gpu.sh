@@ -19,6 +19,9 @@
 #           them, then TRAIN_MINUTES of LoRA training (BATCH answers a step); the adapter, its logs and the
 #           held-out prompts (cllm-heldout.yaml) to $OUTDIR. On an H100 (2026-11-28): GEN_MINUTES=2.5 gave
 #           2,827 answers in 214 s; float32 training ran 2.7 steps/s (bfloat16 autocast is now the GPU default).
+#           On an H200 (2026-11-30): SELF_SEEDS=48 TEMPLATES=12000 SHARD=256 PACK=32 GEN_MINUTES=1.75 gave 5,120
+#           answers in 194 s with the prompts; BATCH=64 under bfloat16 ran 2.1 steps/s. Give the step a call of
+#           its own (data and TRAIN_MINUTES=2.5 take about 420 s), or resume: TRAIN_ARGS=--resume GEN_MINUTES=0.
 #           Measured back on the CPU:
 #           benchmarks/bench_consistency.py (docs/consistency-training.md)
 #   unseen  issue 37 item 2: on presets/bench_unseen.yaml (prompts the project did not write), the prophet's
@@ -32,6 +35,7 @@
 #           "A") trained at once on it: A the shipped head continued (fresh 8k draft vocabulary), D the same
 #           with a 16k vocabulary, B an EAGLE-3-style head fusing layers 2 and 15 with the last, C = A's
 #           recipe on B's units only
+#   graphtests  the fast-path and graph-emulation tests on CUDA (tiny random models: no GGUF needed)
 #   graphs  issue 50: the graphed prophet head on CUDA (the fast-path and graph-emulation tests, then `unseen` with
 #           the tree and the chain): `bash benchmarks/gpu.sh setup` (carrying .dev/whl, .dev/g1), then
 #           `bash benchmarks/gpu.sh setup graphs` (carrying .dev/g2), one call right after the other
@@ -242,13 +246,18 @@ unseen() {
         | tee "$OUTDIR/unseen-gpu-$dt.txt"
   done
 }
-graphs() {
-  # issue 50: the graphed prophet head (runtime/headgraph.py) and tree bookkeeping, built and checked on the CPU in
-  # graph emulation. On CUDA: the fast-path tests (graphs captured for real, the head's replays counted), then
-  # `unseen` with the tree and the chain; every prophet row of the JSON reports head_graph_replays (0: the capture
-  # fell back to eager). Compare with benchmarks/results/unseen-gpu-float32.json (2026-11-28, before the graphed head)
+graphtests() {
+  # the fast-path and graph-emulation tests on CUDA (graphs captured for real, the head's replays counted); tiny
+  # random models only, so this runs before the GGUF's second part has arrived
   "$PY" -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_graph_emulation.py 2>&1 \
       | tee "$OUTDIR/pytest-graphs-cuda.txt"
+}
+graphs() {
+  # issue 50: the graphed prophet head (runtime/headgraph.py) and tree bookkeeping, built and checked on the CPU in
+  # graph emulation. On CUDA: `graphtests`, then `unseen` with the tree and the chain; every prophet row of the JSON
+  # reports head_graph_replays (0: the capture fell back to eager). Compare with
+  # benchmarks/results/unseen-gpu-float32.json (2026-11-28, before the graphed head)
+  graphtests
   VARIANTS=${VARIANTS:-"defaults: chain:tree=false"} unseen
 }
 for step in "$@"; do echo "== $step"; $step; done
