@@ -426,6 +426,13 @@ class SelfSpeculativeParams(AcceptanceParams):
 class PromptLookupParams(DraftedParams):
     """Drafts by copying what followed the latest earlier occurrence of the last n-gram.
 
+    ``ngram_size``: the longest n-gram matched; shorter ones are tried down to ``min_ngram`` (vLLM's
+    ``prompt_lookup_min``; a value above ``ngram_size`` means ``ngram_size``). A shorter match drafts more
+    often and is accepted less often, and a drafted step costs more than greedy's (a wider verify forward
+    on a CPU, the loop's host work on a GPU): a single token's match does not pay. On the Intel Xeon
+    (BENCHMARKS.md, "Prompt lookup's shortest match"), 1 / 2 / 3 ran 0.90x / 1.07x / 1.12x greedy on 6
+    unseen prompts and 1.16x / 1.32x / 1.27x on 6 input-grounded ones; 2 is the default.
+
     ``max_candidates`` > 1: when the n-gram occurred several times, up to that many distinct
     continuations (latest first) are verified together as a tree (``drafting/lookup.py``); 1 drafts
     the latest one as a chain. Models without custom 4D mask support always get the chain.
@@ -433,13 +440,20 @@ class PromptLookupParams(DraftedParams):
     temperature: float = 0.0
     draft_tokens: int = 8
     ngram_size: int = 3
+    min_ngram: int = 2
     max_candidates: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("draft_tokens", self.draft_tokens, 1, MAX_DRAFT, integer=True)
         check_number("ngram_size", self.ngram_size, 1, 8, integer=True)
+        check_number("min_ngram", self.min_ngram, 1, 8, integer=True)
         check_number("max_candidates", self.max_candidates, 1, 16, integer=True)
+
+    @property
+    def shortest_match(self) -> int:
+        """The shortest n-gram that may draft: ``min_ngram``, at most ``ngram_size``."""
+        return min(self.min_ngram, self.ngram_size)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from decoding.harness.pays import verdict
@@ -19,7 +20,17 @@ def _curve(per_position: float) -> ForwardCost:
     return ForwardCost({t: 10.0 + per_position * (t - 1) for t in (1, 2, 4, 8, 16, 33)})
 
 
-def test_the_default_comparison_follows_the_curve():
+@pytest.fixture
+def copying_example(monkeypatch):
+    """A default example with text to copy (prompt lookup's model of before ``min_ngram``: 1.10 tokens per
+    forward over 1 + 1.68 positions), so that on a flat curve every default strategy pays. With the shipped
+    count (1.049 tokens: the sleep-habits example has little to copy) prompt lookup pays on the model alone
+    on no curve; a start's race decides it."""
+    from decoding.harness import pays
+    monkeypatch.setattr(pays, "PROMPT_LOOKUP", pays.Expectation(tokens=1.10, positions=2.7, source="test"))
+
+
+def test_the_default_comparison_follows_the_curve(copying_example):
     cheap = chosen_strategies(Settings(), curve=_curve(0.0))
     assert cheap.strategies == DEFAULT_STRATEGIES and cheap.strategies_note == ""
     dear = chosen_strategies(Settings(), curve=_curve(5.0))
@@ -43,7 +54,7 @@ def test_without_a_curve_every_default_strategy_stays(monkeypatch):
     assert chosen.strategies == DEFAULT_STRATEGIES and chosen.strategies_note == ""
 
 
-def test_the_page_ticks_the_machines_comparison_and_says_why_for_the_rest():
+def test_the_page_ticks_the_machines_comparison_and_says_why_for_the_rest(copying_example):
     """The strategy picker starts on ``settings.strategies``; every strategy stays in it (one click away), and the
     line under it says why each default one left out does not pay here. A note with markup is shown as text."""
     import app
@@ -143,3 +154,12 @@ def test_the_start_races_the_page_default_comparison_at_its_length_in_the_served
     assert startup.timed_steps(Settings(), None) is None and calls == []
     monkeypatch.setattr(Settings, "load", lambda self, name: SimpleNamespace(device=torch.device("cuda"), name="x"))
     assert startup.timed_steps(Settings(), _curve(0.0)) is None and calls == []
+
+
+def test_prompt_lookup_on_the_shipped_count_is_left_out_even_on_a_flat_curve():
+    """The default example has little to copy: matches of 2 or 3 tokens draft 0.47 positions a step for 1.049
+    tokens a forward, below the loop's own 0.05 of a step, so the model alone never ticks prompt lookup."""
+    v = verdict("prompt_lookup", _curve(0.0))
+    assert v.tokens == pytest.approx(1.049) and v.positions == pytest.approx(1.47)
+    assert not v.pays and v.speedup < 1
+    assert "prompt_lookup" not in chosen_strategies(Settings(), curve=_curve(0.0)).strategies

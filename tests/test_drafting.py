@@ -114,7 +114,9 @@ def test_drafting_time_is_counted_for_model_free_drafters_too():
     drafter = make_drafter("prompt_lookup", ModelPair(lm), PromptLookupParams())
     res = speculative_loop(ids, ModelPair(lm), PromptLookupParams(), drafter, DraftLength(8, False),
                            max_new_tokens=24)
-    assert drafter.forwards == 0 and drafter.proposals == res.stats["steps"] > 0
+    # one proposal a step, but for a last step with no room left for a draft
+    assert drafter.forwards == 0 and res.stats["steps"] - 1 <= drafter.proposals <= res.stats["steps"]
+    assert drafter.proposals > 0
     assert drafter.ms > 0 and res.stats["cost_ratio"] > 0 and res.stats["draft_ms_per_step"] > 0
 
 

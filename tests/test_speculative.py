@@ -69,6 +69,26 @@ def test_prompt_lookup_greedy_is_exact(arch):
             assert res.token_ids == ref and res.draft_forwards == 0
 
 
+def test_prompt_lookup_drafts_only_from_matches_of_min_ngram_tokens():
+    """A shorter match drafts only down to ``min_ngram`` (default 2); ``ngram_size`` below it
+    lowers the floor. Kills a floor ignored, off by one, or not clamped."""
+    from decoding.drafting.lookup import PromptLookupDrafter
+    one = [10, 11, 12, 13, 14, 50, 51, 12]        # only the last token occurred before
+    two = [10, 11, 12, 13, 14, 50, 11, 12]        # the last 2 tokens did, not the last 3
+    three = [10, 11, 12, 13, 14, 10, 11, 12]      # the last 3 did
+
+    def drafted(context, **values):
+        return PromptLookupDrafter(PromptLookupParams(**values)).propose(context, 4).tokens
+    assert PromptLookupParams().min_ngram == 2
+    assert [drafted(c) for c in (one, two, three)] == [[], [13, 14, 50, 11], [13, 14, 10, 11]]
+    assert [drafted(c, min_ngram=3) for c in (one, two, three)] == [[], [], [13, 14, 10, 11]]
+    assert [drafted(c, min_ngram=1) for c in (one, two, three)] == [[13, 14, 50, 51], [13, 14, 50, 11],
+                                                                    [13, 14, 10, 11]]
+    assert drafted(one, ngram_size=1) == [13, 14, 50, 51]           # min_ngram above ngram_size: ngram_size
+    with pytest.raises(ValueError, match=r"min_ngram must be in \[1, 8\]"):
+        PromptLookupParams(min_ngram=0)
+
+
 def test_confidence_threshold_and_limits():
     target = tiny_causal("llama", seed=0, scale=8.0, dtype=F64)
     ids = prompt(8, 1)

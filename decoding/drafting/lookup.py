@@ -2,7 +2,7 @@
 
 Model-free and deterministic (q_draft is one-hot on each drafted token): the
 latest earlier occurrence of the context's last ``ngram_size`` tokens (falling
-back to shorter n-grams) proposes the tokens that followed it.
+back to shorter n-grams, down to ``min_ngram``) proposes the tokens that followed it.
 
 Multi-candidate (``max_candidates`` > 1, on a target that verifies trees): when
 the n-gram occurred several times, the distinct continuations of its latest
@@ -62,9 +62,10 @@ class PromptLookupDrafter(Drafter):
         return proposal
 
     def _matches(self, context: list[int]) -> tuple[list[int], int]:
-        """Start indices of the earlier occurrences of the longest matching n-gram (latest first), and n."""
+        """Start indices of the earlier occurrences of the longest matching n-gram (latest first), and n; none
+        shorter than ``shortest_match`` counts."""
         L = len(context)
-        for n in range(min(self.params.ngram_size, L - 1), 0, -1):
+        for n in range(min(self.params.ngram_size, L - 1), self.params.shortest_match - 1, -1):
             tail = context[L - n:]
             first = tail[0]
             found = (s for s in range(L - n - 1, -1, -1) if context[s] == first and context[s:s + n] == tail)

@@ -108,7 +108,8 @@ def with_lookup(primary: Drafter, params: ProphetParams) -> Drafter:
     (``params.lookup_source``)."""
     n = params.lookup_tokens
     if params.lookup_source == "prompt":
-        extra: Drafter = PromptLookupDrafter(PromptLookupParams(draft_tokens=n))
+        # any match, a single token's too: a copy branch rides on the head's verify forward, it adds no step
+        extra: Drafter = PromptLookupDrafter(PromptLookupParams(draft_tokens=n, min_ngram=1))
     else:
         extra = SuffixDrafter(SuffixParams(draft_tokens=n, tree=False, history=False, edit_tokens=0), history=None,
                               tree=False)

@@ -39,9 +39,9 @@ What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
   2.21 tokens per forward on the default example, 64 tokens, a verify forward of 9.86 positions with the root
   and the copy branch, and its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue
   36's profile); parameters of no recorded shape are judged as the default tree.
-* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.10 tokens per forward on the default example
-  (``bench-cpu.json``, ``bench-cpu-xeon.json``) and 1 + 1.68 positions a forward (counted on the bundled
-  model): a step without a match verifies one position, far narrower than 1 + ``draft_tokens``;
+* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.049 tokens per forward on the default example and 1 + 0.47
+  positions a forward (counted on the bundled model with the default ``min_ngram=2``; 1.10 and 1 + 1.68 when
+  a single token's match drafted too): a step without a match verifies one position, far narrower than 1 + ``draft_tokens``;
 * ``greedy``: 1 token per ``c(1)``, the reference; other strategies: no model (reported as unknown).
 
 ``verdicts(curve)`` gives one ``Verdict`` per strategy, each with one line that says why;
@@ -114,8 +114,9 @@ class Expectation:
 
 
 # Recorded on the default example (see the module docstring; BENCHMARKS.md, "How widths are chosen").
-PROMPT_LOOKUP = Expectation(tokens=1.10, positions=2.7, drafting=0.0,
-                            source="the default example: 1.68 drafted positions a step (a count, 2026-11-26)")
+PROMPT_LOOKUP = Expectation(tokens=1.049, positions=1.47, drafting=0.0,
+                            source="the default example: 0.47 drafted positions a step, matches of 2 or 3 tokens "
+                                   "(min_ngram=2; a count, 2026-11-30)")
 
 
 # the prophet's parameters that make its step's shape (a caller who sets one shapes the step itself)
