@@ -22,6 +22,9 @@
 #           On an H200 (2026-11-30): SELF_SEEDS=48 TEMPLATES=12000 SHARD=256 PACK=32 GEN_MINUTES=1.75 gave 5,120
 #           answers in 194 s with the prompts; BATCH=64 under bfloat16 ran 2.1 steps/s. Give the step a call of
 #           its own (data and TRAIN_MINUTES=2.5 take about 420 s), or resume: TRAIN_ARGS=--resume GEN_MINUTES=0.
+#           A `timeout -k 90 N` around it is safe: SIGTERM ends the training as its time budget would (the step,
+#           the last evaluation, checkpoint, export and summary; playground/training/stopping.py), and so for
+#           `train` and `mix`.
 #           Measured back on the CPU:
 #           benchmarks/bench_consistency.py (docs/consistency-training.md)
 #   unseen  issue 37 item 2: on presets/bench_unseen.yaml (prompts the project did not write), the prophet's

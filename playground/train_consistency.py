@@ -41,6 +41,7 @@ from playground.training.consistency import Weights, losses
 from playground.training.evaluate import decode, teacher_forced
 from playground.training.lora import add_lora, load_lora_state, lora_state, save_adapter
 from playground.training.selfprompts import acceptable
+from playground.training.stopping import Stop, stop_requested
 from playground.training.trajectories import chat_ids, greedy_answers, record_trajectories
 
 
@@ -103,8 +104,11 @@ def evaluate(model: Any, tok: Any, held: list[dict], args: argparse.Namespace, w
 
 
 def train(model: Any, tok: Any, records: list[dict], held: list[dict], args: argparse.Namespace,
-          ckpt: Optional[dict]) -> list[dict]:
+          ckpt: Optional[dict], stop: Optional[Stop] = None) -> list[dict]:
+    """Steps until ``args.steps``, the time budget, or ``stop`` (``stopping.stop_requested``: SIGTERM), each of
+    which ends with an evaluation and a checkpoint."""
     from tqdm import tqdm
+    stop = stop if stop is not None else Stop()
     weights = Weights(ar=args.w_ar, consistency=args.w_consistency, local=args.w_local, kind=args.consistency,
                       trim=args.trim, rows=args.state_rows)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -141,13 +145,13 @@ def train(model: Any, tok: Any, records: list[dict], held: list[dict], args: arg
                 ema[k] = out[k] if k not in ema else 0.95 * ema[k] + 0.05 * out[k]
         bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()})
         done = step + 1
-        last = done == args.steps or time.time() > deadline
+        last = done == args.steps or time.time() > deadline or bool(stop)
         if done % args.eval_every == 0 or last:
             if args.reload:                 # shards written since (the data stage still running beside us)
                 records = dataset.load_records(args.data_dir) or records
             full = done % (args.eval_every * args.decode_every) == 0 or last
             log.append({"step": done, "minutes": round((time.time() - t_begin) / 60, 1), "answers": len(records),
-                        "train": dict(ema),
+                        "train": dict(ema), **({"stopped": stop.signal} if stop else {}),
                         **evaluate(model, tok, held, args, weights, full)})
             bar.write(json.dumps(log[-1]))
             torch.save({"step": done, "lora": lora_state(model), "optim": opt.state_dict(), "log": log,
@@ -260,9 +264,17 @@ def main(argv: Optional[list[str]] = None) -> dict:
         print(f"data: {len(records)} answers / {states} states for training, {len(held)} held out ({args.data_dir})")
         if len(records) < args.batch or not held:
             raise SystemExit(f"not enough data in {args.data_dir}; run without --skip-data")
-        log = train(model, base.tokenizer, records, held, args, ckpt)
-        summary |= {"train_answers": len(records), "train_states": states, "held_answers": len(held),
-                    "steps_done": log[-1]["step"], "last": log[-1]}
+        # a timeout's SIGTERM ends training as its time budget would, and the export and summary still follow
+        with stop_requested() as stop:
+            log = train(model, base.tokenizer, records, held, args, ckpt, stop)
+            summary |= {"train_answers": len(records), "train_states": states, "held_answers": len(held),
+                        "steps_done": log[-1]["step"], "last": log[-1], **({"stopped": stop.signal} if stop else {})}
+            return finish(model, summary, args)
+    return finish(model, summary, args)
+
+
+def finish(model: Any, summary: dict, args: argparse.Namespace) -> dict:
+    """The adapter exported (``--export``) and the run's ``summary.json``."""
     if args.export:
         save_adapter(model, args.export, {"base": args.target, "rank": args.rank,
                                           "steps": summary.get("steps_done", args.export_from)})

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from decoding.runtime.head import Prophet, ProphetConfig, save_prophet
 from decoding.runtime.models import PRESETS_DIR, cache_root, load_model
 from playground.training.prophet_data import answer, final_records, generate_mix
+from playground.training.stopping import Stop, stop_requested
 
 # --------------------------------------------------------------------------- 1. prompts
 
@@ -453,8 +454,12 @@ def lr_factor(step: int, steps: int, time_used: float, start_step: int = 0) -> f
 
 
 def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Namespace,
-          out_dir: Path, start_step: int = 0, optim_state: Optional[dict] = None) -> dict:
+          out_dir: Path, start_step: int = 0, optim_state: Optional[dict] = None,
+          stop: Optional[Stop] = None) -> dict:
+    """Steps until ``args.steps``, the time budget, or ``stop`` (``stopping.stop_requested``: SIGTERM), each of
+    which ends with an evaluation and a checkpoint."""
     from tqdm import tqdm
+    stop = stop if stop is not None else Stop()
     params = [p for p in prophet.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     if optim_state:
@@ -482,7 +487,7 @@ def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Na
         opt.step()
         acc = (correct / counted.clamp_min(1)).tolist()
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=" ".join(f"{a:.2f}" for a in acc[:4]))
-        last = step + 1 == args.steps or time.time() > deadline
+        last = step + 1 == args.steps or time.time() > deadline or bool(stop)
         if (step + 1) % args.eval_every == 0 or last:
             log = evaluate(prophet, held)
             log["step"] = step + 1
@@ -490,7 +495,9 @@ def train(prophet: Prophet, train_set: Answers, held: Answers, args: argparse.Na
             torch.save({"step": step + 1, "model": prophet.trainable_state(), "optim": opt.state_dict(),
                         "config": prophet.config.to_dict(), "vocab": prophet.vocab.cpu()}, out_dir / "checkpoint.pt")
         if last:
-            if time.time() > deadline:
+            if stop:
+                bar.write(f"{stop.signal} at step {step + 1}: stopped after its checkpoint")
+            elif time.time() > deadline:
                 bar.write(f"training time budget of {args.train_minutes} min reached at step {step + 1}")
             break
     log["steps_done"] = step + 1
@@ -720,18 +727,22 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.init_from:
         print(f"starting from {args.init_from}: held-out "
               f"{json.dumps(evaluate(prophet, Answers(held, args.depth, fusion)))}")
-    log = train(prophet, Answers(train_records, args.depth, fusion), Answers(held, args.depth, fusion), args,
-                args.out_dir,
-                start_step=ckpt["step"] if ckpt else 0, optim_state=ckpt.get("optim") if ckpt else None)
-    summary = {"target": args.target, "train_responses": len(train_records), "train_tokens": n_tokens,
-               "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),
-               "data_seconds": round(t_data), "train_seconds": round(time.time() - t0), **log,
-               "device": str(lm.device), "threads": torch.get_num_threads(), "bf16": bool(args.bf16)}
-    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
-    if args.export:
-        save_prophet(prophet, args.export, metadata={"train_tokens": str(n_tokens), "steps": str(log["steps_done"])})
-        print(f"wrote {args.export} ({args.export.stat().st_size / 1e6:.1f} MB)")
+    # a timeout's SIGTERM ends training as its time budget would; the summary and the export still follow
+    with stop_requested() as stop:
+        log = train(prophet, Answers(train_records, args.depth, fusion), Answers(held, args.depth, fusion), args,
+                    args.out_dir, start_step=ckpt["step"] if ckpt else 0,
+                    optim_state=ckpt.get("optim") if ckpt else None, stop=stop)
+        summary = {"target": args.target, "train_responses": len(train_records), "train_tokens": n_tokens,
+                   "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),
+                   "data_seconds": round(t_data), "train_seconds": round(time.time() - t0), **log,
+                   "device": str(lm.device), "threads": torch.get_num_threads(), "bf16": bool(args.bf16),
+                   **({"stopped": stop.signal} if stop else {})}
+        (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(json.dumps(summary))
+        if args.export:
+            save_prophet(prophet, args.export, metadata={"train_tokens": str(n_tokens),
+                                                         "steps": str(log["steps_done"])})
+            print(f"wrote {args.export} ({args.export.stat().st_size / 1e6:.1f} MB)")
     return summary
 
 
