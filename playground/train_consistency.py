@@ -151,7 +151,7 @@ def train(model: Any, tok: Any, records: list[dict], held: list[dict], args: arg
                 records = dataset.load_records(args.data_dir) or records
             full = done % (args.eval_every * args.decode_every) == 0 or last
             log.append({"step": done, "minutes": round((time.time() - t_begin) / 60, 1), "answers": len(records),
-                        "train": dict(ema), **({"stopped": stop.signal} if stop else {}),
+                        "train": dict(ema), **stop.record(),
                         **evaluate(model, tok, held, args, weights, full)})
             bar.write(json.dumps(log[-1]))
             torch.save({"step": done, "lora": lora_state(model), "optim": opt.state_dict(), "log": log,
@@ -250,27 +250,25 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ckpt = torch.load(ckpt_path, weights_only=False) if args.resume and ckpt_path.is_file() else None
     if ckpt:
         load_lora_state(model, ckpt["lora"])
-    log: list[dict] = []
     summary: dict = {"target": args.target, "rank": args.rank, "alpha": args.alpha}
     if args.export_from:                   # saved factors (lora-XXXXX.pt) or a checkpoint (checkpoint.pt)
         saved = torch.load(args.export_from, weights_only=False)
         load_lora_state(model, saved["lora"] if "lora" in saved and "optim" in saved else saved)
         summary["steps_done"] = saved["step"] if "optim" in saved else int(
             "".join(c for c in args.export_from.stem if c.isdigit()) or 0)
-    else:
-        records = dataset.load_records(args.data_dir)
-        held = [r for r in torch.load(args.data_dir / "held.pt") if r["blocks"]]
-        states = sum(len(b["states"]) for r in records for b in r["blocks"])
-        print(f"data: {len(records)} answers / {states} states for training, {len(held)} held out ({args.data_dir})")
-        if len(records) < args.batch or not held:
-            raise SystemExit(f"not enough data in {args.data_dir}; run without --skip-data")
-        # a timeout's SIGTERM ends training as its time budget would, and the export and summary still follow
-        with stop_requested() as stop:
-            log = train(model, base.tokenizer, records, held, args, ckpt, stop)
-            summary |= {"train_answers": len(records), "train_states": states, "held_answers": len(held),
-                        "steps_done": log[-1]["step"], "last": log[-1], **({"stopped": stop.signal} if stop else {})}
-            return finish(model, summary, args)
-    return finish(model, summary, args)
+        return finish(model, summary, args)
+    records = dataset.load_records(args.data_dir)
+    held = [r for r in torch.load(args.data_dir / "held.pt") if r["blocks"]]
+    states = sum(len(b["states"]) for r in records for b in r["blocks"])
+    print(f"data: {len(records)} answers / {states} states for training, {len(held)} held out ({args.data_dir})")
+    if len(records) < args.batch or not held:
+        raise SystemExit(f"not enough data in {args.data_dir}; run without --skip-data")
+    # a timeout's SIGTERM ends training as its time budget would, and the export and summary still follow
+    with stop_requested() as stop:
+        log = train(model, base.tokenizer, records, held, args, ckpt, stop)
+        summary |= {"train_answers": len(records), "train_states": states, "held_answers": len(held),
+                    "steps_done": log[-1]["step"], "last": log[-1], **stop.record()}
+        return finish(model, summary, args)
 
 
 def finish(model: Any, summary: dict, args: argparse.Namespace) -> dict:

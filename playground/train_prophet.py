@@ -736,7 +736,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                    "held_out_responses": n_held, "draft_vocab": len(vocab), "vocab_coverage": round(coverage, 4),
                    "data_seconds": round(t_data), "train_seconds": round(time.time() - t0), **log,
                    "device": str(lm.device), "threads": torch.get_num_threads(), "bf16": bool(args.bf16),
-                   **({"stopped": stop.signal} if stop else {})}
+                   **stop.record()}
         (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(json.dumps(summary))
         if args.export:

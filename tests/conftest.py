@@ -144,6 +144,15 @@ def prefill_once():
 
 
 @pytest.fixture
+def copying_example(monkeypatch):
+    """Prompt lookup's verdict model as it was before ``min_ngram`` (1.10 tokens per forward over 1 + 1.68 positions:
+    a default example with text to copy), which the curves of the verdict tests were built around; on a flat curve
+    it pays. The shipped count (``pays.PROMPT_LOOKUP``, 1.049 tokens) pays on no curve, so a start's race decides."""
+    from decoding.harness import pays
+    monkeypatch.setattr(pays, "PROMPT_LOOKUP", pays.Expectation(tokens=1.10, positions=2.7, source="test"))
+
+
+@pytest.fixture
 def one_thread():
     """Tiny models run thousands of times: thread start-up would dominate on a shared 2-core machine.
     A module that wants it for every test says ``pytestmark = pytest.mark.usefixtures("one_thread")``."""

@@ -20,16 +20,6 @@ def _curve(per_position: float) -> ForwardCost:
     return ForwardCost({t: 10.0 + per_position * (t - 1) for t in (1, 2, 4, 8, 16, 33)})
 
 
-@pytest.fixture
-def copying_example(monkeypatch):
-    """A default example with text to copy (prompt lookup's model of before ``min_ngram``: 1.10 tokens per
-    forward over 1 + 1.68 positions), so that on a flat curve every default strategy pays. With the shipped
-    count (1.049 tokens: the sleep-habits example has little to copy) prompt lookup pays on the model alone
-    on no curve; a start's race decides it."""
-    from decoding.harness import pays
-    monkeypatch.setattr(pays, "PROMPT_LOOKUP", pays.Expectation(tokens=1.10, positions=2.7, source="test"))
-
-
 def test_the_default_comparison_follows_the_curve(copying_example):
     cheap = chosen_strategies(Settings(), curve=_curve(0.0))
     assert cheap.strategies == DEFAULT_STRATEGIES and cheap.strategies_note == ""

@@ -12,8 +12,7 @@ import re
 
 import pytest
 
-from decoding.harness import pays
-from decoding.harness.pays import Expectation, Verdict, default_comparison, verdict, verdicts
+from decoding.harness.pays import Verdict, default_comparison, verdict, verdicts
 from decoding.params import JacobiParams, LookaheadParams
 from decoding.runtime.forward_cost import ForwardCost
 from decoding.runtime.widths import (STEP, choose_block, choose_window, lookahead_positions, lookahead_tokens,
@@ -22,13 +21,9 @@ from decoding.runtime.widths import (STEP, choose_block, choose_window, lookahea
 WIDTHS = (1, 2, 4, 6, 9, 12, 15, 18, 21, 24, 27, 33)
 DEFAULT = ("greedy", "prophet", "prompt_lookup", "lookahead")
 
-
-@pytest.fixture(autouse=True)
-def _prompt_lookup_model(monkeypatch):
-    """These curves sit prompt lookup's break-even where its model put it when they were written (1.10 tokens
-    per forward over 1 + 1.68 positions, any 1-gram match drafting): the margin's logic is under test, not
-    the count (the shipped count, ``min_ngram=2``, is ``pays.PROMPT_LOOKUP``)."""
-    monkeypatch.setattr(pays, "PROMPT_LOOKUP", Expectation(tokens=1.10, positions=2.7, drafting=0.0, source="test"))
+# these curves sit prompt lookup's break-even where its model put it when they were written: the margin's logic
+# is under test, not the count
+pytestmark = pytest.mark.usefixtures("copying_example")
 
 
 def _curve(ratio, scale=None, spread=None) -> ForwardCost:

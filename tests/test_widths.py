@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from decoding.events import WidthChosen
-from decoding.harness import pays
 from decoding.harness.pays import PROPHET, Expectation, default_comparison, verdict, verdicts
 from decoding.harness.runner import shown_params
 from decoding.params import GreedyParams, JacobiParams, LookaheadParams
@@ -209,9 +208,8 @@ def test_the_verdict_is_the_stated_formula_and_its_line_says_why():
     assert verdict("beam", DEAR).speedup is None and verdict("beam", DEAR).pays     # no model: not judged
 
 
-def test_default_comparison_keeps_what_pays_and_says_why_for_the_rest(monkeypatch):
+def test_default_comparison_keeps_what_pays_and_says_why_for_the_rest(copying_example):
     # a default example with text to copy (prompt lookup's count before min_ngram), so that FLAT ticks it
-    monkeypatch.setattr(pays, "PROMPT_LOOKUP", Expectation(tokens=1.10, positions=2.7, source="test"))
     cheap = default_comparison(FLAT, DEFAULT)
     assert cheap.strategies == DEFAULT and cheap.left_out == () and cheap.note == ""
     dear = default_comparison(curve(5.0), DEFAULT)

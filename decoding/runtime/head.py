@@ -295,8 +295,7 @@ class Prophet(nn.Module):
             head = nn.Linear(self.config.hidden, len(self.vocab), bias=False, device="meta")
             head.weight = nn.Parameter(self.head.to(self.dtype), requires_grad=False)
             # a plain attribute, as PackedLinear.packed: a submodule would add its weight to state_dict()
-            own = use_half and kernels.own_half()
-            wrap = (lambda linear: kernels.HalfLinear(linear, own=own)) if use_half else kernels.PackedLinear
+            wrap = kernels.half_wrapper() if use_half else kernels.PackedLinear
             object.__setattr__(self, "_packed_head", wrap(head))
             for layer in self.layers:   # q|k|v and gate|up as one product each (plain attributes, as above)
                 for name, parts in (("joined_qkv", (layer.q, layer.k, layer.v)),

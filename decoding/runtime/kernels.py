@@ -420,11 +420,14 @@ def half_linears(model: nn.Module) -> int:
     kernel (FBGEMM's rows change with the width on an AVX2 CPU). Does nothing on other devices or dtypes, or on a
     build without FBGEMM. The model must stay frozen afterwards.
     """
-    if not half_available():
-        return 0
-    own = own_half()
-    return _swap_float32_linears(model, lambda linear: HalfLinear(linear, own=own))
+    return _swap_float32_linears(model, half_wrapper()) if half_available() else 0
 
+
+def half_wrapper() -> Callable[[nn.Module], "HalfLinear"]:
+    """``HalfLinear`` of a plain linear layer, on the project's kernel where it builds here (:func:`own_half`),
+    else on FBGEMM's: what :func:`half_linears` swaps in, and what a module wraps a product of its own with."""
+    own = own_half()
+    return lambda linear: HalfLinear(linear, own=own)
 
 
 def _swap_float32_linears(model: nn.Module, wrap: Callable[[nn.Module], nn.Module]) -> int:

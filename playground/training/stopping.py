@@ -26,6 +26,10 @@ class Stop:
     def __bool__(self) -> bool:
         return bool(self.signal)
 
+    def record(self) -> dict:
+        """What a log entry or summary says of it: ``{"stopped": "SIGTERM"}``, or nothing."""
+        return {"stopped": self.signal} if self.signal else {}
+
 
 @contextlib.contextmanager
 def stop_requested(signals: tuple = (signal.SIGTERM, signal.SIGINT)) -> Iterator[Stop]:
