@@ -58,11 +58,23 @@ def weights(copies: int, layers: int = LAYERS) -> list[list[torch.Tensor]]:
     return [[torch.randn(n, k, generator=gen) * 0.05 for n, k in shapes] for _ in range(copies)]
 
 
+def _ours_at(width: int):
+    def call(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        attention_kernels.half_width(width)
+        return attention_kernels.half_linear(x, packed, None)
+    return call
+
+
 def products(copies: list[list[torch.Tensor]], fbgemm: bool) -> dict:
-    """Each product's packed weights per copy, and the call that runs one of them on rows ``x``."""
-    out = {"ours": ([[attention_kernels.pack_half(w) for w in ws] for ws in copies],
-                    lambda x, p: attention_kernels.half_linear(x, p, None)),
-           "float32": (copies, lambda x, w: F.linear(x, w))}
+    """Each product's packed weights per copy, and the call that runs one of them on rows ``x``. ``ours`` runs the
+    path the load measured as faster (``attention_kernels.choose_half_width``); where the build has both, the other
+    path is timed too (``ours-8`` or ``ours-16``: floats per register; the same bits)."""
+    chosen = attention_kernels.half_width()
+    packed = [[attention_kernels.pack_half(w) for w in ws] for ws in copies]
+    out = {"ours": (packed, _ours_at(chosen)), "float32": (copies, lambda x, w: F.linear(x, w))}
+    other = 24 - chosen
+    if attention_kernels.half_choice()["widest"] == 16:
+        out[f"ours-{other}"] = (packed, _ours_at(other))
     if fbgemm:
         out["fbgemm"] = ([[torch.ops.quantized.linear_prepack_fp16(w, None) for w in ws] for ws in copies],
                          torch.ops.quantized.linear_dynamic_fp16)
@@ -84,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     copies = weights(args.copies, args.layers)
     kinds = products(copies, kernels.half_available())
     names = list(kinds)
-    cpu = f"{cpu_label()}; PyTorch's kernels: {pytorch_isa()}; kernel built for {attention_kernels.target_arch()}"
+    cpu = (f"{cpu_label()}; PyTorch's kernels: {pytorch_isa()}; kernel built for {attention_kernels.target_arch()}; "
+           f"its path: {attention_kernels.half_width()} floats ({attention_kernels.half_choice()['why']})")
     print(f"CPU: {cpu}; {torch.get_num_threads()} threads; {args.copies} copies of the weights "
           f"({sum(w.numel() for w in copies[0]) * 2 / 1e6:.0f} MB each in float16)")
     flops = 2 * sum(w.numel() for w in copies[0])
@@ -103,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
                         call(xs[copies[0][i].shape[1]], w)
 
             times, _ = interleaved_ms(names, args.repeats, forward)
+            attention_kernels.half_width(int(attention_kernels.half_choice()["width"]))
             ms = {n: median(t) / args.copies for n, t in times.items()}
             exact = all(rows_exact(w, m) for w in kinds["ours"][0][0][-1:] + kinds["ours"][0][0][3:4])
             ratio = {n: ms[n] / ms["ours"] for n in names}

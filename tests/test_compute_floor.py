@@ -69,11 +69,18 @@ def kernel():
 
 
 def test_the_fma_probe_reports_the_operations_it_ran(kernel):
-    workers = torch.get_num_threads()
-    for loads in (False, True):
-        done = torch.ops.decoding_attention.fma_probe(torch.empty(0), 1000, loads)
-        assert done == workers * 1000 * 12 * 8 * 2          # 12 chains of 8-float multiply-adds, 2 operations each
-        assert torch.ops.decoding_attention.fma_probe(torch.empty(0), 3000, loads) == 3 * done
+    """12 chains of multiply-adds on the registers half_linear's wide products use (8 or 16 floats), 2 operations
+    a lane each: the probe follows the kernel's path, so the floor it puts under a forward is that path's."""
+    workers, before = torch.get_num_threads(), attention_kernels.half_width()
+    try:
+        for width in (8, 16):
+            lanes = attention_kernels.half_width(width)      # 16 only where the build has it
+            for loads in (False, True):
+                done = torch.ops.decoding_attention.fma_probe(torch.empty(0), 1000, loads)
+                assert done == workers * 1000 * 12 * lanes * 2
+                assert torch.ops.decoding_attention.fma_probe(torch.empty(0), 3000, loads) == 3 * done
+    finally:
+        attention_kernels.half_width(before)
 
 
 def test_fma_gflops_is_a_positive_rate(kernel):

@@ -72,6 +72,68 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
     assert torch.allclose(wide, narrow, atol=1e-5, rtol=1e-5) and torch.equal(wide.argmax(-1), narrow.argmax(-1))
 
 
+def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_runs():
+    """``half_linear`` has an 8-float path (AVX2) and, where the build has AVX-512, a 16-float one for products over
+    more than 4 rows, holding two outputs' lanes per register and up to 8 rows at a time; the faster is measured at
+    load. What would break it: a
+    16-float path whose lanes sum in another order (bits that depend on the machine's path, so a forward that is no
+    longer any CPU's float16-weight model), row groups that skip or repeat a row at some M (10 = 5 + 5, 17 = 6 + 6
+    + 5), a wide path built but never taken, or a width switch that ignores what it is told."""
+    from decoding.runtime import attention_kernels as ak
+    if ak.load_default() is not None:
+        pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
+    chosen = ak.half_choice()
+    assert chosen["width"] in (8, 16) and chosen["widest"] in (8, 16) and chosen["why"]
+    before = ak.half_width()
+    try:
+        assert ak.half_width(8) == 8
+        assert ak.half_width(3) == 8                 # not a width: left as it was
+        gen = torch.Generator().manual_seed(1)
+        cases = []
+        for n, k in ((96, 64), (200, 576), (576, 1536)):
+            packed = ak.pack_half(torch.randn(n, k, generator=gen))
+            bias = torch.randn(n, generator=gen)
+            x = torch.randn(40, k, generator=gen)
+            weight = packed.transpose(1, 2).reshape(n, k).double()        # the float16 weights, unpacked
+            want = torch.nn.functional.linear(x.double(), weight, bias.double())
+            cases.append((packed, bias, x, want))
+        rows = (1, 2, 3, 4, 5, 7, 8, 9, 10, 16, 17, 40)
+        narrow_calls = ak.half_calls()[0]
+        narrow = [[ak.half_linear(x[:m], packed, bias) for m in rows] for packed, bias, x, _ in cases]
+        assert ak.half_calls()[0] == narrow_calls + len(rows) * len(cases)
+        for (packed, bias, x, want), got in zip(cases, narrow):
+            assert torch.allclose(got[-1].double(), want, atol=1e-4, rtol=1e-4)
+        if ak.half_width(16) != 16:
+            assert chosen["widest"] == 8
+            pytest.skip("this build has only the 8-float path (no AVX-512): nothing to compare it with")
+        wide_calls = ak.half_calls()[1]
+        for (packed, bias, x, _), thin in zip(cases, narrow):
+            for m, expected in zip(rows, thin):
+                assert torch.equal(ak.half_linear(x[:m], packed, bias), expected), (tuple(x.shape), m)
+        assert ak.half_calls()[1] == wide_calls + sum(m > 4 for m in rows) * len(cases)
+    finally:
+        ak.half_width(before)
+
+
+def test_the_half_width_is_measured_unless_the_operator_sets_it(monkeypatch):
+    from decoding.runtime import attention_kernels as ak
+    if ak.load_default() is not None:
+        pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
+    before = ak.half_width()
+    try:
+        widest = ak.half_choice()["widest"]
+        monkeypatch.setenv(ak.HALF_WIDTH_SWITCH, "8")
+        assert ak.choose_half_width() == {"width": 8, "widest": widest, "why": "DECODING_HALF_WIDTH=8"}
+        assert ak.half_width() == 8
+        monkeypatch.delenv(ak.HALF_WIDTH_SWITCH)
+        got = ak.choose_half_width(repeats=1)
+        assert got["width"] == ak.half_width()
+        if got["widest"] == 16:                      # measured: the faster of the two timings is the one set
+            assert set(got["ms"]) == {"8", "16"} and got["width"] == int(min(got["ms"], key=got["ms"].get))
+    finally:
+        ak.half_width(before)
+
+
 @needs_half
 def test_lossless_strategies_equal_the_fp16_models_own_greedy():
     lm = _half(tiny_causal("llama", seed=0, scale=8.0))

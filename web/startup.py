@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from decoding.harness.pays import PROPHET_SHAPES, choose_prophet_shape, default_comparison
 from decoding.harness.steps import StepRatio, race_costs, step_ratios
-from decoding.runtime import compiled, routes
+from decoding.runtime import attention_kernels, compiled, routes
 from decoding.runtime.head import prophet_for
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
 from decoding.runtime.pair import ModelPair, has_prophet
@@ -387,6 +387,8 @@ class Startup:
                 note = (f"compiled CPU forward: on for {lm.name} (inductor; {stats['graphs']} graphs, compiled in "
                         f"{stats['compile_s']:.0f} s; attention: {stats['attention']}); it measured the cheapest "
                         f"race step here")
+                if lm.weights == "fp16" and attention_kernels.half_note():
+                    note += "; " + attention_kernels.half_note()
                 self._set(target=winner.preset, target_note=choice.reason, compiled=True, compiled_note=note)
             else:
                 why = next(iter(reasons.values()), None) if reasons else None

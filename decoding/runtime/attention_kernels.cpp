@@ -21,6 +21,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -375,19 +376,83 @@ inline void float_tile(const float* x, int64_t K, const float* w, const float* b
   for (int m = 0; m < MR; ++m) lanes4(acc[m], bias, y + m * N);
 }
 
+// The widened tile on 16-float registers (AVX-512): one register holds two outputs' 8 lanes (the packed layout puts
+// outputs n and n + 1 side by side), and a row's 8 inputs are broadcast to both halves. Every lane does exactly the
+// fused multiply-adds of ``float_tile``, in the same order, and the same ``lanes4`` sums them, so a row's bits are the
+// same on either path (tests/test_fp16_weights.py checks it): only the instructions per step halve, and the 32
+// registers hold 8 rows (16 accumulators) where AVX2's 16 hold 3. Which path runs past DIRECT_ROWS is measured per
+// machine (attention_kernels.choose_half_width); an AVX2 build has only the 8-float one. Up to DIRECT_ROWS rows stay on
+// ``half_tile``: with one row a 16-float tile has two chains of dependent multiply-adds where ``half_tile`` has four,
+// and it measured 1.6x slower at one row on an AMD EPYC Zen 5.
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+constexpr int64_t WIDEST = 16;
+constexpr int WIDE_ROWS = 8;            // 16 accumulators + 2 weights + 1 input of 32 registers
+
+inline void store_lanes(const __m512* acc, const float* bias, float* y) {
+  v8 a[4];
+  for (int h = 0; h < 2; ++h) {
+    const __m256 lo = _mm512_castps512_ps256(acc[h]), hi = _mm512_extractf32x8_ps(acc[h], 1);
+    std::memcpy(&a[2 * h], &lo, sizeof(v8));
+    std::memcpy(&a[2 * h + 1], &hi, sizeof(v8));
+  }
+  lanes4(a, bias, y);
+}
+
+template <int MR>
+inline void wide_tile(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
+                      const char* next, int64_t lines) {
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k = 0, step = 0; k < K; k += 8, w += 32, ++step) {
+    prefetch_line(next, step, lines);
+    const __m512 w01 = _mm512_loadu_ps(w), w23 = _mm512_loadu_ps(w + 16);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + m * K + k));
+      acc[m][0] = _mm512_fmadd_ps(xv, w01, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(xv, w23, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) store_lanes(acc[m], bias, y + m * N);
+}
+
+inline void wide_group(int64_t rows, const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
+                       const char* next, int64_t lines) {
+  switch (rows) {
+    case 1: wide_tile<1>(x, K, w, bias, y, N, next, lines); break;
+    case 2: wide_tile<2>(x, K, w, bias, y, N, next, lines); break;
+    case 3: wide_tile<3>(x, K, w, bias, y, N, next, lines); break;
+    case 4: wide_tile<4>(x, K, w, bias, y, N, next, lines); break;
+    case 5: wide_tile<5>(x, K, w, bias, y, N, next, lines); break;
+    case 6: wide_tile<6>(x, K, w, bias, y, N, next, lines); break;
+    case 7: wide_tile<7>(x, K, w, bias, y, N, next, lines); break;
+    default: wide_tile<8>(x, K, w, bias, y, N, next, lines); break;
+  }
+}
+#else
+constexpr int64_t WIDEST = 8;
+constexpr int WIDE_ROWS = 8;
+#endif
+
+std::atomic<int64_t> half_width_now{WIDEST};   // the path half_linear takes past DIRECT_ROWS: 8 or (where built) 16
+std::atomic<int64_t> half_calls_by_width[2];    // products run on each path (tests count them)
+
 constexpr int64_t TB = 8;        // tiles (of 4 outputs) a worker takes at a time
 constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of a tile (below)
 
 // The next row group's size in a product over M rows, with ``left`` rows to go: 2 at a time when the rows read the
 // float16 weights straight (M <= DIRECT_ROWS), else 3 at a time, but 2 + 2 rather than 3 + 1 (one row alone uses a
 // quarter of the registers a group of three does).
-inline int64_t group_rows(int64_t M, int64_t left) {
+inline int64_t group_rows(int64_t M, int64_t left, bool wide) {
+  if (wide && M > DIRECT_ROWS) {     // as few groups as the registers allow, of even sizes (10 rows: 5 + 5, not 8 + 2)
+    const int64_t groups = (left + WIDE_ROWS - 1) / WIDE_ROWS;
+    return (left + groups - 1) / groups;
+  }
   return M <= DIRECT_ROWS || left == 4 || left < 3 ? std::min<int64_t>(left, 2) : 3;
 }
 
-inline int64_t row_groups(int64_t M) {
+inline int64_t row_groups(int64_t M, bool wide) {
   int64_t groups = 0;
-  for (int64_t left = M; left > 0; left -= group_rows(M, left)) ++groups;
+  for (int64_t left = M; left > 0; left -= group_rows(M, left, wide)) ++groups;
   return groups;
 }
 
@@ -416,7 +481,9 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* py = out.data_ptr<float>();
   const int64_t tile_lines = (K * 4 * 2 + 63) / 64;               // a tile's bytes in cache lines
-  const int64_t groups = row_groups(M);
+  const bool wide = WIDEST == 16 && half_width_now.load(std::memory_order_relaxed) == 16 && M > DIRECT_ROWS;
+  half_calls_by_width[wide ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+  const int64_t groups = row_groups(M, wide);
   const int64_t per_group = (tile_lines + groups - 1) / groups;    // the next tile's lines each group asks for
   const bool direct = M <= DIRECT_ROWS;
   at::parallel_for(0, (tiles + TB - 1) / TB, 1, [&](int64_t lo, int64_t hi) {
@@ -441,9 +508,16 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
       for (int64_t m = 0, g = 0; m < M; ++g) {
         const char* part = next + g * per_group * 64;
         const int64_t own = std::max<int64_t>(0, std::min(per_group, lines - g * per_group));
-        const int64_t rows = group_rows(M, M - m);
+        const int64_t rows = group_rows(M, M - m, wide);
         const float* xm = px + m * K;
         float* ym = yt + m * N;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+        if (wide && !direct) {
+          wide_group(rows, xm, K, wf, bt, ym, N, part, own);
+          m += rows;
+          continue;
+        }
+#endif
         if (direct && rows == 2) half_tile<2>(xm, K, wt, bt, ym, N, part, own);
         if (direct && rows == 1) half_tile<1>(xm, K, wt, bt, ym, N, part, own);
         if (!direct && rows == 3) float_tile<3>(xm, K, wf, bt, ym, N, part, own);
@@ -456,13 +530,25 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   return out;
 }
 
+// The path half_linear takes: ``width`` 8 or 16 sets it (16 only where this build has it), 0 leaves it; returns the
+// path now taken. ``half_calls`` counts the products each path ran (8 floats, 16 floats).
+int64_t half_width(int64_t width) {
+  if (width == 8 || (width == 16 && WIDEST == 16)) half_width_now.store(width);
+  return half_width_now.load();
+}
+
+std::vector<int64_t> half_calls(const at::Tensor& /*cpu: the dispatcher's key*/) {
+  return {half_calls_by_width[0].load(), half_calls_by_width[1].load()};
+}
+
 // ------------------------------------------------------------------------------------------------- the FMA probe
-// What this machine's cores can multiply: every worker runs ``iters`` rounds of 12 independent 8-float
-// multiply-adds (enough chains to cover the adder's latency), and the call returns the floating-point operations
-// done (2 per lane per multiply-add). The caller times it. With ``loads`` each multiply-add takes one operand from
-// memory (a 16 KB buffer that stays in L1), as a product's inner loop does: on an AMD EPYC Zen 3 that rate, not the
-// registers-only one, bounds the products (runtime/forward_cost.compute_floor_ms). A virtual CPU may share its
-// core with a neighbour: the probe measures what this one gets, which is what a kernel gets too.
+// What this machine's cores can multiply: every worker runs ``iters`` rounds of 12 independent multiply-adds on the
+// registers half_linear's wide products use (8 floats, or 16 where ``half_width`` is 16: enough chains to cover the
+// adder's latency), and the call returns the floating-point operations done (2 per lane per multiply-add). The
+// caller times it. With ``loads`` each multiply-add takes one operand from memory (a 16 KB buffer that stays in
+// L1), as a product's inner loop does: on an AMD EPYC Zen 3 that rate, not the registers-only one, bounds the
+// products (runtime/forward_cost.compute_floor_ms). A virtual CPU may share its core with a neighbour: the probe
+// measures what this one gets, which is what a kernel gets too.
 template <bool LOADS>
 float fma_rounds(int64_t iters, int64_t seed) {
   alignas(64) float buf[4096];
@@ -479,16 +565,41 @@ float fma_rounds(int64_t iters, int64_t seed) {
   return s;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+template <bool LOADS>
+float fma_rounds_wide(int64_t iters, int64_t seed) {
+  alignas(64) float buf[4096];
+  for (int i = 0; i < 4096; ++i) buf[i] = 1e-6f * static_cast<float>((i + seed) % 7);
+  __m512 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(0.001f * static_cast<float>(j + seed));
+  const __m512 a = _mm512_set1_ps(0.9999f), b = _mm512_set1_ps(1e-5f);
+  for (int64_t i = 0; i < iters; ++i) {
+    const float* p = buf + (i & 63) * 64;
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(LOADS ? _mm512_load_ps(p + (j & 3) * 16) : b, a, acc[j]);
+  }
+  float s = 0.f;
+  for (int j = 0; j < 12; ++j) s += _mm512_cvtss_f32(acc[j]);
+  return s;
+}
+#endif
+
 double fma_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters, bool loads) {
   const int64_t workers = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t lanes = WIDEST == 16 && half_width_now.load() == 16 ? 16 : 8;
   std::vector<float> sink(static_cast<size_t>(workers), 0.f);
   at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t)        // kept, so the loop is not optimised away
-      sink[static_cast<size_t>(t)] = loads ? fma_rounds<true>(iters, t) : fma_rounds<false>(iters, t);
+    for (int64_t t = lo; t < hi; ++t) {      // kept, so the loop is not optimised away
+      float got = 0.f;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+      if (lanes == 16) got = loads ? fma_rounds_wide<true>(iters, t) : fma_rounds_wide<false>(iters, t);
+#endif
+      if (lanes == 8) got = loads ? fma_rounds<true>(iters, t) : fma_rounds<false>(iters, t);
+      sink[static_cast<size_t>(t)] = got;
+    }
   });
   float total = 0.f;
   for (float s : sink) total += s;
-  return total == total ? static_cast<double>(workers) * static_cast<double>(iters) * 12.0 * 16.0 : 0.0;
+  return total == total ? static_cast<double>(workers) * static_cast<double>(iters) * 12.0 * 2.0 * lanes : 0.0;
 }
 
 }  // namespace
@@ -500,6 +611,8 @@ TORCH_LIBRARY(decoding_attention, m) {
   m.def("move_rows(Tensor(a!)[] caches, Tensor src, int base) -> ()");
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("fma_probe(Tensor cpu, int iters, bool loads) -> float");
+  m.def("half_width(int width) -> int", half_width);
+  m.def("half_calls(Tensor cpu) -> int[]");
 }
 
 TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
@@ -509,4 +622,5 @@ TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
   m.impl("argmax_rows", argmax_rows);
   m.impl("half_linear", half_linear);
   m.impl("fma_probe", fma_probe);
+  m.impl("half_calls", half_calls);
 }

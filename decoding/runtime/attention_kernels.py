@@ -155,6 +155,7 @@ def load(cache: Path) -> Optional[str]:
                 torch.ops.load_library(str(path))
                 _register_fakes()
                 verify.use_argmax(argmax_rows)
+                _STATE["half_width"] = choose_half_width()
             except Exception as exc:            # a build that fails serves the same forward without it
                 reason = f"the attention kernel could not be built here ({type(exc).__name__}: {exc})"[:300]
         _STATE["reason"] = reason
@@ -181,6 +182,66 @@ def half_linear(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.T
     return torch.ops.decoding_attention.half_linear(rows, packed, bias)
 
 
+HALF_WIDTH_SWITCH = "DECODING_HALF_WIDTH"       # "8" or "16": that path of half_linear, unmeasured
+
+
+def half_width(width: int = 0) -> int:
+    """The path ``half_linear`` takes over more than 4 rows, in floats per register: ``width`` 8 or 16 sets it (16
+    only where the build has AVX-512), 0 only asks. Both paths give every row the same bits (attention_kernels.cpp),
+    so the choice is speed. Up to 4 rows always take the 8-float path."""
+    return int(torch.ops.decoding_attention.half_width(int(width)))
+
+
+def half_calls() -> tuple[int, int]:
+    """How many products ``half_linear`` has run on each path (8 floats, 16 floats) in this process."""
+    narrow, wide = torch.ops.decoding_attention.half_calls(torch.empty(0))
+    return int(narrow), int(wide)
+
+
+def choose_half_width(repeats: int = 7) -> dict:
+    """Set ``half_linear``'s path to the faster one on this machine, measured: the median of ``repeats`` interleaved
+    timings of a 3072 x 576 product (a layer's gate|up) over 6, 10 and 16 rows (a verify forward's widths past the
+    4 rows that always take the 8-float path), where the products are bound by the cores, not by memory.
+    ``DECODING_HALF_WIDTH=8|16`` sets it
+    unmeasured. Returns what was chosen and why (the start's log shows it)."""
+    widest = half_width(16)
+    forced = os.environ.get(HALF_WIDTH_SWITCH, "").strip()
+    if forced in ("8", "16"):
+        return {"width": half_width(int(forced)), "widest": widest, "why": f"{HALF_WIDTH_SWITCH}={forced}"}
+    if widest == 8:
+        return {"width": half_width(8), "widest": 8, "why": "this build has only 8-float registers"}
+    gen = torch.Generator().manual_seed(0)
+    packed = pack_half(torch.randn(3072, 576, generator=gen) * 0.02)
+    inputs = [torch.randn(rows, 576, generator=gen) for rows in (6, 10, 16)]
+    times: dict = {8: [], 16: []}
+    for round_ in range(repeats + 1):
+        for width in (8, 16):
+            half_width(width)
+            t0 = time.perf_counter()
+            for x in inputs:
+                torch.ops.decoding_attention.half_linear(x, packed, None)
+            if round_:                                       # the first round warms both paths
+                times[width].append(time.perf_counter() - t0)
+    ms = {width: 1e3 * sorted(t)[len(t) // 2] for width, t in times.items()}
+    best = min(ms, key=ms.get)
+    return {"width": half_width(best), "widest": 16, "ms": {str(w): round(v, 3) for w, v in ms.items()},
+            "why": f"measured: 8 floats {ms[8]:.2f} ms, 16 floats {ms[16]:.2f} ms (6 + 10 + 16 rows of 3072 x 576)"}
+
+
+def half_choice() -> Optional[dict]:
+    """What :func:`choose_half_width` chose when the kernel was loaded (None when it is not loaded)."""
+    return _STATE.get("half_width")
+
+
+def half_note() -> str:
+    """One line for the start's log: which path the float16-weight products take here, and why ('' when the
+    kernel is not loaded)."""
+    chosen = half_choice()
+    if not ready() or not chosen:
+        return ""
+    return f"float16 products past 4 rows on {half_width()}-float registers ({chosen['why']})"
+
+
 def ready() -> bool:
     return _STATE.get("reason", "not loaded") is None
 
@@ -195,8 +256,8 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 def fma_gflops(seconds: float = 0.2, repeats: int = 3, loads: bool = True) -> Optional[float]:
     """What this machine's cores multiply-add per second, GFLOP/s, over all of PyTorch's threads (the kernel's
-    ``fma_probe``: 12 independent 8-float multiply-add chains per worker): the best of ``repeats`` timings of about
-    ``seconds`` each. ``loads``: each multiply-add takes an operand from L1, as a product's inner loop does (the
+    ``fma_probe``: 12 independent multiply-add chains per worker, on the registers ``half_linear``'s wide products
+    use): the best of ``repeats`` timings of about ``seconds`` each. ``loads``: each multiply-add takes an operand from L1, as a product's inner loop does (the
     rate that bounds a product); else registers only (the arithmetic units' peak). None when the kernel is not
     loaded. The compute floor under a wide forward (``forward_cost.compute_floor_ms``) divides a forward's products
     by it."""
