@@ -74,11 +74,11 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
 
 def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_runs():
     """``half_linear`` has an 8-float path (AVX2) and, where the build has AVX-512, a 16-float one for products over
-    more than 4 rows, holding two outputs' lanes per register and up to 8 rows at a time; the faster is measured at
-    load. What would break it: a
-    16-float path whose lanes sum in another order (bits that depend on the machine's path, so a forward that is no
-    longer any CPU's float16-weight model), row groups that skip or repeat a row at some M (10 = 5 + 5, 17 = 6 + 6
-    + 5), a wide path built but never taken, or a width switch that ignores what it is told."""
+    more than 4 rows, holding two outputs' lanes per register and up to 12 rows at a time; the faster is measured
+    at load. What would break it: a 16-float path whose lanes sum in another order (bits that depend on the
+    machine's path, so a forward that is no longer any CPU's float16-weight model), row groups that skip or repeat
+    a row at some M (13 = 7 + 6, 25 = 9 + 8 + 8), a wide path built but never taken, or a width switch that ignores
+    what it is told."""
     from decoding.runtime import attention_kernels as ak
     if ak.load_default() is not None:
         pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
@@ -97,7 +97,7 @@ def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_r
             weight = packed.transpose(1, 2).reshape(n, k).double()        # the float16 weights, unpacked
             want = torch.nn.functional.linear(x.double(), weight, bias.double())
             cases.append((packed, bias, x, want))
-        rows = (1, 2, 3, 4, 5, 7, 8, 9, 10, 16, 17, 40)
+        rows = (1, 2, 3, 4, 5, 7, 8, 10, 12, 13, 16, 25, 40)
         narrow_calls = ak.half_calls()[0]
         narrow = [[ak.half_linear(x[:m], packed, bias) for m in rows] for packed, bias, x, _ in cases]
         assert ak.half_calls()[0] == narrow_calls + len(rows) * len(cases)

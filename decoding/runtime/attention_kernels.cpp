@@ -376,17 +376,19 @@ inline void float_tile(const float* x, int64_t K, const float* w, const float* b
   for (int m = 0; m < MR; ++m) lanes4(acc[m], bias, y + m * N);
 }
 
-// The widened tile on 16-float registers (AVX-512): one register holds two outputs' 8 lanes (the packed layout puts
-// outputs n and n + 1 side by side), and a row's 8 inputs are broadcast to both halves. Every lane does exactly the
-// fused multiply-adds of ``float_tile``, in the same order, and the same ``lanes4`` sums them, so a row's bits are the
-// same on either path (tests/test_fp16_weights.py checks it): only the instructions per step halve, and the 32
-// registers hold 8 rows (16 accumulators) where AVX2's 16 hold 3. Which path runs past DIRECT_ROWS is measured per
-// machine (attention_kernels.choose_half_width); an AVX2 build has only the 8-float one. Up to DIRECT_ROWS rows stay on
-// ``half_tile``: with one row a 16-float tile has two chains of dependent multiply-adds where ``half_tile`` has four,
-// and it measured 1.6x slower at one row on an AMD EPYC Zen 5.
+// The tile on 16-float registers (AVX-512), for products over more than DIRECT_ROWS rows: one register holds two
+// outputs' 8 lanes (the packed layout puts outputs n and n + 1 side by side), widened from float16 once a step for all
+// the group's rows, and a row's 8 inputs are broadcast to both halves. Every lane does exactly the fused multiply-adds
+// of ``half_tile`` / ``float_tile``, in the same order, and the same ``lanes4`` sums them, so a row's bits are the same
+// on either path (tests/test_fp16_weights.py checks it): only the instructions per step halve, and the 32 registers
+// hold 12 rows (24 accumulators), so a verify forward's rows share one pass over the weights with no widened copy. On
+// an AMD EPYC Zen 5 (a forward's products, bench_half_linear.py): 10 rows 24 -> 8.3 ms, 16 rows 38 -> 13 ms; up to
+// 4 rows ``half_tile`` stays faster there (two to five rows took 8-9 ms on this path against 5-8). Which path runs
+// past DIRECT_ROWS is measured per machine (attention_kernels.choose_half_width); an AVX2 build has only the 8-float
+// one.
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 constexpr int64_t WIDEST = 16;
-constexpr int WIDE_ROWS = 8;            // 16 accumulators + 2 weights + 1 input of 32 registers
+constexpr int WIDE_ROWS = 12;           // 24 accumulators + 2 weights + 1 input of the 32 registers
 
 inline void store_lanes(const __m512* acc, const float* bias, float* y) {
   v8 a[4];
@@ -399,13 +401,14 @@ inline void store_lanes(const __m512* acc, const float* bias, float* y) {
 }
 
 template <int MR>
-inline void wide_tile(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
+inline void wide_tile(const float* x, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
                       const char* next, int64_t lines) {
   __m512 acc[MR][2];
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
   for (int64_t k = 0, step = 0; k < K; k += 8, w += 32, ++step) {
     prefetch_line(next, step, lines);
-    const __m512 w01 = _mm512_loadu_ps(w), w23 = _mm512_loadu_ps(w + 16);
+    const __m512 w01 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+    const __m512 w23 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)));
     for (int m = 0; m < MR; ++m) {
       const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + m * K + k));
       acc[m][0] = _mm512_fmadd_ps(xv, w01, acc[m][0]);
@@ -415,8 +418,8 @@ inline void wide_tile(const float* x, int64_t K, const float* w, const float* bi
   for (int m = 0; m < MR; ++m) store_lanes(acc[m], bias, y + m * N);
 }
 
-inline void wide_group(int64_t rows, const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
-                       const char* next, int64_t lines) {
+inline void wide_group(int64_t rows, const float* x, int64_t K, const uint16_t* w, const float* bias, float* y,
+                       int64_t N, const char* next, int64_t lines) {
   switch (rows) {
     case 1: wide_tile<1>(x, K, w, bias, y, N, next, lines); break;
     case 2: wide_tile<2>(x, K, w, bias, y, N, next, lines); break;
@@ -425,12 +428,16 @@ inline void wide_group(int64_t rows, const float* x, int64_t K, const float* w, 
     case 5: wide_tile<5>(x, K, w, bias, y, N, next, lines); break;
     case 6: wide_tile<6>(x, K, w, bias, y, N, next, lines); break;
     case 7: wide_tile<7>(x, K, w, bias, y, N, next, lines); break;
-    default: wide_tile<8>(x, K, w, bias, y, N, next, lines); break;
+    case 8: wide_tile<8>(x, K, w, bias, y, N, next, lines); break;
+    case 9: wide_tile<9>(x, K, w, bias, y, N, next, lines); break;
+    case 10: wide_tile<10>(x, K, w, bias, y, N, next, lines); break;
+    case 11: wide_tile<11>(x, K, w, bias, y, N, next, lines); break;
+    default: wide_tile<12>(x, K, w, bias, y, N, next, lines); break;
   }
 }
 #else
 constexpr int64_t WIDEST = 8;
-constexpr int WIDE_ROWS = 8;
+constexpr int WIDE_ROWS = 12;
 #endif
 
 std::atomic<int64_t> half_width_now{WIDEST};   // the path half_linear takes past DIRECT_ROWS: 8 or (where built) 16
@@ -443,7 +450,7 @@ constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of
 // float16 weights straight (M <= DIRECT_ROWS), else 3 at a time, but 2 + 2 rather than 3 + 1 (one row alone uses a
 // quarter of the registers a group of three does).
 inline int64_t group_rows(int64_t M, int64_t left, bool wide) {
-  if (wide && M > DIRECT_ROWS) {     // as few groups as the registers allow, of even sizes (10 rows: 5 + 5, not 8 + 2)
+  if (wide && M > DIRECT_ROWS) {   // as few groups as the registers allow, of even sizes (16 rows: 8 + 8)
     const int64_t groups = (left + WIDE_ROWS - 1) / WIDE_ROWS;
     return (left + groups - 1) / groups;
   }
@@ -485,7 +492,7 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   half_calls_by_width[wide ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
   const int64_t groups = row_groups(M, wide);
   const int64_t per_group = (tile_lines + groups - 1) / groups;    // the next tile's lines each group asks for
-  const bool direct = M <= DIRECT_ROWS;
+  const bool direct = M <= DIRECT_ROWS || wide;         // no widened copy of a tile
   at::parallel_for(0, (tiles + TB - 1) / TB, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> widened(direct ? 0 : static_cast<size_t>(K * 4 + 16));     // + 16: room to align it
     float* wf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(widened.data()) + 63) & ~uintptr_t(63));
@@ -512,8 +519,8 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
         const float* xm = px + m * K;
         float* ym = yt + m * N;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-        if (wide && !direct) {
-          wide_group(rows, xm, K, wf, bt, ym, N, part, own);
+        if (wide) {
+          wide_group(rows, xm, K, wt, bt, ym, N, part, own);
           m += rows;
           continue;
         }
