@@ -74,8 +74,8 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
 
 def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_runs():
     """``half_linear`` has an 8-float path (AVX2) and, where the build has AVX-512, a 16-float one for products over
-    more than 4 rows, holding two outputs' lanes per register and up to 12 rows at a time; the faster is measured
-    at load. What would break it: a 16-float path whose lanes sum in another order (bits that depend on the
+    more than 2 rows (3-4 rows as one group, more holding two outputs' lanes per register, up to 12 rows at a time);
+    the faster is measured at load. What would break it: a 16-float path whose lanes sum in another order (bits that depend on the
     machine's path, so a forward that is no longer any CPU's float16-weight model), row groups that skip or repeat
     a row at some M (13 = 7 + 6, 25 = 9 + 8 + 8), a wide path built but never taken, or a width switch that ignores
     what it is told."""
@@ -110,7 +110,7 @@ def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_r
         for (packed, bias, x, _), thin in zip(cases, narrow):
             for m, expected in zip(rows, thin):
                 assert torch.equal(ak.half_linear(x[:m], packed, bias), expected), (tuple(x.shape), m)
-        assert ak.half_calls()[1] == wide_calls + sum(m > 4 for m in rows) * len(cases)
+        assert ak.half_calls()[1] == wide_calls + sum(m > 2 for m in rows) * len(cases)
     finally:
         ak.half_width(before)
 

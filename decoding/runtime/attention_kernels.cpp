@@ -381,10 +381,11 @@ inline void float_tile(const float* x, int64_t K, const float* w, const float* b
 // the group's rows, and a row's 8 inputs are broadcast to both halves. Every lane does exactly the fused multiply-adds
 // of ``half_tile`` / ``float_tile``, in the same order, and the same ``lanes4`` sums them, so a row's bits are the same
 // on either path (tests/test_fp16_weights.py checks it): only the instructions per step halve, and the 32 registers
-// hold 12 rows (24 accumulators), so a verify forward's rows share one pass over the weights with no widened copy. On
-// an AMD EPYC Zen 5 (a forward's products, bench_half_linear.py): 10 rows 24 -> 8.3 ms, 16 rows 38 -> 13 ms; up to
-// 4 rows ``half_tile`` stays faster there (two to five rows took 8-9 ms on this path against 5-8). Which path runs
-// past DIRECT_ROWS is measured per machine (attention_kernels.choose_half_width); an AVX2 build has only the 8-float
+// hold 12 rows (24 accumulators), so a verify forward's rows share one pass over the weights with no widened copy. Up
+// to DIRECT_ROWS rows stay on ``half_tile``, in one group (32 registers hold its 16 accumulators; AVX2's 16 hold 2
+// rows' 8): on an AMD EPYC Zen 5 this tile took 8-9 ms for a forward's products over 2 to 4 rows, ``half_tile`` 6-7.
+// There (bench_half_linear.py), against the 8-float path: 4 rows 7.8 -> 6.6 ms, 10 rows 24 -> 8.4, 16 rows 38 -> 13.
+// Which path runs is measured per machine (attention_kernels.choose_half_width); an AVX2 build has only the 8-float
 // one.
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 constexpr int64_t WIDEST = 16;
@@ -449,12 +450,15 @@ constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of
 // The next row group's size in a product over M rows, with ``left`` rows to go: 2 at a time when the rows read the
 // float16 weights straight (M <= DIRECT_ROWS), else 3 at a time, but 2 + 2 rather than 3 + 1 (one row alone uses a
 // quarter of the registers a group of three does).
+// ``wide``: the 16-float path is taken (AVX-512's 32 registers): up to DIRECT_ROWS rows in one ``half_tile`` group (16
+// accumulators, 4 weights and 1 input: 21 of 32 registers), more in even groups of up to WIDE_ROWS on ``wide_tile``.
 inline int64_t group_rows(int64_t M, int64_t left, bool wide) {
   if (wide && M > DIRECT_ROWS) {   // as few groups as the registers allow, of even sizes (16 rows: 8 + 8)
     const int64_t groups = (left + WIDE_ROWS - 1) / WIDE_ROWS;
     return (left + groups - 1) / groups;
   }
-  return M <= DIRECT_ROWS || left == 4 || left < 3 ? std::min<int64_t>(left, 2) : 3;
+  if (M <= DIRECT_ROWS) return std::min<int64_t>(left, wide ? DIRECT_ROWS : 2);
+  return left == 4 || left < 3 ? std::min<int64_t>(left, 2) : 3;
 }
 
 inline int64_t row_groups(int64_t M, bool wide) {
@@ -488,8 +492,8 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* py = out.data_ptr<float>();
   const int64_t tile_lines = (K * 4 * 2 + 63) / 64;               // a tile's bytes in cache lines
-  const bool wide = WIDEST == 16 && half_width_now.load(std::memory_order_relaxed) == 16 && M > DIRECT_ROWS;
-  half_calls_by_width[wide ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+  const bool wide = WIDEST == 16 && half_width_now.load(std::memory_order_relaxed) == 16 && M > 2;
+  half_calls_by_width[wide ? 1 : 0].fetch_add(1, std::memory_order_relaxed);    // (up to 2 rows: the same either way)
   const int64_t groups = row_groups(M, wide);
   const int64_t per_group = (tile_lines + groups - 1) / groups;    // the next tile's lines each group asks for
   const bool direct = M <= DIRECT_ROWS || wide;         // no widened copy of a tile
@@ -519,12 +523,14 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
         const float* xm = px + m * K;
         float* ym = yt + m * N;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-        if (wide) {
+        if (wide && M > DIRECT_ROWS) {
           wide_group(rows, xm, K, wt, bt, ym, N, part, own);
           m += rows;
           continue;
         }
 #endif
+        if (direct && rows == 4) half_tile<4>(xm, K, wt, bt, ym, N, part, own);
+        if (direct && rows == 3) half_tile<3>(xm, K, wt, bt, ym, N, part, own);
         if (direct && rows == 2) half_tile<2>(xm, K, wt, bt, ym, N, part, own);
         if (direct && rows == 1) half_tile<1>(xm, K, wt, bt, ym, N, part, own);
         if (!direct && rows == 3) float_tile<3>(xm, K, wf, bt, ym, N, part, own);

@@ -186,9 +186,9 @@ HALF_WIDTH_SWITCH = "DECODING_HALF_WIDTH"       # "8" or "16": that path of half
 
 
 def half_width(width: int = 0) -> int:
-    """The path ``half_linear`` takes over more than 4 rows, in floats per register: ``width`` 8 or 16 sets it (16
-    only where the build has AVX-512), 0 only asks. Both paths give every row the same bits (attention_kernels.cpp),
-    so the choice is speed. Up to 4 rows always take the 8-float path."""
+    """The path ``half_linear`` takes over more than 2 rows, in floats per register: ``width`` 8 or 16 sets it (16
+    only where the build has AVX-512: up to 4 rows then run as one group, more on 16-float registers). Both paths
+    give every row the same bits (attention_kernels.cpp), so the choice is speed."""
     return int(torch.ops.decoding_attention.half_width(int(width)))
 
 
@@ -200,8 +200,8 @@ def half_calls() -> tuple[int, int]:
 
 def choose_half_width(repeats: int = 7) -> dict:
     """Set ``half_linear``'s path to the faster one on this machine, measured: the median of ``repeats`` interleaved
-    timings of a 3072 x 576 product (a layer's gate|up) over 6, 10 and 16 rows (a verify forward's widths past the
-    4 rows that always take the 8-float path), where the products are bound by the cores, not by memory.
+    timings of a 3072 x 576 product (a layer's gate|up) over 4, 10 and 16 rows (a verify forward's widths), where
+    the products are bound by the cores, not by memory.
     ``DECODING_HALF_WIDTH=8|16`` sets it
     unmeasured. Returns what was chosen and why (the start's log shows it)."""
     widest = half_width(16)
@@ -212,7 +212,7 @@ def choose_half_width(repeats: int = 7) -> dict:
         return {"width": half_width(8), "widest": 8, "why": "this build has only 8-float registers"}
     gen = torch.Generator().manual_seed(0)
     packed = pack_half(torch.randn(3072, 576, generator=gen) * 0.02)
-    inputs = [torch.randn(rows, 576, generator=gen) for rows in (6, 10, 16)]
+    inputs = [torch.randn(rows, 576, generator=gen) for rows in (4, 10, 16)]
     times: dict = {8: [], 16: []}
     for round_ in range(repeats + 1):
         for width in (8, 16):
@@ -225,7 +225,7 @@ def choose_half_width(repeats: int = 7) -> dict:
     ms = {width: 1e3 * sorted(t)[len(t) // 2] for width, t in times.items()}
     best = min(ms, key=ms.get)
     return {"width": half_width(best), "widest": 16, "ms": {str(w): round(v, 3) for w, v in ms.items()},
-            "why": f"measured: 8 floats {ms[8]:.2f} ms, 16 floats {ms[16]:.2f} ms (6 + 10 + 16 rows of 3072 x 576)"}
+            "why": f"measured: 8 floats {ms[8]:.2f} ms, 16 floats {ms[16]:.2f} ms (4 + 10 + 16 rows of 3072 x 576)"}
 
 
 def half_choice() -> Optional[dict]:
@@ -239,7 +239,7 @@ def half_note() -> str:
     chosen = half_choice()
     if not ready() or not chosen:
         return ""
-    return f"float16 products past 4 rows on {half_width()}-float registers ({chosen['why']})"
+    return f"float16 products past 2 rows on the {half_width()}-float path ({chosen['why']})"
 
 
 def ready() -> bool:
