@@ -103,6 +103,11 @@ def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_r
         assert ak.half_calls()[0] == narrow_calls + len(rows) * len(cases)
         for (packed, bias, x, want), got in zip(cases, narrow):
             assert torch.allclose(got[-1].double(), want, atol=1e-4, rtol=1e-4)
+        three = ak.half_three()
+        for one_group in (not three, three):         # three rows as one group or as 2 + 1: the same bits
+            assert ak.half_three(one_group) == one_group
+            for (packed, bias, x, _), thin in zip(cases, narrow):
+                assert torch.equal(ak.half_linear(x[:3], packed, bias), thin[rows.index(3)])
         if ak.half_width(16) != 16:
             assert chosen["widest"] == 8
             pytest.skip("this build has only the 8-float path (no AVX-512): nothing to compare it with")
@@ -123,7 +128,8 @@ def test_the_half_width_is_measured_unless_the_operator_sets_it(monkeypatch):
     try:
         widest = ak.half_choice()["widest"]
         monkeypatch.setenv(ak.HALF_WIDTH_SWITCH, "8")
-        assert ak.choose_half_width() == {"width": 8, "widest": widest, "why": "DECODING_HALF_WIDTH=8"}
+        assert ak.choose_half_width() == {"width": 8, "widest": widest, "three": ak.half_three(),
+                                          "why": "DECODING_HALF_WIDTH=8"}
         assert ak.half_width() == 8
         monkeypatch.delenv(ak.HALF_WIDTH_SWITCH)
         got = ak.choose_half_width(repeats=1)

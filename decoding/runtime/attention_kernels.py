@@ -192,6 +192,12 @@ def half_width(width: int = 0) -> int:
     return int(torch.ops.decoding_attention.half_width(int(width)))
 
 
+def half_three(set_to: Optional[bool] = None) -> bool:
+    """Whether the 8-float path runs a product over three rows as one group (else 2 + 1: the weights widened twice);
+    ``set_to`` sets it. The same bits either way (each row's sums are its own)."""
+    return bool(torch.ops.decoding_attention.half_three(-1 if set_to is None else int(bool(set_to))))
+
+
 def half_calls() -> tuple[int, int]:
     """How many products ``half_linear`` has run on each path (8 floats, 16 floats) in this process."""
     narrow, wide = torch.ops.decoding_attention.half_calls(torch.empty(0))
@@ -199,19 +205,21 @@ def half_calls() -> tuple[int, int]:
 
 
 def choose_half_width(repeats: int = 7) -> dict:
-    """Set ``half_linear``'s path to the faster one on this machine, measured: the median of ``repeats`` interleaved
-    timings of a 3072 x 576 product (a layer's gate|up) over 4, 10 and 16 rows (a verify forward's widths), where
-    the products are bound by the cores, not by memory.
-    ``DECODING_HALF_WIDTH=8|16`` sets it
-    unmeasured. Returns what was chosen and why (the start's log shows it)."""
+    """Set ``half_linear``'s path to the faster one on this machine, measured: the median of ``repeats``
+    interleaved timings of a 3072 x 576 product (a layer's gate|up) over 4, 10 and 16 rows (a verify forward's
+    widths), where the products are bound by the cores, not by memory. First, whether the 8-float path runs three
+    rows as one group (``_choose_three``). ``DECODING_HALF_WIDTH=8|16`` sets the path unmeasured. Returns what was
+    chosen and why (the start's log shows it)."""
+    gen = torch.Generator().manual_seed(0)
+    packed = pack_half(torch.randn(3072, 576, generator=gen) * 0.02)
+    three = _choose_three(packed, gen, repeats)
     widest = half_width(16)
     forced = os.environ.get(HALF_WIDTH_SWITCH, "").strip()
     if forced in ("8", "16"):
-        return {"width": half_width(int(forced)), "widest": widest, "why": f"{HALF_WIDTH_SWITCH}={forced}"}
+        return {"width": half_width(int(forced)), "widest": widest, "three": three,
+                "why": f"{HALF_WIDTH_SWITCH}={forced}"}
     if widest == 8:
-        return {"width": half_width(8), "widest": 8, "why": "this build has only 8-float registers"}
-    gen = torch.Generator().manual_seed(0)
-    packed = pack_half(torch.randn(3072, 576, generator=gen) * 0.02)
+        return {"width": half_width(8), "widest": 8, "three": three, "why": "this build has only 8-float registers"}
     inputs = [torch.randn(rows, 576, generator=gen) for rows in (4, 10, 16)]
     times: dict = {8: [], 16: []}
     for round_ in range(repeats + 1):
@@ -224,8 +232,26 @@ def choose_half_width(repeats: int = 7) -> dict:
                 times[width].append(time.perf_counter() - t0)
     ms = {width: 1e3 * sorted(t)[len(t) // 2] for width, t in times.items()}
     best = min(ms, key=ms.get)
-    return {"width": half_width(best), "widest": 16, "ms": {str(w): round(v, 3) for w, v in ms.items()},
+    return {"width": half_width(best), "widest": 16, "three": three,
+            "ms": {str(w): round(v, 3) for w, v in ms.items()},
             "why": f"measured: 8 floats {ms[8]:.2f} ms, 16 floats {ms[16]:.2f} ms (4 + 10 + 16 rows of 3072 x 576)"}
+
+
+def _choose_three(packed: torch.Tensor, gen: torch.Generator, repeats: int) -> bool:
+    """Set (and return) whether the 8-float path runs three rows as one group: the faster of the two, timed on
+    ``packed`` (medians of ``repeats`` interleaved rounds of 8 products over 3 rows)."""
+    half_width(8)
+    x = torch.randn(3, packed.shape[1] * 8, generator=gen)
+    times: dict = {True: [], False: []}
+    for round_ in range(repeats + 1):
+        for one_group in (True, False):
+            half_three(one_group)
+            t0 = time.perf_counter()
+            for _ in range(8):
+                torch.ops.decoding_attention.half_linear(x, packed, None)
+            if round_:
+                times[one_group].append(time.perf_counter() - t0)
+    return half_three(min(times, key=lambda k: sorted(times[k])[len(times[k]) // 2]))
 
 
 def half_choice() -> Optional[dict]:
@@ -239,7 +265,9 @@ def half_note() -> str:
     chosen = half_choice()
     if not ready() or not chosen:
         return ""
-    return f"float16 products past 2 rows on the {half_width()}-float path ({chosen['why']})"
+    three = "; three rows as one group" if chosen.get("three") else "; three rows as 2 + 1"
+    return (f"float16 products past 2 rows on the {half_width()}-float path ({chosen['why']})"
+            + (three if half_width() == 8 else ""))
 
 
 def ready() -> bool:
