@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -204,15 +204,35 @@ def half_calls() -> tuple[int, int]:
     return int(narrow), int(wide)
 
 
+def _fastest(options: tuple, use: Callable[[Any], Any], run: Callable[[], Any], repeats: int) -> tuple[Any, dict]:
+    """The option under which ``run`` takes least time (each set with ``use``), and each one's median ms: the
+    options timed in turn, ``repeats`` rounds after one that warms them all."""
+    times: dict = {option: [] for option in options}
+    for round_ in range(repeats + 1):
+        for option in options:
+            use(option)
+            t0 = time.perf_counter()
+            run()
+            if round_:
+                times[option].append(time.perf_counter() - t0)
+    ms = {option: 1e3 * sorted(t)[len(t) // 2] for option, t in times.items()}
+    best = min(ms, key=ms.get)
+    use(best)
+    return best, ms
+
+
 def choose_half_width(repeats: int = 7) -> dict:
     """Set ``half_linear``'s path to the faster one on this machine, measured: the median of ``repeats``
     interleaved timings of a 3072 x 576 product (a layer's gate|up) over 4, 10 and 16 rows (a verify forward's
     widths), where the products are bound by the cores, not by memory. First, whether the 8-float path runs three
-    rows as one group (``_choose_three``). ``DECODING_HALF_WIDTH=8|16`` sets the path unmeasured. Returns what was
-    chosen and why (the start's log shows it)."""
+    rows as one group (8 products over 3 rows, timed the same way). ``DECODING_HALF_WIDTH=8|16`` sets the path
+    unmeasured. Returns what was chosen and why (the start's log shows it)."""
+    op = torch.ops.decoding_attention.half_linear
     gen = torch.Generator().manual_seed(0)
     packed = pack_half(torch.randn(3072, 576, generator=gen) * 0.02)
-    three = _choose_three(packed, gen, repeats)
+    half_width(8)
+    three_rows = torch.randn(3, 576, generator=gen)
+    three, _ = _fastest((True, False), half_three, lambda: [op(three_rows, packed, None) for _ in range(8)], repeats)
     widest = half_width(16)
     forced = os.environ.get(HALF_WIDTH_SWITCH, "").strip()
     if forced in ("8", "16"):
@@ -221,37 +241,10 @@ def choose_half_width(repeats: int = 7) -> dict:
     if widest == 8:
         return {"width": half_width(8), "widest": 8, "three": three, "why": "this build has only 8-float registers"}
     inputs = [torch.randn(rows, 576, generator=gen) for rows in (4, 10, 16)]
-    times: dict = {8: [], 16: []}
-    for round_ in range(repeats + 1):
-        for width in (8, 16):
-            half_width(width)
-            t0 = time.perf_counter()
-            for x in inputs:
-                torch.ops.decoding_attention.half_linear(x, packed, None)
-            if round_:                                       # the first round warms both paths
-                times[width].append(time.perf_counter() - t0)
-    ms = {width: 1e3 * sorted(t)[len(t) // 2] for width, t in times.items()}
-    best = min(ms, key=ms.get)
-    return {"width": half_width(best), "widest": 16, "three": three,
+    best, ms = _fastest((8, 16), half_width, lambda: [op(x, packed, None) for x in inputs], repeats)
+    return {"width": half_width(), "widest": 16, "three": three,
             "ms": {str(w): round(v, 3) for w, v in ms.items()},
             "why": f"measured: 8 floats {ms[8]:.2f} ms, 16 floats {ms[16]:.2f} ms (4 + 10 + 16 rows of 3072 x 576)"}
-
-
-def _choose_three(packed: torch.Tensor, gen: torch.Generator, repeats: int) -> bool:
-    """Set (and return) whether the 8-float path runs three rows as one group: the faster of the two, timed on
-    ``packed`` (medians of ``repeats`` interleaved rounds of 8 products over 3 rows)."""
-    half_width(8)
-    x = torch.randn(3, packed.shape[1] * 8, generator=gen)
-    times: dict = {True: [], False: []}
-    for round_ in range(repeats + 1):
-        for one_group in (True, False):
-            half_three(one_group)
-            t0 = time.perf_counter()
-            for _ in range(8):
-                torch.ops.decoding_attention.half_linear(x, packed, None)
-            if round_:
-                times[one_group].append(time.perf_counter() - t0)
-    return half_three(min(times, key=lambda k: sorted(times[k])[len(times[k]) // 2]))
 
 
 def half_choice() -> Optional[dict]:
@@ -285,10 +278,10 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 def fma_gflops(seconds: float = 0.2, repeats: int = 3, loads: bool = True) -> Optional[float]:
     """What this machine's cores multiply-add per second, GFLOP/s, over all of PyTorch's threads (the kernel's
     ``fma_probe``: 12 independent multiply-add chains per worker, on the registers ``half_linear``'s wide products
-    use): the best of ``repeats`` timings of about ``seconds`` each. ``loads``: each multiply-add takes an operand from L1, as a product's inner loop does (the
-    rate that bounds a product); else registers only (the arithmetic units' peak). None when the kernel is not
-    loaded. The compute floor under a wide forward (``forward_cost.compute_floor_ms``) divides a forward's products
-    by it."""
+    use): the best of ``repeats`` timings of about ``seconds`` each. ``loads``: each multiply-add takes an operand
+    from L1, as a product's inner loop does (the rate that bounds a product); else registers only (the arithmetic
+    units' peak). None when the kernel is not loaded. The compute floor under a wide forward
+    (``forward_cost.compute_floor_ms``) divides a forward's products by it."""
     if not ready():
         return None
     cpu = torch.empty(0)
