@@ -75,10 +75,10 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
 def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_runs():
     """``half_linear`` has an 8-float path (AVX2) and, where the build has AVX-512, a 16-float one for products over
     more than 2 rows (3-4 rows as one group, more holding two outputs' lanes per register, up to 12 rows at a time);
-    the faster is measured at load. What would break it: a 16-float path whose lanes sum in another order (bits that depend on the
-    machine's path, so a forward that is no longer any CPU's float16-weight model), row groups that skip or repeat
-    a row at some M (13 = 7 + 6, 25 = 9 + 8 + 8), a wide path built but never taken, or a width switch that ignores
-    what it is told."""
+    the faster is measured at load. What would break it: a 16-float path whose lanes sum in another order (bits
+    that depend on the machine's path, so a forward that is no longer any CPU's float16-weight model), row groups
+    that skip or repeat a row at some M (13 = 7 + 6, 25 = 9 + 8 + 8), three rows as one group giving other bits
+    than 2 + 1, a wide path built but never taken, or a width switch that ignores what it is told."""
     from decoding.runtime import attention_kernels as ak
     if ak.load_default() is not None:
         pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
