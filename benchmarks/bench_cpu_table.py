@@ -16,7 +16,9 @@ model that loads here, eager, and compiled where a C++ compiler exists and its l
 * the prophet's step in greedy steps (its wall time per target forward / greedy's), on the default example;
 * the default race: every default strategy on the default example, median speed-up over ``--repeats`` runs
   (each against greedy in the same run and the same mode), and whether each equals greedy;
-* with ``--unseen N``: the prophet's median speed-up on N prompts of each category of presets/bench_unseen.yaml.
+* with ``--unseen N``: the prophet's median speed-up on N prompts of each category of presets/bench_unseen.yaml, with
+  the library's default step (an 8-node tree) and with the shape the app's start would choose for the config
+  (``app_shape``: every shape's step timed on the default example, as the start does; the app's own mode).
 
 The rows of the JSON are keyed by CPU label and config; a run replaces this CPU's rows and keeps every other
 CPU's (the table keeps the CPUs no longer reached). It prints the whole table as Markdown.
@@ -29,28 +31,35 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 from common import ROOT, default_race  # first: repository root on sys.path
 
 import torch
 
 from decoding.harness.bench import load_prompt_set
+from decoding.harness.pays import PROPHET_SHAPES, ProphetShape, choose_prophet_shape
 from decoding.harness.runner import encode_prompt, run_comparison
-from decoding.harness.steps import greedy_steps_ms
+from decoding.harness.steps import greedy_steps_ms, step_ratios
 from decoding.runtime import attention_kernels, compiled, routes
 from decoding.runtime.forward_cost import compute_floor_ms, forward_cost
+from decoding.runtime.head import prophet_for
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import PRESETS_DIR, default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.warmup import warm
+from decoding.strategies import registry
 from web.settings import DEFAULT_STRATEGIES
+from web.startup import SHAPE_ROUNDS, SHAPE_TOKENS
 
 PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
 WIDTHS = (1, 4, 16)
 
 
-def _race(lm, fast: bool, strategies: list[str], repeats: int, max_new: int, prompt: str = PROMPT) -> dict:
-    got = default_race(lm, [(name, {"fast": fast}) for name in strategies], repeats, max_new, prompt=prompt)
+def _race(lm, fast: bool, strategies: list[str], repeats: int, max_new: int, prompt: str = PROMPT,
+          prophet: Optional[dict] = None) -> dict:
+    runs = [(name, {"fast": fast, **((prophet or {}) if name == "prophet" else {})}) for name in strategies]
+    got = default_race(lm, runs, repeats, max_new, prompt=prompt)
     return {"speedup": got["speedup"], "prophet_step_in_greedy_steps": got["prophet_step_over_greedy_step"],
             "greedy_tok_s": got["greedy_tok_s"], "equal_greedy": got["equal_greedy"]}
 
@@ -66,14 +75,25 @@ def _generate_ratio(lm, fast: bool, repeats: int, max_new: int) -> float:
     return statistics.median(ratios)
 
 
-def _unseen(lm, fast: bool, per_category: int, max_new: int) -> dict:
+def _unseen(lm, fast: bool, per_category: int, max_new: int, prophet: Optional[dict] = None) -> dict:
     chosen = [text for _, text in load_prompt_set(PRESETS_DIR / "bench_unseen.yaml", per_category=per_category)]
     speedups, same = [], 0
     for text in chosen:
-        got = _race(lm, fast, ["prophet"], 1, max_new, prompt=text)
+        got = _race(lm, fast, ["prophet"], 1, max_new, prompt=text, prophet=prophet)
         speedups.append(got["speedup"]["prophet"])
         same += int(got["equal_greedy"]["prophet"])
     return {"prompts": len(chosen), "median": statistics.median(speedups), "equal_greedy": same}
+
+
+def app_shape(lm, fast: bool, curve) -> ProphetShape:
+    """The prophet's step shape the app's start would choose for this config: every shape's step timed against
+    greedy on the default example in the config's mode, as the start times them (``web/startup.timed_steps``), and
+    ``pays.choose_prophet_shape`` on them and the config's curve."""
+    spec = registry()["prophet"]
+    pair = ModelPair(lm, prophet=prophet_for(lm))
+    shapes = {shape.name: ("prophet", spec.parse({**dict(shape.params), "fast": fast})) for shape in PROPHET_SHAPES}
+    steps = step_ratios(lm, shapes, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS)
+    return choose_prophet_shape(curve, steps=steps).shape
 
 
 def fma_rates() -> tuple:
@@ -110,6 +130,9 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
            "measured_at": time.strftime("%Y-%m-%d")}
     if args.unseen:
         row["prophet_unseen"] = _unseen(lm, fast, args.unseen, args.max_new_tokens)
+        shape = app_shape(lm, fast, curve)          # the app's own mode: the shape its start would choose here
+        row["prophet_shape"] = shape.name
+        row["prophet_unseen_app"] = _unseen(lm, fast, args.unseen, args.max_new_tokens, prophet=dict(shape.params))
     if config.compiled:
         compiled.disable(lm)
     return row
@@ -128,7 +151,7 @@ def markdown(rows: list[dict]) -> str:
     strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
     head = ("| CPU | config | c(1) ms | c(4) | c(16) | c(16)/c(1) | FMA GFLOP/s (registers / L1 operand) | c(16) floor / c(1) | greedy tok/s | greedy/generate | "
             "prophet step (greedy steps) | " + " | ".join(f"{s} (default example)" for s in strategies)
-            + " | prophet, unseen |")
+            + " | prophet, unseen | prophet, unseen, the start's shape |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "error" in r:
@@ -136,13 +159,14 @@ def markdown(rows: list[dict]) -> str:
         f = r["forward_ms"]
         race = " | ".join(f"{r['speedup'].get(s, float('nan')):.2f}×" + ("" if r["equal_greedy"].get(s, True)
                                                                            else " (differs)") for s in strategies)
-        unseen = r.get("prophet_unseen")
+        unseen, app = r.get("prophet_unseen"), r.get("prophet_unseen_app")
         lines.append(f"| {r['cpu']} | {r['label']} | {f['1']:.1f} | {f['4']:.1f} | {f['16']:.1f} | "
                      f"{r['forward_16_over_1']:.2f} | {_maybe(r.get('fma_gflops_registers'), '.0f')} / "
                      f"{_maybe(r.get('fma_gflops'), '.0f')} | "
                      f"{_maybe(r.get('floor_16_over_1'), '.2f')} | {r['greedy_tok_s']:.1f} | {r['greedy_over_generate']:.2f} | "
                      f"{_prophet_step(r):.2f} | {race} | "
-                     + (f"{unseen['median']:.2f}× ({unseen['prompts']} prompts)" if unseen else "–") + " |")
+                     + (f"{unseen['median']:.2f}× ({unseen['prompts']} prompts)" if unseen else "–") + " | "
+                     + (f"{app['median']:.2f}× ({r['prophet_shape']})" if app else "–") + " |")
     return "\n".join(lines)
 
 

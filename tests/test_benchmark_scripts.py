@@ -381,3 +381,32 @@ def test_the_start_benchmarks_default_race_is_greedys_time_over_each_strategys_p
     assert got["equal_every_run"] == {"prophet": True, "lookahead": False}
     assert got["runs"][0]["fast"] is True and got["greedy_tok_s_median"] == pytest.approx(64.0)
     assert got["runs"][0]["prophet_shape"] == {"tree": True, "tree_nodes": 4, "draft_tokens": 6}
+
+
+def test_the_cpu_tables_race_gives_the_prophets_shape_to_the_prophet_only_and_prints_both_unseen_columns(
+        monkeypatch):
+    """The CPU table races the unseen prompts in the app's own mode too (the shape its start would choose): what
+    would break it is the shape's parameters reaching the other strategies, or a row without that column (an older
+    CPU's) not printing."""
+    bench = _bench_module("bench_cpu_table")
+    seen = []
+
+    def race(lm, runs, repeats, max_new, prompt=None):
+        seen.append(runs)
+        names = [name for name, _ in runs]
+        return {"speedup": dict.fromkeys(names, 1.0), "prophet_step_over_greedy_step": 1.5, "greedy_tok_s": 9.0,
+                "equal_greedy": dict.fromkeys(names, True)}
+    monkeypatch.setattr(bench, "default_race", race)
+    bench._race(None, True, ["prophet", "prompt_lookup"], 1, 8, prophet={"tree_nodes": 2})
+    assert seen[-1] == [("prophet", {"fast": True, "tree_nodes": 2}), ("prompt_lookup", {"fast": True})]
+    bench._race(None, False, ["prophet"], 1, 8)
+    assert seen[-1] == [("prophet", {"fast": False})]
+    row = {"cpu": "CPU A", "label": "m (compiled)", "forward_ms": {"1": 8.0, "4": 9.0, "16": 16.0},
+           "forward_16_over_1": 2.0, "greedy_tok_s": 100.0, "greedy_over_generate": 1.4,
+           "prophet_step_in_greedy_steps": 1.9, "speedup": {"prophet": 1.2}, "equal_greedy": {"prophet": True},
+           "prophet_unseen": {"median": 1.3, "prompts": 6}}
+    table = bench.markdown([row, {**row, "cpu": "CPU B", "prophet_shape": "tree2",
+                                  "prophet_unseen_app": {"median": 1.21, "prompts": 6}}]).splitlines()
+    assert table[0].endswith("| prophet, unseen | prophet, unseen, the start's shape |")
+    assert table[2].endswith("| 1.30× (6 prompts) | – |") and table[3].endswith("| 1.30× (6 prompts) | 1.21× (tree2) |")
+    assert all(line.count("|") == table[0].count("|") for line in table)
