@@ -38,9 +38,9 @@ from common import ROOT, default_race  # first: repository root on sys.path
 import torch
 
 from decoding.harness.bench import load_prompt_set
-from decoding.harness.pays import PROPHET_SHAPES, ProphetShape, choose_prophet_shape
+from decoding.harness.pays import ProphetShape, choose_prophet_shape
 from decoding.harness.runner import encode_prompt, run_comparison
-from decoding.harness.steps import greedy_steps_ms, step_ratios
+from decoding.harness.steps import greedy_steps_ms
 from decoding.runtime import attention_kernels, compiled, routes
 from decoding.runtime.forward_cost import compute_floor_ms, forward_cost
 from decoding.runtime.head import prophet_for
@@ -48,9 +48,8 @@ from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import PRESETS_DIR, default_target, load_model, load_presets
 from decoding.runtime.pair import ModelPair
 from decoding.runtime.warmup import warm
-from decoding.strategies import registry
 from web.settings import DEFAULT_STRATEGIES
-from web.startup import SHAPE_ROUNDS, SHAPE_TOKENS
+from web.startup import shape_steps
 
 PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
 WIDTHS = (1, 4, 16)
@@ -86,13 +85,9 @@ def _unseen(lm, fast: bool, per_category: int, max_new: int, prophet: Optional[d
 
 
 def app_shape(lm, fast: bool, curve) -> ProphetShape:
-    """The prophet's step shape the app's start would choose for this config: every shape's step timed against
-    greedy on the default example in the config's mode, as the start times them (``web/startup.timed_steps``), and
-    ``pays.choose_prophet_shape`` on them and the config's curve."""
-    spec = registry()["prophet"]
-    pair = ModelPair(lm, prophet=prophet_for(lm))
-    shapes = {shape.name: ("prophet", spec.parse({**dict(shape.params), "fast": fast})) for shape in PROPHET_SHAPES}
-    steps = step_ratios(lm, shapes, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS)
+    """The prophet's step shape the app's start would choose for this config: every shape's step timed as the start
+    times them (``web/startup.shape_steps``), and ``pays.choose_prophet_shape`` on them and the config's curve."""
+    steps = shape_steps(lm, ModelPair(lm, prophet=prophet_for(lm)), fast)
     return choose_prophet_shape(curve, steps=steps).shape
 
 

@@ -72,7 +72,7 @@ def products(copies: list[list[torch.Tensor]], fbgemm: bool) -> dict:
     chosen = attention_kernels.half_width()
     packed = [[attention_kernels.pack_half(w) for w in ws] for ws in copies]
     out = {"ours": (packed, _ours_at(chosen)), "float32": (copies, lambda x, w: F.linear(x, w))}
-    other = 24 - chosen
+    other = 8 if chosen == 16 else 16
     if attention_kernels.half_choice()["widest"] == 16:
         out[f"ours-{other}"] = (packed, _ours_at(other))
     if fbgemm:

@@ -102,11 +102,7 @@ def timed_steps(settings: Settings, curve: Optional[Callable[[float], float]],
     try:
         head = has_prophet(lm.name)
         pair = ModelPair(lm, prophet=prophet_for(lm) if head else None)
-        steps: dict[str, StepRatio] = {}
-        if head:
-            shapes = {shape.name: ("prophet", spec["prophet"].parse({**dict(shape.params), "fast": fast}))
-                      for shape in PROPHET_SHAPES}
-            steps.update(step_ratios(lm, shapes, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS, hold=hold))
+        steps: dict[str, StepRatio] = shape_steps(lm, pair, fast, hold) if head else {}
         shape = choose_prophet_shape(curve, steps=steps).shape
         race = {name: (name, spec[name].parse({**(dict(shape.params) if name == "prophet" else {}), "fast": fast}))
                 for name in DEFAULT_STRATEGIES
@@ -115,6 +111,16 @@ def timed_steps(settings: Settings, curve: Optional[Callable[[float], float]],
         return steps or None
     except Exception:               # noqa: BLE001: the curve's model of the step stands in
         return None
+
+
+def shape_steps(lm: Any, pair: ModelPair, fast: bool,
+                hold: Callable[[], Any] = contextlib.nullcontext) -> dict[str, StepRatio]:
+    """Every prophet step shape's step over greedy's (by shape name), timed on the default example in the mode
+    ``fast`` (``SHAPE_TOKENS``-token runs, ``SHAPE_ROUNDS`` rounds): what ``pays.choose_prophet_shape`` picks the
+    start's shape from (and ``benchmarks/bench_cpu_table.py`` the shape of the app's own mode)."""
+    spec = registry()["prophet"]
+    shapes = {shape.name: ("prophet", spec.parse({**dict(shape.params), "fast": fast})) for shape in PROPHET_SHAPES}
+    return step_ratios(lm, shapes, pair, tokens=SHAPE_TOKENS, repeats=SHAPE_ROUNDS, hold=hold)
 
 
 def compile_unpublished(lm: Any, log: Optional[Log] = None) -> Optional[str]:
@@ -387,8 +393,8 @@ class Startup:
                 note = (f"compiled CPU forward: on for {lm.name} (inductor; {stats['graphs']} graphs, compiled in "
                         f"{stats['compile_s']:.0f} s; attention: {stats['attention']}); it measured the cheapest "
                         f"race step here")
-                if lm.weights == "fp16" and attention_kernels.half_note():
-                    note += "; " + attention_kernels.half_note()
+                products = attention_kernels.half_note() if lm.weights == "fp16" else ""
+                note += f"; {products}" if products else ""
                 self._set(target=winner.preset, target_note=choice.reason, compiled=True, compiled_note=note)
             else:
                 why = next(iter(reasons.values()), None) if reasons else None

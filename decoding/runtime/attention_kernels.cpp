@@ -270,9 +270,10 @@ at::Tensor argmax_rows(const at::Tensor& x_in) {
 
 typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
 
-inline v8 load8(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof(v8));
+template <typename V>
+inline V load_as(const float* p) {         // a register's floats from memory (any alignment)
+  V v;
+  std::memcpy(&v, p, sizeof(V));
   return v;
 }
 
@@ -325,6 +326,21 @@ inline v8 mul_add(v8 acc, v8 x, v8 w) {
 #endif
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+typedef float v16 __attribute__((vector_size(16 * sizeof(float))));
+
+inline v16 mul_add(v16 acc, v16 x, v16 w) {          // as the 8-float one, on one AVX-512 register
+  __m512 a, b, c;
+  std::memcpy(&a, &acc, sizeof(v16));
+  std::memcpy(&b, &x, sizeof(v16));
+  std::memcpy(&c, &w, sizeof(v16));
+  const __m512 r = _mm512_fmadd_ps(b, c, a);
+  v16 out;
+  std::memcpy(&out, &r, sizeof(v16));
+  return out;
+}
+#endif
+
 // Streaming the weights: a tile is 4.6 KB at K = 576, so a worker's run of tiles crosses a 4 KB page at every tile,
 // where the hardware's stream prefetcher starts over. Each tile's loop therefore asks for the next tile's cache lines
 // (into L2: ``__builtin_prefetch`` locality 1), one line a step spread over the tile's work, so memory streams
@@ -347,7 +363,7 @@ inline void half_tile(const float* x, int64_t K, const uint16_t* w, const float*
     v8 wv[4];
     for (int n = 0; n < 4; ++n) wv[n] = half8(w + n * 8);
     for (int m = 0; m < MR; ++m) {
-      const v8 xv = load8(x + m * K + k);
+      const v8 xv = load_as<v8>(x + m * K + k);
       for (int n = 0; n < 4; ++n) acc[m][n] = mul_add(acc[m][n], xv, wv[n]);
     }
   }
@@ -367,9 +383,9 @@ inline void float_tile(const float* x, int64_t K, const float* w, const float* b
   for (int64_t k = 0, step = 0; k < K; k += 8, w += 32, ++step) {
     prefetch_line(next, step, lines);
     v8 xv[MR];
-    for (int m = 0; m < MR; ++m) xv[m] = load8(x + m * K + k);
+    for (int m = 0; m < MR; ++m) xv[m] = load_as<v8>(x + m * K + k);
     for (int n = 0; n < 4; ++n) {
-      const v8 wv = load8(w + n * 8);
+      const v8 wv = load_as<v8>(w + n * 8);
       for (int m = 0; m < MR; ++m) acc[m][n] = mul_add(acc[m][n], xv[m], wv);
     }
   }
@@ -445,6 +461,8 @@ std::atomic<int64_t> half_width_now{WIDEST};   // the path half_linear takes pas
 std::atomic<int64_t> half_calls_by_width[2];    // products run on each path (tests count them)
 std::atomic<bool> half_three_now{true};          // the 8-float path's three rows as one group (group_rows)
 
+inline bool wide_path() { return WIDEST == 16 && half_width_now.load(std::memory_order_relaxed) == 16; }
+
 constexpr int64_t TB = 8;        // tiles (of 4 outputs) a worker takes at a time
 constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of a tile (below)
 
@@ -496,7 +514,7 @@ at::Tensor half_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* py = out.data_ptr<float>();
   const int64_t tile_lines = (K * 4 * 2 + 63) / 64;               // a tile's bytes in cache lines
-  const bool wide = WIDEST == 16 && half_width_now.load(std::memory_order_relaxed) == 16 && M > 2;
+  const bool wide = wide_path() && M > 2;
   half_calls_by_width[wide ? 1 : 0].fetch_add(1, std::memory_order_relaxed);    // (up to 2 rows: the same either way)
   const bool three = half_three_now.load(std::memory_order_relaxed);
   const int64_t groups = row_groups(M, wide, three);
@@ -573,51 +591,34 @@ std::vector<int64_t> half_calls(const at::Tensor& /*cpu: the dispatcher's key*/)
 // L1), as a product's inner loop does: on an AMD EPYC Zen 3 that rate, not the registers-only one, bounds the
 // products (runtime/forward_cost.compute_floor_ms). A virtual CPU may share its core with a neighbour: the probe
 // measures what this one gets, which is what a kernel gets too.
-template <bool LOADS>
+template <typename V, bool LOADS>
 float fma_rounds(int64_t iters, int64_t seed) {
+  constexpr int W = sizeof(V) / sizeof(float);      // floats per register: 8 or 16
   alignas(64) float buf[4096];
   for (int i = 0; i < 4096; ++i) buf[i] = 1e-6f * static_cast<float>((i + seed) % 7);
-  v8 acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = v8{} + 0.001f * static_cast<float>(j + seed);
-  const v8 a = v8{} + 0.9999f, b = v8{} + 1e-5f;
+  V acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = V{} + 0.001f * static_cast<float>(j + seed);
+  const V a = V{} + 0.9999f, b = V{} + 1e-5f;
   for (int64_t i = 0; i < iters; ++i) {
-    const float* p = buf + (i & 127) * 32;
-    for (int j = 0; j < 12; ++j) acc[j] = mul_add(LOADS ? load8(p + (j & 3) * 8) : b, acc[j], a);
+    const float* p = buf + (i & (1024 / W - 1)) * 4 * W;
+    for (int j = 0; j < 12; ++j) acc[j] = mul_add(LOADS ? load_as<V>(p + (j & 3) * W) : b, acc[j], a);
   }
   float s = 0.f;
   for (int j = 0; j < 12; ++j) s += acc[j][0];
   return s;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-template <bool LOADS>
-float fma_rounds_wide(int64_t iters, int64_t seed) {
-  alignas(64) float buf[4096];
-  for (int i = 0; i < 4096; ++i) buf[i] = 1e-6f * static_cast<float>((i + seed) % 7);
-  __m512 acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(0.001f * static_cast<float>(j + seed));
-  const __m512 a = _mm512_set1_ps(0.9999f), b = _mm512_set1_ps(1e-5f);
-  for (int64_t i = 0; i < iters; ++i) {
-    const float* p = buf + (i & 63) * 64;
-    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(LOADS ? _mm512_load_ps(p + (j & 3) * 16) : b, a, acc[j]);
-  }
-  float s = 0.f;
-  for (int j = 0; j < 12; ++j) s += _mm512_cvtss_f32(acc[j]);
-  return s;
-}
-#endif
-
 double fma_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters, bool loads) {
   const int64_t workers = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t lanes = WIDEST == 16 && half_width_now.load() == 16 ? 16 : 8;
+  const int64_t lanes = wide_path() ? 16 : 8;
   std::vector<float> sink(static_cast<size_t>(workers), 0.f);
   at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {      // kept, so the loop is not optimised away
       float got = 0.f;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-      if (lanes == 16) got = loads ? fma_rounds_wide<true>(iters, t) : fma_rounds_wide<false>(iters, t);
+      if (lanes == 16) got = loads ? fma_rounds<v16, true>(iters, t) : fma_rounds<v16, false>(iters, t);
 #endif
-      if (lanes == 8) got = loads ? fma_rounds<true>(iters, t) : fma_rounds<false>(iters, t);
+      if (lanes == 8) got = loads ? fma_rounds<v8, true>(iters, t) : fma_rounds<v8, false>(iters, t);
       sink[static_cast<size_t>(t)] = got;
     }
   });
