@@ -310,17 +310,19 @@ inline void lanes4(const v8* acc, const float* bias, float* y) {
 #endif
 }
 
+// The same bits as another type of the same size (a vector extension type <-> an intrinsic's register type)
+template <typename To, typename From>
+inline To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bits_as: the same size");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
 // acc + x * w, fused where the CPU has FMA (every output's every step alike, so the bits stay the row's own)
 inline v8 mul_add(v8 acc, v8 x, v8 w) {
 #if defined(__FMA__)
-  __m256 a, b, c;
-  std::memcpy(&a, &acc, sizeof(v8));
-  std::memcpy(&b, &x, sizeof(v8));
-  std::memcpy(&c, &w, sizeof(v8));
-  const __m256 r = _mm256_fmadd_ps(b, c, a);
-  v8 out;
-  std::memcpy(&out, &r, sizeof(v8));
-  return out;
+  return bits_as<v8>(_mm256_fmadd_ps(bits_as<__m256>(x), bits_as<__m256>(w), bits_as<__m256>(acc)));
 #else
   return acc + x * w;
 #endif
@@ -330,14 +332,7 @@ inline v8 mul_add(v8 acc, v8 x, v8 w) {
 typedef float v16 __attribute__((vector_size(16 * sizeof(float))));
 
 inline v16 mul_add(v16 acc, v16 x, v16 w) {          // as the 8-float one, on one AVX-512 register
-  __m512 a, b, c;
-  std::memcpy(&a, &acc, sizeof(v16));
-  std::memcpy(&b, &x, sizeof(v16));
-  std::memcpy(&c, &w, sizeof(v16));
-  const __m512 r = _mm512_fmadd_ps(b, c, a);
-  v16 out;
-  std::memcpy(&out, &r, sizeof(v16));
-  return out;
+  return bits_as<v16>(_mm512_fmadd_ps(bits_as<__m512>(x), bits_as<__m512>(w), bits_as<__m512>(acc)));
 }
 #endif
 
