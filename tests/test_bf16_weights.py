@@ -33,8 +33,8 @@ from decoding.tree import TokenTree
 from tiny_models import prompt, tiny_causal
 
 PRESET = "smollm2-135m-instruct-bf16w"
-needs_bf16 = pytest.mark.skipif(not kernels.bf16_available(),
-                                reason="no oneDNN bfloat16 kernels with width-independent rows on this CPU")
+needs_bf16 = pytest.mark.skipif(not kernels.bf16_available(), reason="no bfloat16 kernel (the project's or "
+                                "oneDNN's) with width-independent rows on this CPU")
 
 
 def _bf16(lm):
@@ -79,7 +79,7 @@ def test_a_key_length_probe_that_fails_keeps_the_bf16_presets_off(monkeypatch):
     assert gqa_attention._key_block_checks(F.scaled_dot_product_attention) in (True, False)
     assert not gqa_attention._key_block_checks(drifting)
     monkeypatch.setattr(gqa_attention, "_KEY_BLOCKS_OK", [False])
-    monkeypatch.setattr(kernels, "_BF16_OK", [True])
+    monkeypatch.setattr(kernels, "_BF16_ROUTE", ["own"])
     assert not runs_here(load_presets()[PRESET], "cpu")
     monkeypatch.setattr(gqa_attention, "_KEY_BLOCKS_OK", [True])
     assert runs_here(load_presets()[PRESET], "cpu")
@@ -239,14 +239,22 @@ def test_the_shipped_bf16_preset_is_its_own_model_and_its_drafts_equal_its_greed
                                                      ("hf_greedy", {})],
                              max_new_tokens=24, warmup=False, trace=False)
     assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 4
-    # on the plain grouped attention its tree rows are not the bits of a plain forward: the probe refuses trees
+    # where a tree row is not the bits of a plain forward the probe refuses trees (simulated: the masked forward's
+    # rows drift by a last bit, as the plain grouped attention's do on an AMD EPYC Zen 5; whether this CPU's do is
+    # its kernels' matter, so the test injects it)
+    import decoding.runtime.attention as attention_module
+
+    class Drifting(Session):
+        def forward(self, ids, **kwargs):
+            out = super().forward(ids, **kwargs)
+            return torch.nextafter(out, torch.full_like(out, float("inf"))) if "attention_mask" in kwargs else out
     try:
-        bf.model.set_attn_implementation(NAME)
+        attention_module.Session = Drifting
         bf.state.mask_support = None
         with pytest.raises(ValueError, match="bfloat16"):
             check_mask_support(bf)
     finally:
-        bf.model.set_attn_implementation(ROWS_NAME)
+        attention_module.Session = Session
         bf.state.mask_support = None
     check_mask_support(bf)
     assert results[1].target_forwards < len(results[0].token_ids)   # the head's chains were accepted: fewer forwards
@@ -260,3 +268,87 @@ def test_the_target_picker_labels_the_bf16_preset():
         assert value == PRESET and "bfloat16 weights" in label and "own greedy" in label
     else:
         assert PRESET not in values
+
+
+def _own_kernel():
+    from decoding.runtime import attention_kernels as ak
+    if ak.load_default() is not None:
+        pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
+    return ak
+
+
+def test_the_projects_bf16_product_gives_a_row_the_same_bits_at_every_width_and_bf16_linears_arithmetic():
+    """``attention_kernels.bf16_linear`` (AVX-512 BF16 pair products where the CPU has them, float32 multiply-adds on
+    widened pairs elsewhere: ``bf16_info()['dot']`` says which ran). What would break it: row groups that skip or
+    repeat a row at some M (6 + 5 + 5, 13, 70), a row's sums that depend on its group, a padded tail (K = 100,
+    N = 202) read as weights or written out, a k-chunk or the bias dropped, the result not rounded to bfloat16, or
+    a kernel built but never called."""
+    ak = _own_kernel()
+    gen = torch.Generator().manual_seed(2)
+    widths = (1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 16, 17, 40, 70)
+    for n, k in ((202, 100), (96, 64), (1536, 576), (576, 1536)):
+        layer = torch.nn.Linear(k, n)
+        with torch.no_grad():
+            layer.bias.mul_(4.0)
+        fast = kernels.Bf16Linear(layer, own=True)
+        assert fast.own and fast.packed.shape == (-(-n // 4), -(-k // 32), 4, 32)
+        x = torch.randn(70, k, generator=gen)
+        calls = ak.bf16_info()["calls"]
+        with torch.inference_mode():
+            alone = torch.cat([fast(x[i:i + 1]) for i in range(70)])
+            for m in widths:
+                assert torch.equal(fast(x[:m]), alone[:m]), (n, k, m)
+            assert fast(x[:0]).shape == (0, n)
+        assert ak.bf16_info()["calls"] == calls + 70 + len(widths)       # the project's kernel is what ran
+        assert torch.equal(alone, alone.bfloat16().float())                # bfloat16 values, handed back as float32
+        exact = F.linear(x.bfloat16().double(), layer.weight.bfloat16().double(), layer.bias.bfloat16().double())
+        # float32 sums of exact products: within a bfloat16 rounding of the exact sum, plus the float32 sums' error
+        terms = F.linear(x.bfloat16().double().abs(), layer.weight.bfloat16().double().abs()) + layer.bias.abs()
+        assert torch.all((alone.double() - exact).abs() <= exact.abs() * 2.0 ** -8 + terms * 2.0 ** -18), (n, k)
+        assert (alone.double() - exact).abs().max() > 0 or k < 128      # rounded, not computed in double
+
+
+def test_the_bf16_route_is_the_one_that_passes_and_measures_faster(monkeypatch):
+    """Which kernel runs bfloat16-weight linears is measured per machine (``kernels.bf16_route``): a route that
+    fails its checks (oneDNN's rows change with the width on an AMD EPYC Zen 5) is never taken, where both pass
+    the faster one runs, and ``DECODING_BF16_ROUTE`` picks one unmeasured. What would break it: a failing route
+    taken, a measurement that picks the slower route, or a switch that overrides a route's failed checks."""
+    def route(passing: set, faster: str = "onednn", forced: str = "") -> object:
+        monkeypatch.setattr(kernels, "_BF16_ROUTE", [])
+        monkeypatch.setattr(kernels, "_bf16_checks", lambda name="onednn": name in passing)
+        measured = []
+        monkeypatch.setattr(kernels, "_faster_bf16_route", lambda routes: measured.append(routes) or faster)
+        monkeypatch.setenv(kernels.BF16_ROUTE_SWITCH, forced)
+        return kernels.bf16_route(), measured
+    assert route({"own"}) == ("own", [])
+    assert route({"onednn"}) == ("onednn", [])
+    assert route(set()) == (None, [])
+    assert not kernels.bf16_available()
+    assert route({"own", "onednn"}, faster="onednn") == ("onednn", [["own", "onednn"]])
+    assert route({"own", "onednn"}, faster="own") == ("own", [["own", "onednn"]])
+    assert route({"own", "onednn"}, forced="own") == ("own", [])
+    assert route({"onednn"}, forced="own") == ("onednn", [])         # forcing cannot revive a failing route
+
+
+def test_the_faster_bf16_route_is_the_one_that_times_faster(monkeypatch):
+    """``_faster_bf16_route`` times the routes themselves: with one route's product slowed down, the other wins."""
+    _own_kernel()
+    import time as _time
+    slow = kernels.Bf16Linear.reduced
+
+    def slowed(self, rows):
+        if self.own:
+            _time.sleep(0.002)
+        return slow(self, rows)
+    monkeypatch.setattr(kernels.Bf16Linear, "reduced", slowed)
+    monkeypatch.setattr(kernels, "_pack", lambda weight: weight.detach().contiguous())
+    monkeypatch.setattr(kernels, "onednn_linear", lambda rows, packed, bias, n: F.linear(rows, packed, bias))
+    assert kernels._faster_bf16_route(["own", "onednn"]) == "onednn"
+
+
+def test_the_projects_bf16_route_passes_its_checks_here():
+    """The project's kernel is width-exact by construction on every CPU it builds on (the property is still
+    measured at run time: ``_bf16_checks('own')``), so the bfloat16-weight presets run wherever it builds."""
+    _own_kernel()
+    assert kernels._bf16_checks("own")
+    assert kernels.bf16_available()

@@ -229,7 +229,8 @@ def test_joined_projections_are_used_and_keep_every_strategys_tokens(weights):
     whose linears allow it, every layer is joined, and every lossless strategy still gives eager greedy's tokens
     (a join that split its output in the wrong order, or dropped a bias, would not). ``fp16``: a float16-weight
     target on the project's kernel (``kernels.half_linears``): compiled, every lossless strategy gives the
-    compiled greedy's tokens, and the kernel is the one that ran (its calls counted)."""
+    compiled greedy's tokens, and the kernel is the one that ran (its calls counted); the same for bfloat16 weights
+    on the project's kernel where that is this machine's route."""
     from decoding.runtime import attention_kernels, kernels
     if weights == "bf16" and not kernels.bf16_available():
         pytest.skip("no bfloat16-weight linears on this machine")
@@ -259,9 +260,13 @@ def test_joined_projections_are_used_and_keep_every_strategys_tokens(weights):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             greedy(prompt(7, 1), ModelPair(model), GreedyParams(fast=True), max_new_tokens=3)
         calls = sum(e.count for e in prof.key_averages() if e.key == "decoding_attention::half_linear")
+        bf16_calls = sum(e.count for e in prof.key_averages() if e.key == "decoding_attention::bf16_linear")
         layers = len(model.model.model.layers)
         # the eager prefill's 7 products a layer and the head, then 2 compiled forwards of 4 (joined) and the head
         assert calls == ((7 * layers + 1) + 2 * (4 * layers + 1) if weights == "fp16" else 0), calls
+        # bfloat16 weights: the same count on the project's kernel where it is this machine's route (else oneDNN's)
+        own_bf16 = weights == "bf16" and kernels.bf16_route() == "own"
+        assert bf16_calls == ((7 * layers + 1) + 2 * (4 * layers + 1) if own_bf16 else 0), bf16_calls
     finally:
         compiled.disable(model)
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from decoding.harness.pays import PROPHET_SHAPES, choose_prophet_shape, default_comparison
 from decoding.harness.steps import StepRatio, race_costs, step_ratios
-from decoding.runtime import attention_kernels, compiled, routes
+from decoding.runtime import attention_kernels, compiled, kernels, routes
 from decoding.runtime.head import prophet_for
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
 from decoding.runtime.pair import ModelPair, has_prophet
@@ -393,7 +393,8 @@ class Startup:
                 note = (f"compiled CPU forward: on for {lm.name} (inductor; {stats['graphs']} graphs, compiled in "
                         f"{stats['compile_s']:.0f} s; attention: {stats['attention']}); it measured the cheapest "
                         f"race step here")
-                products = attention_kernels.half_note() if lm.weights == "fp16" else ""
+                products = (attention_kernels.half_note() if lm.weights == "fp16" else
+                            kernels.bf16_note() if lm.weights == "bf16" else "")
                 note += f"; {products}" if products else ""
                 self._set(target=winner.preset, target_note=choice.reason, compiled=True, compiled_note=note)
             else:

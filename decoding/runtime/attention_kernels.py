@@ -182,6 +182,32 @@ def half_linear(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.T
     return torch.ops.decoding_attention.half_linear(rows, packed, bias)
 
 
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """A ``[N, K]`` weight as :func:`bf16_linear` reads it: bfloat16 (rounded to nearest), ``[Np / 4, Kp / 32, 4, 32]``
+    with N and K padded with zeros to multiples of 4 and 32 (each tile of 4 outputs one contiguous run; a register
+    holds one output's 32 weights of a k-chunk). Packs of two weights concatenate along dim 0 when N is a multiple
+    of 4."""
+    n, k = weight.shape
+    padded = torch.nn.functional.pad(weight.detach().float(), (0, -k % 32, 0, -n % 4)).to(torch.bfloat16)
+    return padded.reshape(padded.shape[0] // 4, 4, padded.shape[1] // 32, 32).transpose(1, 2).contiguous()
+
+
+def bf16_linear(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+    """``[M, K]`` float32 rows times a :func:`pack_bf16` weight -> ``[M, n]`` float32: the rows rounded to bfloat16,
+    float32 sums, + ``bias`` (float32 holding bfloat16 values), rounded to bfloat16 (``kernels.Bf16Linear``'s
+    arithmetic), each row's bits the same at any M (``bf16_linear`` in attention_kernels.cpp). The kernel must be
+    loaded."""
+    return torch.ops.decoding_attention.bf16_linear(rows, packed, bias, n)
+
+
+def bf16_info() -> dict:
+    """Whether this build multiplies bfloat16 pairs in one instruction (AVX-512 BF16's ``vdpbf16ps``; else float32
+    multiply-adds on widened pairs), the products :func:`bf16_linear` has run in this process, and the rows one
+    group of a product holds."""
+    dot, calls, rows = torch.ops.decoding_attention.bf16_info(torch.empty(0))
+    return {"dot": bool(dot), "calls": int(calls), "rows": int(rows)}
+
+
 HALF_WIDTH_SWITCH = "DECODING_HALF_WIDTH"       # "8" or "16": that path of half_linear, unmeasured
 
 
@@ -308,6 +334,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("decoding_attention::half_linear")
     def _(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         return x.new_empty(x.shape[0], w.shape[0] * 4)
+
+    @torch.library.register_fake("decoding_attention::bf16_linear")
+    def _(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("decoding_attention::scores")
     def _(rows: torch.Tensor, keys_t: torch.Tensor, span: int) -> torch.Tensor:

@@ -206,8 +206,9 @@ class _Joined:
     A oneDNN call costs some 15 microseconds before any arithmetic on a small model; a llama layer makes seven,
     and joining q/k/v and gate/up makes it four. Each output is the dot product its own layer computes (the
     same weights, the same kernel, the same reduction), so the bits are those of the separate calls; the
-    compiled forward of every width uses it, greedy's included. Only layers of one kind are joined: the
-    bfloat16-weight layers (``kernels.Bf16Linear``) or float32 layers on oneDNN's packed kernel; any other mix
+    compiled forward of every width uses it, greedy's included. Only layers of one kind are joined: float16- or
+    bfloat16-weight layers on the project's kernels (``kernels.HalfLinear``/``Bf16Linear`` with ``own``), bfloat16-
+    weight layers on oneDNN (``kernels.Bf16Linear``) or float32 layers on oneDNN's packed kernel; any other mix
     keeps its separate calls. Costs the joined weights once more in memory (in the reduced type: about 140 MB
     for the bundled model in bfloat16)."""
 
@@ -222,6 +223,13 @@ class _Joined:
             bias = None if all(b is None for b in biases) else torch.cat(
                 [b if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)])
             return cls(torch.cat([m.packed for m in layers]), bias, [m.out_features for m in layers], "half")
+        if all(type(m) is kernels.Bf16Linear and m.own and m.out_features % 4 == 0 for m in layers):
+            biases = [m.bias16 for m in layers]     # bfloat16 weights on the project's kernel: its packs join as half's
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)])
+            return cls(torch.cat([m.packed for m in layers]), bias, [m.out_features for m in layers], "bf16")
+        if any(type(m) is kernels.Bf16Linear and m.own for m in layers):
+            return None
         if all(type(m) is kernels.Bf16Linear for m in layers):
             reduced, dtype = True, torch.bfloat16
         elif all(type(m) is kernels.PackedLinear and m._packed_at[1] and m.packed.dtype == torch.float32
@@ -241,6 +249,8 @@ class _Joined:
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         if self.reduced == "half":  # as HalfLinear.reduced on the project's kernel: each output its own sum
             return attention_kernels.half_linear(rows, self.packed, self.bias)
+        if self.reduced == "bf16":  # as Bf16Linear.reduced on the project's kernel: each output its own sum
+            return attention_kernels.bf16_linear(rows, self.packed, self.bias, self.out_features)
         if self.reduced:            # as Bf16Linear.reduced: bfloat16 in, float32 accumulation, bfloat16 out
             return kernels.onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
         return kernels.onednn_linear(rows, self.packed, self.bias, self.out_features)

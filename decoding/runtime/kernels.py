@@ -36,6 +36,7 @@ model whose logits decide a committed token.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Optional, Union
 
@@ -456,26 +457,37 @@ EXACT_WIDTH = 64
 
 
 class Bf16Linear(_ReducedLinear):
-    """``nn.Linear`` on bfloat16 weights prepacked for oneDNN (AMX tiles on an Intel Xeon), float32 in and out.
+    """``nn.Linear`` on bfloat16 weights, float32 in and out: on the project's kernel (``own``:
+    ``attention_kernels.bf16_linear``, AVX-512 BF16's pair products where the CPU has them) or prepacked for oneDNN
+    (AMX tiles on an Intel Xeon); :func:`bf16_route` measures which one runs here.
 
     The input is rounded to bfloat16, the product accumulates in float32 and its result is rounded to
     bfloat16 before it comes back as float32; everything between the linear layers (norms, rotary,
     attention, the residual stream) stays float32. Like a float16-weight preset it is another model (its own
     greedy is the reference), and unlike a bfloat16 model its rows do not depend on how many are computed
-    together (up to ``BF16_EXACT_ROWS``), so the lossless strategies stay token-identical to its greedy.
-    Why: on an AMX Xeon a float32 product over 16 rows costs 3-5x one row (AVX-512 FMA is compute-bound
-    there), while AMX's bfloat16 tiles run 1-32 rows in about the time of one, on half the weight bytes.
-    The float32 ``weight``/``bias`` stay the module's parameters (``state_dict`` unchanged); a call that
-    needs gradients, or an input that is not a float32 CPU tensor, falls back to ``F.linear`` on them.
+    together (oneDNN's up to ``BF16_EXACT_ROWS``, the project's at any width), so the lossless strategies stay
+    token-identical to its greedy. Why: where the CPU multiplies bfloat16 natively (AMX's tiles, AVX-512 BF16's
+    ``vdpbf16ps``) a product over 16 rows costs far less than float32's or float16's per row, on half the weight
+    bytes of float32. The float32 ``weight``/``bias`` stay the module's parameters (``state_dict`` unchanged); a
+    call that needs gradients, or an input that is not a float32 CPU tensor, falls back to ``F.linear`` on them.
     """
 
-    def __init__(self, linear: nn.Module) -> None:
+    def __init__(self, linear: nn.Module, own: Optional[bool] = None) -> None:
         super().__init__(linear)
-        object.__setattr__(self, "packed", _pack(linear.weight.detach().to(torch.bfloat16)))
-        object.__setattr__(self, "bias16", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+        self.own = bf16_route() == "own" if own is None else bool(own)
+        weight = linear.weight.detach()
+        if self.own:
+            object.__setattr__(self, "packed", attention_kernels.pack_bf16(weight))
+            object.__setattr__(self, "bias16", None if linear.bias is None else
+                               linear.bias.detach().to(torch.bfloat16).float())
+        else:
+            object.__setattr__(self, "packed", _pack(weight.to(torch.bfloat16)))
+            object.__setattr__(self, "bias16", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
 
     def reduced(self, rows: torch.Tensor) -> torch.Tensor:
         # [rows, in] f32 -> bf16 -> [rows, out] bf16 (f32 accumulation) -> f32
+        if self.own:
+            return attention_kernels.bf16_linear(rows, self.packed, self.bias16, self.out_features)
         rows = rows.to(torch.bfloat16)
         if BF16_EXACT_ROWS < rows.shape[0] <= EXACT_WIDTH:      # a wide verify forward: row-exact chunks
             y = torch.cat([self._product(part) for part in rows.split(BF16_EXACT_ROWS)])
@@ -487,38 +499,90 @@ class Bf16Linear(_ReducedLinear):
         return onednn_linear(rows, self.packed, self.bias16, self.out_features)
 
 
-_BF16_OK: list = []
+_BF16_ROUTE: list = []
+BF16_ROUTE_SWITCH = "DECODING_BF16_ROUTE"        # "own" or "onednn": that route where it passes its checks, unmeasured
+
+
+def bf16_route() -> Optional[str]:
+    """Which kernel runs bfloat16-weight linears here: ``"own"`` (the project's, ``attention_kernels.bf16_linear``),
+    ``"onednn"``, or None where neither passes :func:`_bf16_checks` on this machine. Where both pass, the faster
+    one, measured once (a 3072 x 576 product over 1 and 16 rows, a greedy step's and a verify forward's widths);
+    ``DECODING_BF16_ROUTE`` picks one unmeasured. Each route's checks are measured, never assumed: oneDNN's rows
+    change with the width on an AMD EPYC Zen 5, and the project's kernel may not build."""
+    if not _BF16_ROUTE:
+        passing = [route for route in ("own", "onednn") if _bf16_checks(route)]
+        forced = os.environ.get(BF16_ROUTE_SWITCH, "").strip().lower()
+        if forced in passing:
+            passing = [forced]
+        _BF16_ROUTE.append(passing[0] if len(passing) == 1 else _faster_bf16_route(passing) if passing else None)
+    return _BF16_ROUTE[0]
+
+
+def _faster_bf16_route(routes: list) -> str:
+    gen = torch.Generator().manual_seed(1)
+    layer = nn.Linear(576, 3072)
+    fast = {route: Bf16Linear(layer, own=route == "own") for route in routes}
+    inputs = [torch.randn(rows, 576, generator=gen) for rows in (1, 16)]
+    chosen = [routes[0]]
+    with torch.inference_mode():
+        best, ms = attention_kernels._fastest(tuple(routes), lambda r: chosen.__setitem__(0, r),
+                                              lambda: [fast[chosen[0]](x) for x in inputs for _ in range(4)], 7)
+    _BF16_TIMES.update(ms)
+    return best
+
+
+_BF16_TIMES: dict = {}
+
+
+def bf16_note() -> str:
+    """One line for the start's log: which kernel runs the bfloat16-weight products here, and why ('' where none)."""
+    route = bf16_route()
+    if route is None:
+        return ""
+    if route == "own":
+        how = ("AVX-512 BF16 pair products" if attention_kernels.bf16_info()["dot"]
+               else "float32 multiply-adds on widened pairs")
+        line = f"bfloat16 products on the project's kernel ({how})"
+    else:
+        line = "bfloat16 products on oneDNN's kernel"
+    if len(_BF16_TIMES) == 2:
+        line += " (measured: " + ", ".join(f"{r} {ms:.2f} ms" for r, ms in sorted(_BF16_TIMES.items())) + ")"
+    elif os.environ.get(BF16_ROUTE_SWITCH, "").strip().lower() == route:
+        line += f" ({BF16_ROUTE_SWITCH}={route})"
+    else:
+        line += " (the only route whose rows keep their bits at every width here)"
+    return line
 
 
 def bf16_available() -> bool:
-    """Whether bfloat16-weight linears run here and keep rows independent of the width, checked once.
-
-    Three checks on random layers: the ops exist, one row agrees with ``F.linear`` on bfloat16-rounded
-    operands, and 1..``BF16_EXACT_ROWS`` rows computed together equal the same rows computed one at a
-    time, bit for bit (the property the lossless strategies rest on; it depends on the CPU's kernels, so
-    it is measured, not assumed). Whether the route is also *faster* is the caller's measurement.
-    """
-    if not _BF16_OK:
-        _BF16_OK.append(_bf16_checks())
-    return _BF16_OK[0]
+    """Whether bfloat16-weight linears run here with rows independent of the width (:func:`bf16_route` found a
+    kernel that passes its checks on this machine). Whether the route is also *faster* than another version is
+    the caller's measurement."""
+    return bf16_route() is not None
 
 
-def _bf16_checks() -> bool:
-    if not available():
+def _bf16_checks(route: str = "onednn") -> bool:
+    """Three checks of a route on random layers: its ops exist, 1..``EXACT_WIDTH`` rows computed together equal
+    the same rows computed one at a time, bit for bit (the property the lossless strategies rest on; it depends on
+    the CPU's kernels, so it is measured, not assumed), and the rows agree with ``F.linear`` on bfloat16-rounded
+    operands."""
+    if route == "own" and attention_kernels.load_default() is not None:
+        return False
+    if route == "onednn" and not available():
         return False
     try:
         gen = torch.Generator().manual_seed(0)
         for width, out in ((576, 1536), (1536, 576), (96, 200)):
             layer = nn.Linear(width, out)
-            fast = Bf16Linear(layer)
-            x = torch.randn(BF16_EXACT_ROWS, width, generator=gen)
+            fast = Bf16Linear(layer, own=route == "own")
+            x = torch.randn(EXACT_WIDTH if route == "own" else BF16_EXACT_ROWS, width, generator=gen)
             with torch.inference_mode():
-                together = fast(x)
-                one_by_one = torch.cat([fast(x[i:i + 1]) for i in range(BF16_EXACT_ROWS)])
+                one_by_one = torch.cat([fast(x[i:i + 1]) for i in range(x.shape[0])])
+                for rows in sorted({2, 3, 7, 12, 16, 17, x.shape[0]}):
+                    if not torch.equal(fast(x[:rows]), one_by_one[:rows]):
+                        return False
                 want = F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
-            if not torch.equal(together, one_by_one):
-                return False
-            if not torch.allclose(together, want, atol=3e-2, rtol=2e-2):
+            if not torch.allclose(one_by_one, want, atol=3e-2, rtol=2e-2):
                 return False
         return True
     except (RuntimeError, TypeError, AttributeError, NotImplementedError):

@@ -48,10 +48,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # against. Unlike a bfloat16 model its rows do not depend on how many are computed at once (a verify forward
 # over 10 positions gives each the logits a one-position forward gives, to float32 rounding), so the lossless
 # strategies stay token-identical to its greedy. BENCHMARKS.md, "Float16 weights".
-# "bf16": bfloat16 copies prepacked for oneDNN (AMX tiles on an Intel Xeon), the inputs and outputs of each
-# linear rounded to bfloat16, float32 everywhere else (kernels.Bf16Linear): another model again, whose rows are
-# checked on the machine to be width-independent (kernels.bf16_available), and whose forward over up to 32
-# positions costs about what one costs where AMX runs it. BENCHMARKS.md, "Bfloat16 weights on AMX".
+# "bf16": bfloat16 copies, the inputs and outputs of each linear rounded to bfloat16, float32 everywhere else
+# (kernels.Bf16Linear), on the project's kernel (AVX-512 BF16 pair products where the CPU has them) or oneDNN's
+# (AMX tiles on an Intel Xeon), whichever passes its checks and measures faster here (kernels.bf16_route):
+# another model again, whose rows are checked on the machine to be width-independent, and whose forward over 16
+# positions costs far less than 16 of float32's or float16's products where the CPU multiplies bfloat16 natively.
+# BENCHMARKS.md, "Bfloat16 weights on AMX" and "Bfloat16 products of our own".
 # "int8": int8 weights, one scale per output, on PyTorch's weight-only int8 product (kernels.Int8Linear), float32
 # activations: a quarter of float32's bytes; another model again, whose rows are checked on the machine to be
 # width-independent (kernels.int8_available).
@@ -59,8 +61,8 @@ WEIGHTS = ("full", "fp16", "bf16", "int8")
 # What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
 _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_linears,
                             "fp16-weights"),
-                   "bf16": ("oneDNN bfloat16 kernels whose rows do not depend on the width, and an attention whose "
-                            "rows do not depend on the key length past its block (both checked on this CPU)",
+                   "bf16": ("a bfloat16 kernel (the project's or oneDNN's) whose rows do not depend on the width, "
+                            "and an attention whose rows do not depend on the key length past its block (both checked on this CPU)",
                             lambda: kernels.bf16_available() and key_blocks_exact(), kernels.bf16_linears,
                             "bf16-weights"),
                    "int8": ("PyTorch's weight-only int8 product, vectorized on this CPU and with rows that do not "
@@ -153,7 +155,7 @@ def _read_presets(path: Path | None) -> dict[str, ModelPreset]:
 def runs_here(preset: ModelPreset, device: str | None = None) -> bool:
     """Whether ``preset`` can load on this machine's ``device`` (default: the one ``load_model`` picks):
     float16-weight presets need the CPU and PyTorch's FBGEMM fp16 kernels (x86), bfloat16-weight presets the
-    CPU and oneDNN bfloat16 kernels that pass ``kernels.bf16_available``."""
+    CPU and a bfloat16 kernel that passes ``kernels.bf16_available`` (the project's or oneDNN's)."""
     if preset.weights == "full":
         return True
     try:
