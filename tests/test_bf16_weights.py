@@ -352,3 +352,29 @@ def test_the_projects_bf16_route_passes_its_checks_here():
     _own_kernel()
     assert kernels._bf16_checks("own")
     assert kernels.bf16_available()
+
+
+def test_a_routes_checks_give_the_same_verdict_in_every_process():
+    """The checks draw their layers from seeds of their own: on an AMD EPYC Zen 5 oneDNN's bfloat16 product keeps a
+    row's bits for some random layers and not others, so checks on layers drawn from the process's random state
+    let a process take a route that is not width-exact (a race's tokens then differ from greedy's, in about one
+    process in five, measured). What would break it: a layer drawn from the global generator, or one draw only."""
+    verdicts = {route: set() for route in ("own", "onednn")}
+    for seed in (0, 5, 11):
+        torch.manual_seed(seed)
+        for route in verdicts:
+            verdicts[route].add(kernels._bf16_checks(route))
+    assert all(len(v) == 1 for v in verdicts.values()), verdicts
+    assert len(kernels.BF16_CHECK_SEEDS) >= 3 and (576, 960) in kernels.BF16_CHECK_SHAPES
+
+
+def test_onednn_replaces_the_projects_bf16_kernel_only_when_clearly_faster(monkeypatch):
+    """Both routes passing, oneDNN runs only when it measured ``BF16_ROUTE_MARGIN`` faster (AMX's tiles are several
+    times faster at 16 rows); within the margin the project's kernel, exact by construction, keeps the route."""
+    _own_kernel()
+    from decoding.runtime import attention_kernels as ak
+    for own_ms, onednn_ms, want in ((1.0, 0.95, "own"), (1.0, 0.80, "onednn"), (1.0, 1.2, "own")):
+        monkeypatch.setattr(ak, "_fastest", lambda options, use, run, repeats, ms={"own": own_ms, "onednn": onednn_ms}:
+                            (min(ms, key=ms.get), ms))
+        monkeypatch.setattr(kernels, "_pack", lambda weight: weight.detach().contiguous())
+        assert kernels._faster_bf16_route(["own", "onednn"]) == want, (own_ms, onednn_ms)
