@@ -12,7 +12,10 @@ products:
 - ``ours``: ``attention_kernels.half_linear`` (float16 weights, each row's bits the same at any M);
 - ``fbgemm``: PyTorch's prepacked float16 product (``quantized.linear_dynamic_fp16``), where this build has it
   (``kernels.half_available``);
-- ``float32``: ``F.linear`` on the float32 weights (twice the bytes).
+- ``float32``: ``F.linear`` on the float32 weights (twice the bytes);
+- ``bf16-ours``: ``attention_kernels.bf16_linear`` on bfloat16 copies (the bfloat16-weight version's product: the
+  same bytes as float16, AVX-512 BF16's pair products where the CPU has them; another model's arithmetic, timed
+  beside the others).
 
 Each M also checks that ``ours`` gives every row the bits it gives that row alone. The CPU and the instruction set
 PyTorch runs (the AVX2 caps of BENCHMARKS.md change it) are named in the output.
@@ -71,7 +74,9 @@ def products(copies: list[list[torch.Tensor]], fbgemm: bool) -> dict:
     path is timed too (``ours-8`` or ``ours-16``: floats per register; the same bits)."""
     chosen = attention_kernels.half_width()
     packed = [[attention_kernels.pack_half(w) for w in ws] for ws in copies]
-    out = {"ours": (packed, _ours_at(chosen)), "float32": (copies, lambda x, w: F.linear(x, w))}
+    out = {"ours": (packed, _ours_at(chosen)), "float32": (copies, lambda x, w: F.linear(x, w)),
+           "bf16-ours": ([[attention_kernels.pack_bf16(w) for w in ws] for ws in copies],
+                         lambda x, w: attention_kernels.bf16_linear(x, w, None, w.shape[0] * 4))}
     other = 8 if chosen == 16 else 16
     if attention_kernels.half_choice()["widest"] == 16:
         out[f"ours-{other}"] = (packed, _ours_at(other))
