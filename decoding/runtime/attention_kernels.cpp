@@ -17,7 +17,6 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
 
@@ -640,6 +639,7 @@ double fma_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters,
 // exact within itself; a machine runs one of them for every width).
 //
 // w: [Np / 4, Kp / 32, 4, 32] bfloat16 bits (attention_kernels.pack_bf16; Np, Kp padded to 4 and 32 with zeros).
+
 // PyTorch's float -> bfloat16 rounding (c10::BFloat16: to nearest, ties to even; a NaN becomes 0x7FC0), on the bits,
 // so that loops of it vectorize: the bfloat16's bits in the upper half of a float32.
 inline uint32_t bf16_bits(uint32_t u) {
@@ -730,13 +730,13 @@ std::atomic<int64_t> bf16_calls_made{0};    // products run (tests count them)
 
 inline void bf16_group(int64_t rows, const uint16_t* x, int64_t K, const uint16_t* w, const float* bias,
                        float* acc_out, const char* next, int64_t lines) {
-  switch (rows) {
+  switch (rows) {        // rows <= BF16_ROWS: the wider groups are built on every path, taken only where they fit
     case 1: bf16_tile<1>(x, K, w, bias, acc_out, next, lines); break;
     case 2: bf16_tile<2>(x, K, w, bias, acc_out, next, lines); break;
-    case 3: if constexpr (BF16_ROWS >= 3) bf16_tile<BF16_ROWS >= 3 ? 3 : 1>(x, K, w, bias, acc_out, next, lines); break;
-    case 4: if constexpr (BF16_ROWS >= 4) bf16_tile<BF16_ROWS >= 4 ? 4 : 1>(x, K, w, bias, acc_out, next, lines); break;
-    case 5: if constexpr (BF16_ROWS >= 5) bf16_tile<BF16_ROWS >= 5 ? 5 : 1>(x, K, w, bias, acc_out, next, lines); break;
-    default: if constexpr (BF16_ROWS >= 6) bf16_tile<BF16_ROWS >= 6 ? 6 : 1>(x, K, w, bias, acc_out, next, lines); break;
+    case 3: bf16_tile<3>(x, K, w, bias, acc_out, next, lines); break;
+    case 4: bf16_tile<4>(x, K, w, bias, acc_out, next, lines); break;
+    case 5: bf16_tile<5>(x, K, w, bias, acc_out, next, lines); break;
+    default: bf16_tile<6>(x, K, w, bias, acc_out, next, lines); break;
   }
 }
 
@@ -781,7 +781,7 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
   const int64_t groups = (M + BF16_ROWS - 1) / BF16_ROWS;
   const int64_t per_group = (tile_lines + groups - 1) / groups;
   at::parallel_for(0, (tiles + TB - 1) / TB, 1, [&](int64_t lo, int64_t hi) {
-    float sums[BF16_ROWS * 4];
+    float sums[6 * 4];                 // the widest group bf16_group builds
     const int64_t end = std::min(tiles, hi * TB);
     for (int64_t t = lo * TB; t < end; ++t) {
       const uint16_t* wt = pw + t * Kp * 4;
