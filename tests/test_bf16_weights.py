@@ -378,3 +378,26 @@ def test_onednn_replaces_the_projects_bf16_kernel_only_when_clearly_faster(monke
                             (min(ms, key=ms.get), ms))
         monkeypatch.setattr(kernels, "_pack", lambda weight: weight.detach().contiguous())
         assert kernels._faster_bf16_route(["own", "onednn"]) == want, (own_ms, onednn_ms)
+
+
+def test_the_starts_line_names_the_bf16_route_and_why(monkeypatch):
+    """The start's log says which kernel runs the bfloat16 products and why (``kernels.bf16_note``): the project's
+    kernel with the instructions it multiplies on, oneDNN's, the measurement that chose between them, the operator's
+    switch, or that only one route passed. A line naming the wrong route, or a measurement it did not make, fails."""
+    from decoding.runtime import attention_kernels as ak
+    monkeypatch.setattr(ak, "bf16_info", lambda: {"dot": True, "calls": 0, "rows": 6})
+    monkeypatch.delenv(kernels.BF16_ROUTE_SWITCH, raising=False)
+    monkeypatch.setattr(kernels, "_BF16_TIMES", {})
+    monkeypatch.setattr(kernels, "_BF16_ROUTE", ["own"])
+    assert kernels.bf16_note() == ("bfloat16 products on the project's kernel (AVX-512 BF16 pair products) (the only "
+                                   "route whose rows keep their bits at every width here)")
+    monkeypatch.setattr(ak, "bf16_info", lambda: {"dot": False, "calls": 0, "rows": 2})
+    assert "float32 multiply-adds on widened pairs" in kernels.bf16_note()
+    monkeypatch.setattr(kernels, "_BF16_TIMES", {"own": 1.5, "onednn": 0.5})
+    monkeypatch.setattr(kernels, "_BF16_ROUTE", ["onednn"])
+    assert kernels.bf16_note() == "bfloat16 products on oneDNN's kernel (measured: onednn 0.50 ms, own 1.50 ms)"
+    monkeypatch.setattr(kernels, "_BF16_TIMES", {})
+    monkeypatch.setenv(kernels.BF16_ROUTE_SWITCH, "onednn")
+    assert kernels.bf16_note().endswith(f"({kernels.BF16_ROUTE_SWITCH}=onednn)")
+    monkeypatch.setattr(kernels, "_BF16_ROUTE", [None])
+    assert kernels.bf16_note() == ""
