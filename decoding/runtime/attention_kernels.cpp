@@ -277,12 +277,18 @@ inline V load_as(const float* p) {         // a register's floats from memory (a
   return v;
 }
 
+// The same bits as another type of the same size (a vector extension type <-> an intrinsic's register type)
+template <typename To, typename From>
+inline To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bits_as: the same size");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
 inline v8 half8(const uint16_t* p) {
 #if defined(__F16C__)
-  const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  v8 v;
-  std::memcpy(&v, &f, sizeof(v8));
-  return v;
+  return bits_as<v8>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #else
   v8 v;
   for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(c10::Half(p[i], c10::Half::from_bits()));
@@ -308,15 +314,6 @@ inline void lanes4(const v8* acc, const float* bias, float* y) {
 #else
   for (int n = 0; n < 4; ++n) y[n] = bias ? lanes(acc[n]) + bias[n] : lanes(acc[n]);
 #endif
-}
-
-// The same bits as another type of the same size (a vector extension type <-> an intrinsic's register type)
-template <typename To, typename From>
-inline To bits_as(const From& from) {
-  static_assert(sizeof(To) == sizeof(From), "bits_as: the same size");
-  To to;
-  std::memcpy(&to, &from, sizeof(To));
-  return to;
 }
 
 // acc + x * w, fused where the CPU has FMA (every output's every step alike, so the bits stay the row's own)
@@ -407,9 +404,8 @@ constexpr int WIDE_ROWS = 12;           // 24 accumulators + 2 weights + 1 input
 inline void store_lanes(const __m512* acc, const float* bias, float* y) {
   v8 a[4];
   for (int h = 0; h < 2; ++h) {
-    const __m256 lo = _mm512_castps512_ps256(acc[h]), hi = _mm512_extractf32x8_ps(acc[h], 1);
-    std::memcpy(&a[2 * h], &lo, sizeof(v8));
-    std::memcpy(&a[2 * h + 1], &hi, sizeof(v8));
+    a[2 * h] = bits_as<v8>(_mm512_castps512_ps256(acc[h]));
+    a[2 * h + 1] = bits_as<v8>(_mm512_extractf32x8_ps(acc[h], 1));
   }
   lanes4(a, bias, y);
 }
@@ -461,6 +457,13 @@ std::atomic<bool> half_three_now{true};          // the 8-float path's three row
 inline bool wide_path() { return WIDEST == 16 && half_width_now.load(std::memory_order_relaxed) == 16; }
 
 constexpr int64_t TB = 8;        // tiles (of 4 outputs) a worker takes at a time
+
+// The next group's rows with ``left`` rows to go, groups of at most ``widest``: as few groups as that allows, of even
+// sizes (16 rows at most 12 a group: 8 + 8; at most 6: 6 + 5 + 5)
+inline int64_t even_rows(int64_t left, int64_t widest) {
+  const int64_t groups = (left + widest - 1) / widest;
+  return (left + groups - 1) / groups;
+}
 constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of a tile (below)
 
 // The next row group's size in a product over M rows, with ``left`` rows to go: 2 at a time when the rows read the
@@ -472,10 +475,7 @@ constexpr int64_t DIRECT_ROWS = 4;   // up to this many rows, no widened copy of
 // weights in AVX2's 16 registers, the inputs read from memory by the multiply-adds, rather than 2 + 1 (the weights
 // widened twice); measured per machine (``half_three``). On an AMD EPYC Zen 5 under the AVX2 caps: 7.0 -> 5.7-6.1 ms.
 inline int64_t group_rows(int64_t M, int64_t left, bool wide, bool three) {
-  if (wide && M > DIRECT_ROWS) {   // as few groups as the registers allow, of even sizes (16 rows: 8 + 8)
-    const int64_t groups = (left + WIDE_ROWS - 1) / WIDE_ROWS;
-    return (left + groups - 1) / groups;
-  }
+  if (wide && M > DIRECT_ROWS) return even_rows(left, WIDE_ROWS);     // 16 rows: 8 + 8
   if (M <= DIRECT_ROWS) return std::min<int64_t>(left, wide ? DIRECT_ROWS : M == 3 && three ? 3 : 2);
   return left == 4 || left < 3 ? std::min<int64_t>(left, 2) : 3;
 }
@@ -789,8 +789,7 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10
       const int64_t lines = t + ahead < end ? tile_lines : 0;
       const int64_t outs = std::min<int64_t>(4, n - t * 4);
       for (int64_t m = 0, g = 0; m < M; ++g) {
-        const int64_t left = M - m, left_groups = (left + BF16_ROWS - 1) / BF16_ROWS;
-        const int64_t rows = (left + left_groups - 1) / left_groups;     // even groups: 16 rows on 6 = 6 + 5 + 5
+        const int64_t rows = even_rows(M - m, BF16_ROWS);
         const int64_t own = std::max<int64_t>(0, std::min(per_group, lines - g * per_group));
         bf16_group(rows, xb.data() + m * Kp, Kp, wt, pb ? pb + t * 4 : nullptr, sums, next + g * per_group * 64, own);
         for (int64_t r = 0; r < rows; ++r)

@@ -218,16 +218,12 @@ class _Joined:
 
     @classmethod
     def of(cls, layers: list) -> Optional["_Joined"]:
+        sizes = [m.out_features for m in layers]
         if all(type(m) is HalfLinear and m.own for m in layers):       # float16 weights on the project's kernel
-            biases = [m.packed_bias for m in layers]
-            bias = None if all(b is None for b in biases) else torch.cat(
-                [b if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)])
-            return cls(torch.cat([m.packed for m in layers]), bias, [m.out_features for m in layers], "half")
+            return cls(torch.cat([m.packed for m in layers]), _joined_bias(layers, "packed_bias"), sizes, "half")
         if all(type(m) is kernels.Bf16Linear and m.own and m.out_features % 4 == 0 for m in layers):
-            biases = [m.bias16 for m in layers]     # bfloat16 weights on the project's kernel: its packs join as half's
-            bias = None if all(b is None for b in biases) else torch.cat(
-                [b if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)])
-            return cls(torch.cat([m.packed for m in layers]), bias, [m.out_features for m in layers], "bf16")
+            # bfloat16 weights on the project's kernel: whole tiles of 4 outputs, so the packs join as half's do
+            return cls(torch.cat([m.packed for m in layers]), _joined_bias(layers, "bias16"), sizes, "bf16")
         if any(type(m) is kernels.Bf16Linear and m.own for m in layers):
             return None
         if all(type(m) is kernels.Bf16Linear for m in layers):
@@ -239,12 +235,9 @@ class _Joined:
             return None
         with torch.no_grad():
             weight = torch.cat([m.weight.detach().to(dtype) for m in layers])
-            biases = [m.bias for m in layers]
-            bias = None if all(b is None for b in biases) else torch.cat(
-                [b.detach() if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)]
-            ).to(dtype)
+            bias = _joined_bias(layers, "bias")
             packed = kernels._pack(weight)
-        return cls(packed, bias, [m.out_features for m in layers], reduced)
+        return cls(packed, None if bias is None else bias.to(dtype), sizes, reduced)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         if self.reduced == "half":  # as HalfLinear.reduced on the project's kernel: each output its own sum
@@ -254,6 +247,14 @@ class _Joined:
         if self.reduced:            # as Bf16Linear.reduced: bfloat16 in, float32 accumulation, bfloat16 out
             return kernels.onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
         return kernels.onednn_linear(rows, self.packed, self.bias, self.out_features)
+
+
+def _joined_bias(layers: list, name: str) -> Optional[torch.Tensor]:
+    """The layers' biases (attribute ``name``) side by side, zeros for a layer without one; None where none has one."""
+    biases = [getattr(m, name) for m in layers]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b.detach() if b is not None else torch.zeros(m.out_features) for m, b in zip(layers, biases)])
 
 
 def _hidden_key(hidden: Any) -> Any:
