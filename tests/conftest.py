@@ -163,6 +163,17 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def own_kernel():
+    """The project's C++ kernels (``runtime/attention_kernels``), built and loaded; the test skips, with the build's
+    reason, on a machine where they do not build."""
+    from decoding.runtime import attention_kernels
+    reason = attention_kernels.load_default()
+    if reason is not None:
+        pytest.skip(f"the project's kernel does not build here: {reason}")
+    return attention_kernels
+
+
 # --------------------------------------------------------------------------- parallel workers (pytest-xdist)
 # `make test` runs two workers with `--dist loadfile`: a file's tests stay together, in their order, in one
 # worker, so module fixtures (a Chromium page, a served app) are built once. Without -n nothing below applies.

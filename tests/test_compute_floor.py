@@ -61,14 +61,7 @@ def test_the_floor_grows_with_the_width_and_falls_with_the_peak():
         compute_floor_ms(model, 0, 50.0)
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    reason = attention_kernels.load_default()
-    if reason is not None:
-        pytest.skip(f"the project's kernel does not build here: {reason}")
-
-
-def test_the_fma_probe_reports_the_operations_it_ran(kernel):
+def test_the_fma_probe_reports_the_operations_it_ran(own_kernel):
     """12 chains of multiply-adds on the registers half_linear's wide products use (8 or 16 floats), 2 operations
     a lane each: the probe follows the kernel's path, so the floor it puts under a forward is that path's."""
     workers, before = torch.get_num_threads(), attention_kernels.half_width()
@@ -83,7 +76,7 @@ def test_the_fma_probe_reports_the_operations_it_ran(kernel):
         attention_kernels.half_width(before)
 
 
-def test_fma_gflops_is_a_positive_rate(kernel):
+def test_fma_gflops_is_a_positive_rate(own_kernel):
     for loads in (False, True):
         rate = attention_kernels.fma_gflops(seconds=0.02, repeats=2, loads=loads)
         assert rate is not None and rate > 0.0

@@ -44,13 +44,10 @@ def test_rows_do_not_depend_on_how_many_are_computed_together():
 
 
 @needs_half
-def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
+def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width(own_kernel):
     """The float16-weight target's linears (``kernels.half_linears``) run on the project's kernel where it
     builds: every row of a product over M rows is the bits of the same row alone (FBGEMM's differ for every M > 1
     on an AMD EPYC Zen 3), so a verify forward's row is the one-position forward's product for product."""
-    from decoding.runtime import attention_kernels
-    if attention_kernels.load_default() is not None:
-        pytest.skip(f"the project's kernel does not build here: {attention_kernels.load_default()}")
     gen = torch.Generator().manual_seed(0)
     for n, k in ((96, 64), (200, 576), (1536, 576), (576, 1536)):
         layer = torch.nn.Linear(k, n)
@@ -72,16 +69,14 @@ def test_on_the_projects_kernel_a_rows_bits_do_not_depend_on_the_width():
     assert torch.allclose(wide, narrow, atol=1e-5, rtol=1e-5) and torch.equal(wide.argmax(-1), narrow.argmax(-1))
 
 
-def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_runs():
+def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_runs(own_kernel):
     """``half_linear`` has an 8-float path (AVX2) and, where the build has AVX-512, a 16-float one for products over
     more than 2 rows (3-4 rows as one group, more holding two outputs' lanes per register, up to 12 rows at a time);
     the faster is measured at load. What would break it: a 16-float path whose lanes sum in another order (bits
     that depend on the machine's path, so a forward that is no longer any CPU's float16-weight model), row groups
     that skip or repeat a row at some M (13 = 7 + 6, 25 = 9 + 8 + 8), three rows as one group giving other bits
     than 2 + 1, a wide path built but never taken, or a width switch that ignores what it is told."""
-    from decoding.runtime import attention_kernels as ak
-    if ak.load_default() is not None:
-        pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
+    ak = own_kernel
     chosen = ak.half_choice()
     assert chosen["width"] in (8, 16) and chosen["widest"] in (8, 16) and chosen["why"]
     before = ak.half_width()
@@ -120,10 +115,8 @@ def test_the_kernels_two_paths_give_every_row_the_same_bits_and_the_chosen_one_r
         ak.half_width(before)
 
 
-def test_the_half_width_is_measured_unless_the_operator_sets_it(monkeypatch):
-    from decoding.runtime import attention_kernels as ak
-    if ak.load_default() is not None:
-        pytest.skip(f"the project's kernel does not build here: {ak.load_default()}")
+def test_the_half_width_is_measured_unless_the_operator_sets_it(monkeypatch, own_kernel):
+    ak = own_kernel
     before = ak.half_width()
     try:
         widest = ak.half_choice()["widest"]
