@@ -19,9 +19,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import threading
 from typing import Any, Optional
 
-import gradio as gr
+from decoding.runtime import attention_kernels
+
+if __name__ == "__main__":
+    # The project's C++ kernels are built (g++, about 6 s on 2 cores with an empty cache) before the page can list
+    # the versions that run here (the bfloat16 one needs them: kernels.bf16_route); started now, the build runs
+    # while the rest of the app imports, and the page's check waits on the same build (attention_kernels.load).
+    threading.Thread(target=attention_kernels.load_default, name="kernel-build", daemon=True).start()
+
+import gradio as gr  # after the kernel build has started
 import yaml
 from starlette.middleware import Middleware
 
