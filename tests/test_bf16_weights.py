@@ -85,6 +85,39 @@ def test_a_key_length_probe_that_fails_keeps_the_bf16_presets_off(monkeypatch):
     assert runs_here(load_presets()[PRESET], "cpu")
 
 
+def test_a_probe_that_sees_rows_change_with_the_batch_keeps_the_bf16_presets_off():
+    """The row-exact attention makes each row a batch element, so SDPA must give a row the bits it gives the row
+    alone whatever the batch (simulated failure: a batch of more than one drifts by a last bit)."""
+    from decoding.runtime import gqa_attention
+
+    def batch_drifting(q, k, v, attn_mask=None, enable_gqa=False):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=enable_gqa)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if q.shape[0] > 1 else out
+    assert not gqa_attention._key_block_checks(batch_drifting)
+
+
+def test_row_exact_rows_are_the_rows_of_one_row_calls_on_two_threads():
+    """On several threads PyTorch's CPU SDPA gives a row other bits in another batch (an AMD EPYC Zen 5, torch 2.13:
+    25 of 28 shapes), where the app runs (2 threads) and the suite (1 thread) does not: the row-exact attention runs
+    its SDPA on one thread. What would break it: the SDPA call left on the caller's threads, or the count not put
+    back afterwards."""
+    gen = torch.Generator().manual_seed(4)
+    heads, kv, d, cached, t = 9, 3, 64, 40, 9
+    module = torch.nn.Module()
+    keys, values = torch.randn(1, kv, cached + t, d, generator=gen), torch.randn(1, kv, cached + t, d, generator=gen)
+    query = torch.randn(1, heads, t, d, generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together, _ = rows_sdpa_forward(module, query, keys, values, None)
+        alone = torch.cat([rows_sdpa_forward(module, query[:, :, i:i + 1], keys[..., :cached + i + 1, :],
+                                             values[..., :cached + i + 1, :], None)[0] for i in range(t)], 1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(together, alone)
+
+
 def test_row_exact_attention_reads_masked_headroom_without_copying_and_ignores_its_values():
     gen = torch.Generator().manual_seed(1)
     heads, kv, d, filled, t = 4, 2, 16, 21, 3

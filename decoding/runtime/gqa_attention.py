@@ -22,9 +22,10 @@ function unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -68,8 +69,9 @@ _KEY_BLOCKS_OK: list = []
 
 
 def key_blocks_exact() -> bool:
-    """Whether this CPU's SDPA gives a row the same bits at every key length that is a multiple of
-    :data:`KEY_BLOCK` past its visible keys (the masked tail zero-weighted): what the row-exact attention rests on.
+    """Whether this CPU's SDPA, on one thread, gives a row the same bits at every key length that is a multiple of
+    :data:`KEY_BLOCK` past its visible keys (the masked tail zero-weighted), and in a batch of rows the bits it gives
+    the row alone: what the row-exact attention rests on.
 
     Measured once per process, never assumed from the CPU: the kernel library's reductions differ by instruction
     set. On an Intel Xeon (AVX-512) a row's bits hold at *every* key length past its block; on an AMD EPYC Zen 3
@@ -80,8 +82,48 @@ def key_blocks_exact() -> bool:
     return _KEY_BLOCKS_OK[0]
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """The calling thread's parallel regions on one thread inside (OpenMP's thread count is the calling thread's
+    own setting, so no other thread's work changes). PyTorch's CPU SDPA over several threads gives a row other bits
+    at another batch size (measured on an AMD EPYC Zen 5, torch 2.13, 2 threads: 25 of 28 shapes; one thread: none),
+    so the row-exact attention, whose rows are batch elements, runs its SDPA calls on one thread: a verify
+    forward's rows and greedy's one-row forward then go through the same arithmetic."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def _key_block_checks(sdpa: Any = None) -> bool:
     sdpa = sdpa or F.scaled_dot_product_attention
+    with one_thread():
+        return _key_blocks_hold(sdpa) and _batches_hold(sdpa)
+
+
+def _batches_hold(sdpa: Any) -> bool:
+    """Rows computed as one batch (keys broadcast, each its own visible prefix) get the bits of each row alone."""
+    gen = torch.Generator().manual_seed(1)
+    heads, kv, d = 9, 3, 64
+    for padded, t in ((16, 9), (64, 5), (256, 16)):
+        q = torch.randn(t, heads, 1, d, generator=gen)
+        k, v = torch.randn(1, kv, padded, d, generator=gen), torch.randn(1, kv, padded, d, generator=gen)
+        mask = torch.zeros(t, 1, 1, padded, dtype=torch.bool)
+        for i in range(t):
+            mask[i, ..., :padded - KEY_BLOCK + 1 + i % KEY_BLOCK] = True
+        together = sdpa(q, k.expand(t, kv, padded, d), v.expand(t, kv, padded, d), attn_mask=mask, enable_gqa=True)
+        if not all(torch.equal(together[i:i + 1], sdpa(q[i:i + 1], k, v, attn_mask=mask[i:i + 1], enable_gqa=True))
+                   for i in range(t)):
+            return False
+    return True
+
+
+def _key_blocks_hold(sdpa: Any) -> bool:
     gen = torch.Generator().manual_seed(0)
     for heads, kv, d, t in ((6, 2, 32, 1), (9, 3, 64, 3)):
         for visible in (1, 5, 16, 37, 130):
@@ -204,9 +246,10 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
 
     For a reduced-weight model (``kernels.Bf16Linear``), which rounds each linear's input to bfloat16: there
     a last-bit difference from the attention's summation order can flip a rounding and grow into a different
-    token, so a verify forward's rows must equal greedy's exactly. PyTorch's CPU SDPA computes each batch
-    element alone and gives a row the same bits for every key length from its visible keys rounded up to
-    :data:`KEY_BLOCK` on (the tail masked). So each query row becomes its own batch element (keys and values
+    token, so a verify forward's rows must equal greedy's exactly. PyTorch's CPU SDPA on one thread
+    (:func:`one_thread`) computes each batch element alone and gives a row the same bits for every key length
+    from its visible keys rounded up to :data:`KEY_BLOCK` on (the tail masked); both are measured
+    (:func:`key_blocks_exact`). So each query row becomes its own batch element (keys and values
     broadcast, not copied) over a key length rounded up to :data:`KEY_BLOCK`, read from the cache's zeroed
     headroom, and sees the cache and then its own new keys in position order, as greedy cached them: a tree
     row's ancestors are moved next to the cache for its group (:func:`layout_of`), and the cache's new keys
@@ -225,8 +268,10 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     rows = query[0].transpose(0, 1).unsqueeze(2)                               # [T, heads, 1, d]
     keys, values = _longer(key, padded), _longer(value, padded)               # [1, kv, S', d]
     if layout.plain:
-        out = F.scaled_dot_product_attention(rows, keys.expand(t, kv, padded, d), values.expand(t, kv, padded, d),
-                                             attn_mask=visible, scale=scaling, enable_gqa=heads != kv)
+        with one_thread():
+            out = F.scaled_dot_product_attention(rows, keys.expand(t, kv, padded, d),
+                                                 values.expand(t, kv, padded, d),
+                                                 attn_mask=visible, scale=scaling, enable_gqa=heads != kv)
         return out.squeeze(2).unsqueeze(0), None                              # [1, T, heads, d]
     new_k, new_v = keys[..., base:s, :].clone(), values[..., base:s, :].clone()   # [1, kv, T, d]
     out = torch.empty(t, heads, 1, d, dtype=query.dtype)
@@ -236,9 +281,10 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
             # 1. this group's keys after the cache, in path order  2. its rows, each over its prefix
             keys[..., base:base + len(path), :] = new_k[..., list(path), :]
             values[..., base:base + len(path), :] = new_v[..., list(path), :]
-            out[index] = F.scaled_dot_product_attention(
-                rows[index], keys.expand(n, kv, padded, d), values.expand(n, kv, padded, d),
-                attn_mask=visible[index], scale=scaling, enable_gqa=heads != kv)
+            with one_thread():
+                out[index] = F.scaled_dot_product_attention(
+                    rows[index], keys.expand(n, kv, padded, d), values.expand(n, kv, padded, d),
+                    attn_mask=visible[index], scale=scaling, enable_gqa=heads != kv)
     finally:                                                                   # 3. the cache as it was
         keys[..., base:s, :] = new_k
         values[..., base:s, :] = new_v
