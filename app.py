@@ -28,7 +28,9 @@ if __name__ == "__main__":
     # The project's C++ kernels are built (g++, about 6 s on 2 cores with an empty cache) before the page can list
     # the versions that run here (the bfloat16 one needs them: kernels.bf16_route); started now, the build runs
     # while the rest of the app imports, and the page's check waits on the same build (attention_kernels.load).
-    threading.Thread(target=attention_kernels.load_default, name="kernel-build", daemon=True).start()
+    # Not a daemon: an exit during the build (a bad argument) waits for it, where a daemon thread still loading the
+    # library when the interpreter shut down aborted the process ("terminate called without an active exception").
+    threading.Thread(target=attention_kernels.load_default, name="kernel-build", daemon=False).start()
 
 import gradio as gr  # after the kernel build has started
 import yaml
