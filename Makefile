@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser compiler bench bench-routes bench-compiled bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-relaxed bench-precision bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser compiler bench bench-routes bench-compiled bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-relaxed bench-precision bench-quality bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -90,6 +90,11 @@ bench-forward: setup
 # float32, its float16-weight preset and bfloat16: forward cost by width, and whether a row depends on the width
 bench-precision: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_precision.py --json benchmarks/results/precision-cpu.json
+
+# What each version of the default model costs in quality: its loss on human-written prompts (MT-Bench, HumanEval)
+# and how long its greedy follows float32's
+bench-quality: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_quality.py --json benchmarks/results/quality-cpu.json
 
 # Each version of the default model that loads here (float32, float16 and bfloat16 weights): forward cost by
 # width, greedy vs generate, the default example's race, and the version the app would choose (routes.py)

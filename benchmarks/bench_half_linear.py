@@ -16,6 +16,9 @@ products:
 - ``bf16-ours``: ``attention_kernels.bf16_linear`` on bfloat16 copies (the bfloat16-weight version's product: the
   same bytes as float16, AVX-512 BF16's pair products where the CPU has them; another model's arithmetic, timed
   beside the others).
+- ``int8-ours``: ``attention_kernels.i8_linear`` on int8 copies, the rows quantized to int8 per group of 64 inputs
+  (the int8-weight-and-activation version's product: a quarter of float32's weight bytes, AVX-512 VNNI's byte
+  products where the CPU has them; another model's arithmetic again).
 
 Each M also checks that ``ours`` gives every row the bits it gives that row alone. The CPU and the instruction set
 PyTorch runs (the AVX2 caps of BENCHMARKS.md change it) are named in the output.
@@ -68,6 +71,11 @@ def _ours_at(width: int):
     return call
 
 
+def _int8(weight: torch.Tensor) -> tuple:
+    scales = weight.abs().amax(1) / 127
+    return attention_kernels.pack_int8(torch.round(weight / scales[:, None]).to(torch.int8)), scales
+
+
 def products(copies: list[list[torch.Tensor]], fbgemm: bool) -> dict:
     """Each product's packed weights per copy, and the call that runs one of them on rows ``x``. ``ours`` runs the
     path the load measured as faster (``attention_kernels.choose_half_width``); where the build has both, the other
@@ -76,7 +84,9 @@ def products(copies: list[list[torch.Tensor]], fbgemm: bool) -> dict:
     packed = [[attention_kernels.pack_half(w) for w in ws] for ws in copies]
     out = {"ours": (packed, _ours_at(chosen)), "float32": (copies, lambda x, w: F.linear(x, w)),
            "bf16-ours": ([[attention_kernels.pack_bf16(w) for w in ws] for ws in copies],
-                         lambda x, w: attention_kernels.bf16_linear(x, w, None, w.shape[0] * 4))}
+                         lambda x, w: attention_kernels.bf16_linear(x, w, None, w.shape[0] * 4)),
+           "int8-ours": ([[_int8(w) for w in ws] for ws in copies],
+                         lambda x, w: attention_kernels.i8_linear(x, w[0], w[1], None, w[1].shape[0]))}
     other = 8 if chosen == 16 else 16
     if attention_kernels.half_choice()["widest"] == 16:
         out[f"ours-{other}"] = (packed, _ours_at(other))

@@ -76,13 +76,14 @@ def _generation_inputs() -> dict[str, Any]:
                                     info=GENERATION_LABELS[name][1], min_width=160) for name in GENERATION_FIELDS}
 
 
-_REDUCED = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+_REDUCED = {"fp16": "float16 weights", "bf16": "bfloat16 weights", "int8": "int8 weights",
+            "w8a8": "int8 weights and activations"}
 
 
 def target_choices(presets: dict) -> list:
     """The target picker's entries: the presets that can load on this machine; a reduced-weight preset says
     that it is its own reference (BENCHMARKS.md, "Float16 weights", "Bfloat16 weights on AMX")."""
-    return [(f"{name} ({_REDUCED[p.weights]} weights: checked against its own greedy)", name)
+    return [(f"{name} ({_REDUCED[p.weights]}: checked against its own greedy)", name)
             if p.weights in _REDUCED else name for name, p in presets.items() if runs_here(p)]
 
 

@@ -394,7 +394,8 @@ class Startup:
                         f"{stats['compile_s']:.0f} s; attention: {stats['attention']}); it measured the cheapest "
                         f"race step here")
                 products = (attention_kernels.half_note() if lm.weights == "fp16" else
-                            kernels.bf16_note() if lm.weights == "bf16" else "")
+                            kernels.bf16_note() if lm.weights == "bf16" else
+                            kernels.w8a8_note() if lm.weights == "w8a8" else "")
                 note += f"; {products}" if products else ""
                 self._set(target=winner.preset, target_note=choice.reason, compiled=True, compiled_note=note)
             else:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from decoding.runtime.kernels import ROUNDED_INPUTS
 from decoding.runtime.session import Session
 from decoding.tree import TokenTree, tree_layout
 
@@ -94,7 +95,8 @@ def check_mask_support(lm: Any) -> None:
         lm.state.mask_support = verdict
     if verdict == BF16_ROWS:
         raise ValueError(f"tree drafts and lookahead need every row of a masked forward to equal a plain "
-                         f"forward's; {lm.name} rounds each linear layer's input to bfloat16, and its attention "
+                         f"forward's; {lm.name} rounds each linear layer's input "
+                         f"({'to int8' if getattr(lm, 'weights', '') == 'w8a8' else 'to bfloat16'}), and its attention "
                          f"({lm.model.config._attn_implementation}) does not give a tree row the bits a plain forward "
                          f"gives it, so they would not be exact against its greedy. On it, drafts are chains; the "
                          f"float32 preset runs trees and lookahead")
@@ -139,7 +141,7 @@ def _probe(lm: Any) -> str:
         return f"{type(exc).__name__}: {exc}"
     scale = float(ref.abs().max()) + 1e-6
     tol = 1e-3 if lm.dtype in (torch.float32, torch.float64) else 3e-2
-    if getattr(lm, "weights", "full") == "bf16":   # rounded inputs: only bit-equal rows keep it exact
+    if getattr(lm, "weights", "full") in ROUNDED_INPUTS:   # rounded inputs: only bit-equal rows keep it exact
         return "ok" if torch.equal(got[[0, 2]], ref) else BF16_ROWS
     diff = float((got[[0, 2]] - ref).abs().max()) / scale
     return "ok" if diff <= tol else f"fused and separate logits differ by {diff:.3g} (relative)"

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -806,6 +807,298 @@ std::vector<int64_t> bf16_info(const at::Tensor& /*cpu: the dispatcher's key*/) 
   return {BF16_DOT ? 1 : 0, bf16_calls_made.load(), BF16_ROWS};
 }
 
+
+// -------------------------------------------------------------------------------------------- int8 x int8 products
+// y[m, n] = ws[n] * sum_g xs[m, g] * S[m, g, n] (+ bias[n]) for int8 weights (one float32 scale per output, ``ws``)
+// and int8 activations (one scale per row and group of I8_GROUP inputs, ``xs``: the group's largest magnitude over
+// 127, each input rounded to the nearest integer of x * (127 / largest), ties to even), where S[m, g, n] is the
+// group's integer dot product (kernels.W8A8Linear's arithmetic). S is an exact integer on every path (|S| <= 64 *
+// 127 * 127 < 2^24), so the float32 part alone decides the bits, and it is one fixed sequence per output lane: the
+// groups' fused multiply-adds in order, then the weight's scale, then the bias. A row's bits are therefore the same at
+// any row count, in any tile or group, and on either path below: an AVX2 CPU's output equals an AVX-512 VNNI one's.
+//
+// Where the CPU has AVX-512 VNNI (``vpdpbusd``: 64 multiply-adds of byte pairs an instruction, into 16 int32 lanes),
+// a register holds 16 outputs' 4 weights of a k-quad and a row's 4 inputs are broadcast; the instruction takes one
+// unsigned operand, so the weights are packed shifted by 128 (u8 = w + 128) and the group's sum of the row's inputs
+// times 128 is taken back out. Elsewhere (AVX2) ``vpmaddubsw`` multiplies |x| by w with x's sign (no pair can
+// saturate its int16 sum: w and x are within [-127, 127]) and ``vpmaddwd`` widens the pairs to int32.
+//
+// w: [Np / 48, Kp / 4, 48, 4] bytes (attention_kernels.pack_int8; Np, Kp padded to 48 and 64 with zeros).
+constexpr int64_t I8_GROUP = 64;     // inputs per activation scale
+constexpr int64_t I8_TILE = 48;      // outputs per tile: 3 registers of 16 int32 lanes (AVX-512), 6 of 8 (AVX2)
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr bool I8_DOT = true;
+constexpr int I8_ROWS = 4;           // 12 int32 + 12 float32 accumulators + 3 weights + 1 input of the 32 registers
+
+template <int MR>
+inline void i8_tile(const int8_t* q, int64_t Kp, const float* xs, const int32_t* qsum, const uint8_t* w, float* out,
+                    const char* next, int64_t lines) {
+  const int64_t G = Kp / I8_GROUP;
+  const int64_t per = (lines + Kp / 4 - 1) / (Kp / 4);     // lines to ask for a k-quad (0 to 3)
+  __m512 f[MR][3];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 3; ++j) f[m][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g, w += I8_GROUP * I8_TILE) {
+    __m512i a[MR][3];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < 3; ++j) a[m][j] = _mm512_setzero_si512();
+    const int8_t* qg = q + g * I8_GROUP;
+#pragma GCC unroll 16
+    for (int s = 0; s < I8_GROUP / 4; ++s) {       // a group's 16 k-quads, unrolled: no loop-carried copies
+      const uint8_t* ws = w + s * I8_TILE * 4;
+      for (int64_t i = 0, line = ((g * I8_GROUP) / 4 + s) * per; i < per; ++i)
+        prefetch_line(next, line + i, lines);
+      __m512i wv[3];
+      for (int j = 0; j < 3; ++j) {
+        wv[j] = _mm512_loadu_si512(ws + j * 64);
+        __asm__("" : "+v"(wv[j]));                 // kept in a register: GCC otherwise loads it again for every row
+      }
+      for (int m = 0; m < MR; ++m) {
+        int32_t quad;
+        std::memcpy(&quad, qg + m * Kp + s * 4, sizeof(quad));
+        const __m512i xv = _mm512_set1_epi32(quad);
+        for (int j = 0; j < 3; ++j) a[m][j] = _mm512_dpbusd_epi32(a[m][j], wv[j], xv);
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512i back = _mm512_set1_epi32(128 * qsum[m * G + g]);
+      const __m512 scale = _mm512_set1_ps(xs[m * G + g]);
+      for (int j = 0; j < 3; ++j)
+        f[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[m][j], back)), scale, f[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 3; ++j) _mm512_storeu_ps(out + m * I8_TILE + j * 16, f[m][j]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr bool I8_DOT = false;
+constexpr int I8_ROWS = 1;           // 6 int32 + 6 float32 accumulators + the input's two forms + ones of 16 registers
+
+template <int MR>
+inline void i8_tile(const int8_t* q, int64_t Kp, const float* xs, const int32_t* /*qsum*/, const uint8_t* w, float* out,
+                    const char* next, int64_t lines) {
+  const int64_t G = Kp / I8_GROUP;
+  const int64_t per = (lines + Kp / 4 - 1) / (Kp / 4);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 f[MR][6];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 6; ++j) f[m][j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g, w += I8_GROUP * I8_TILE) {
+    __m256i a[MR][6];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < 6; ++j) a[m][j] = _mm256_setzero_si256();
+    const int8_t* qg = q + g * I8_GROUP;
+    for (int s = 0; s < I8_GROUP / 4; ++s) {
+      const uint8_t* ws = w + s * I8_TILE * 4;
+      for (int64_t i = 0, line = ((g * I8_GROUP) / 4 + s) * per; i < per; ++i)
+        prefetch_line(next, line + i, lines);
+      __m256i xv[MR], xa[MR];
+      for (int m = 0; m < MR; ++m) {
+        int32_t quad;
+        std::memcpy(&quad, qg + m * Kp + s * 4, sizeof(quad));
+        xv[m] = _mm256_set1_epi32(quad);
+        xa[m] = _mm256_abs_epi8(xv[m]);
+      }
+      for (int j = 0; j < 6; ++j) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + j * 32));
+        for (int m = 0; m < MR; ++m) {
+          const __m256i pairs = _mm256_maddubs_epi16(xa[m], _mm256_sign_epi8(wv, xv[m]));
+          a[m][j] = _mm256_add_epi32(a[m][j], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256 scale = _mm256_set1_ps(xs[m * G + g]);
+      for (int j = 0; j < 6; ++j) f[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][j]), scale, f[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 6; ++j) _mm256_storeu_ps(out + m * I8_TILE + j * 8, f[m][j]);
+}
+#else
+constexpr bool I8_DOT = false;
+constexpr int I8_ROWS = 1;
+
+// A CPU without AVX2: the same integers one at a time, the same fused multiply-adds (std::fma), so the same bits.
+template <int MR>
+inline void i8_tile(const int8_t* q, int64_t Kp, const float* xs, const int32_t* /*qsum*/, const uint8_t* w, float* out,
+                    const char* /*next*/, int64_t /*lines*/) {
+  const int64_t G = Kp / I8_GROUP;
+  const int8_t* sw = reinterpret_cast<const int8_t*>(w);
+  for (int m = 0; m < MR; ++m) {
+    float f[I8_TILE] = {};
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t a[I8_TILE] = {};
+      for (int64_t k = g * I8_GROUP; k < (g + 1) * I8_GROUP; k += 4)
+        for (int64_t o = 0; o < I8_TILE; ++o)
+          for (int64_t e = 0; e < 4; ++e) a[o] += int32_t(q[m * Kp + k + e]) * int32_t(sw[(k / 4) * I8_TILE * 4 + o * 4 + e]);
+      for (int64_t o = 0; o < I8_TILE; ++o) f[o] = std::fma(static_cast<float>(a[o]), xs[m * G + g], f[o]);
+    }
+    std::memcpy(out + m * I8_TILE, f, sizeof(f));
+  }
+}
+#endif
+
+std::atomic<int64_t> i8_calls_made{0};    // products run (tests count them)
+
+inline void i8_group(int64_t rows, const int8_t* q, int64_t Kp, const float* xs, const int32_t* qsum,
+                     const uint8_t* w, float* out, const char* next, int64_t lines) {
+  switch (rows) {        // rows <= I8_ROWS
+    case 1: i8_tile<1>(q, Kp, xs, qsum, w, out, next, lines); break;
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+    case 2: i8_tile<2>(q, Kp, xs, qsum, w, out, next, lines); break;
+    case 3: i8_tile<3>(q, Kp, xs, qsum, w, out, next, lines); break;
+    default: i8_tile<4>(q, Kp, xs, qsum, w, out, next, lines); break;
+#else
+    default: i8_tile<1>(q, Kp, xs, qsum, w, out, next, lines); break;
+#endif
+  }
+}
+
+// One group's inputs to int8 (kernels.W8A8Linear.quantize's arithmetic), ``count`` <= I8_GROUP of them (zero past
+// it): q = round(x * (127 / largest)), ties to even; returns the integers' sum. Eight at a time where the CPU has AVX2
+// (the same products and the same rounding, so the same integers).
+inline int32_t i8_ints(const float* x, int64_t count, float inv, int8_t* q) {
+  int32_t sum = 0;
+  int64_t k = 0;
+#if defined(__AVX2__)
+  if (count == I8_GROUP) {
+    const __m256 scale = _mm256_set1_ps(inv);
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    __m256i total = _mm256_setzero_si256();
+    for (; k < I8_GROUP; k += 32) {
+      __m256i v[4];
+      for (int i = 0; i < 4; ++i) {       // _mm256_cvtps_epi32 rounds as the MXCSR says: to nearest, ties to even
+        v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * i), scale));
+        v[i] = _mm256_max_epi32(lo, _mm256_min_epi32(hi, v[i]));
+        total = _mm256_add_epi32(total, v[i]);
+      }
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k),
+                          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    int32_t lanes_[8];
+    std::memcpy(lanes_, &total, sizeof(lanes_));
+    for (int i = 0; i < 8; ++i) sum += lanes_[i];
+    return sum;
+  }
+#endif
+  for (; k < I8_GROUP; ++k) {
+    const float r = k < count ? std::nearbyint(x[k] * inv) : 0.f;
+    const int32_t v = static_cast<int32_t>(std::max(-127.f, std::min(127.f, r)));
+    q[k] = static_cast<int8_t>(v);
+    sum += v;
+  }
+  return sum;
+}
+
+// One row's inputs to int8, group by group: the group's scale (its largest magnitude over 127), its integers (zero
+// past K) and their sum. A group whose largest magnitude is 0 gets scale 0; one with an infinity or a NaN, NaN (so
+// the row's outputs are NaN, as a float product's would be).
+void i8_row(const float* x, int64_t K, int64_t Kp, int8_t* q, float* xs, int32_t* qsum) {
+  for (int64_t g = 0, base = 0; base < Kp; ++g, base += I8_GROUP) {
+    const int64_t count = std::max<int64_t>(0, std::min(K, base + I8_GROUP) - base);
+    float big = 0.f;
+    bool finite = true;
+    int64_t k = 0;
+#if defined(__AVX2__)
+    if (count == I8_GROUP) {       // a max over magnitudes is exact in any order; NaN and infinity seen by a compare
+      const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+      const __m256 most = _mm256_set1_ps(std::numeric_limits<float>::max());
+      __m256 top = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+      for (; k < I8_GROUP; k += 8) {
+        const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + base + k), magnitude);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, most, _CMP_NLE_UQ));   // not <= the largest float: inf or NaN
+        top = _mm256_max_ps(top, v);
+      }
+      float lanes_[8];
+      _mm256_storeu_ps(lanes_, top);
+      for (int i = 0; i < 8; ++i) big = lanes_[i] > big ? lanes_[i] : big;
+      finite = _mm256_movemask_ps(bad) == 0;
+    }
+#endif
+    for (; k < count; ++k) {
+      const float v = std::fabs(x[base + k]);
+      finite &= v <= std::numeric_limits<float>::max();
+      big = v > big ? v : big;
+    }
+    if (!(big > 0.f) || !finite) {
+      std::memset(q + base, 0, I8_GROUP);
+      xs[g] = finite ? 0.f : std::numeric_limits<float>::quiet_NaN();
+      qsum[g] = 0;
+    } else {
+      xs[g] = big / 127.f;
+      qsum[g] = i8_ints(x + base, count, 127.f / big, q + base);
+    }
+  }
+}
+
+// x [M, K] float32 (K <= Kp), w packed as above, ws [n] float32, bias [n] float32 or none -> [M, n] float32
+at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& w_in, const at::Tensor& ws_in,
+                     const c10::optional<at::Tensor>& bias_in, int64_t n) {
+  TORCH_CHECK(w_in.dim() == 4 && w_in.size(2) == I8_TILE && w_in.size(3) == 4 && w_in.element_size() == 1 &&
+                  w_in.size(1) % (I8_GROUP / 4) == 0,
+              "i8_linear's weights are bytes, packed [N / 48, K / 4, 48, 4] with K a multiple of 64");
+  const int64_t tiles = w_in.size(0), Kp = w_in.size(1) * 4;
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) <= Kp && x_in.size(1) > Kp - I8_GROUP, "i8_linear takes x [M, K]");
+  TORCH_CHECK(n > 0 && n <= tiles * I8_TILE && n > (tiles - 1) * I8_TILE, "i8_linear: n does not match the weights");
+  const at::Tensor x = float32(x_in), w = w_in.contiguous(), ws = float32(ws_in);
+  TORCH_CHECK(ws.numel() == n, "i8_linear: the weight scales have n values");
+  const int64_t M = x.size(0), K = x.size(1), G = Kp / I8_GROUP;
+  at::Tensor bias;
+  if (bias_in.has_value() && bias_in->defined()) bias = float32(*bias_in);
+  TORCH_CHECK(!bias.defined() || bias.numel() == n, "i8_linear: the bias has n values");
+  auto out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+  i8_calls_made.fetch_add(1, std::memory_order_relaxed);
+  std::vector<int8_t> q(static_cast<size_t>(M * Kp));
+  std::vector<float> xs(static_cast<size_t>(M * G));
+  std::vector<int32_t> qsum(static_cast<size_t>(M * G));
+  const float* px = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    i8_row(px + m * K, K, Kp, q.data() + m * Kp, xs.data() + m * G, qsum.data() + m * G);
+  const uint8_t* pw = static_cast<const uint8_t*>(w.data_ptr());
+  const float* pws = ws.data_ptr<float>();
+  const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* py = out.data_ptr<float>();
+  // Each tile's row groups ask for the next tile's cache lines as they go (into L2), each group its share, spread over
+  // its steps: a tile is 27 KB at K = 576, so a worker's run of tiles crosses pages where the hardware's stream
+  // prefetcher starts over, and the whole tile's compute hides the next one's reads.
+  const int64_t tile_lines = Kp * I8_TILE / 64;
+  const int64_t groups = (M + I8_ROWS - 1) / I8_ROWS;
+  const int64_t share = (tile_lines + groups - 1) / groups;
+  at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    float sums[4 * I8_TILE];            // the widest group i8_group builds
+    for (int64_t t = lo; t < hi; ++t) {
+      const uint8_t* wt = pw + t * Kp * I8_TILE;
+      const char* next = t + 1 < hi ? reinterpret_cast<const char*>(wt + Kp * I8_TILE) : nullptr;
+      const int64_t first = t * I8_TILE, outs = std::min<int64_t>(I8_TILE, n - first);
+      for (int64_t m = 0, g = 0; m < M; ++g) {
+        const int64_t rows = even_rows(M - m, I8_ROWS);
+        const int64_t own = next ? std::max<int64_t>(0, std::min(share, tile_lines - g * share)) : 0;
+        i8_group(rows, q.data() + m * Kp, Kp, xs.data() + m * G, qsum.data() + m * G, wt, sums,
+                 next ? next + g * share * 64 : nullptr, own);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* y = py + (m + r) * n + first;
+          const float* s = sums + r * I8_TILE;
+          for (int64_t o = 0; o < outs; ++o) {
+            const float v = s[o] * pws[first + o];
+            y[o] = pb ? v + pb[first + o] : v;
+          }
+        }
+        m += rows;
+      }
+    }
+  });
+  return out;
+}
+
+// Whether this build multiplies byte pairs with AVX-512 VNNI, how many products have run, the rows one group holds.
+std::vector<int64_t> i8_info(const at::Tensor& /*cpu: the dispatcher's key*/) {
+  return {I8_DOT ? 1 : 0, i8_calls_made.load(), I8_ROWS};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(decoding_attention, m) {
@@ -820,6 +1113,8 @@ TORCH_LIBRARY(decoding_attention, m) {
   m.def("half_calls(Tensor cpu) -> int[]");
   m.def("bf16_linear(Tensor x, Tensor w, Tensor? bias, int n) -> Tensor");
   m.def("bf16_info(Tensor cpu) -> int[]");
+  m.def("i8_linear(Tensor x, Tensor w, Tensor ws, Tensor? bias, int n) -> Tensor");
+  m.def("i8_info(Tensor cpu) -> int[]");
 }
 
 TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
@@ -832,4 +1127,6 @@ TORCH_LIBRARY_IMPL(decoding_attention, CPU, m) {
   m.impl("half_calls", half_calls);
   m.impl("bf16_linear", bf16_linear);
   m.impl("bf16_info", bf16_info);
+  m.impl("i8_linear", i8_linear);
+  m.impl("i8_info", i8_info);
 }

@@ -208,6 +208,44 @@ def bf16_info() -> dict:
     return {"dot": bool(dot), "calls": int(calls), "rows": int(rows)}
 
 
+I8_GROUP = 64         # inputs per activation scale (attention_kernels.cpp)
+I8_TILE = 48          # outputs per packed tile
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """A ``[N, K]`` int8 weight (values within [-127, 127]) as :func:`i8_linear` reads it: ``[Np / 48, Kp / 4, 48, 4]``
+    bytes, N and K padded with zeros to multiples of 48 and 64 (a tile of 48 outputs one contiguous run; a register
+    holds 16 outputs' 4 weights of a k-quad). A build with AVX-512 VNNI multiplies an unsigned byte by a signed one,
+    so there the weights are stored shifted by 128 (as ``uint8``); elsewhere as they are (``int8``). Packs of two
+    weights concatenate along dim 0 when N is a multiple of 48."""
+    if q.dtype != torch.int8 or q.dim() != 2:
+        raise ValueError(f"pack_int8 takes an int8 [N, K] weight, got {q.dtype} {tuple(q.shape)}")
+    if q.numel() and int(q.min()) < -127:
+        raise ValueError("pack_int8 takes weights within [-127, 127] (-128 has no negation in int8)")
+    n, k = q.shape
+    padded = torch.nn.functional.pad(q, (0, -k % I8_GROUP, 0, -n % I8_TILE))
+    tiles = padded.reshape(padded.shape[0] // I8_TILE, I8_TILE, padded.shape[1] // 4, 4).transpose(1, 2).contiguous()
+    if i8_info()["dot"]:
+        return (tiles.to(torch.int16) + 128).to(torch.uint8)
+    return tiles
+
+
+def i8_linear(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
+              n: int) -> torch.Tensor:
+    """``[M, K]`` float32 rows times a :func:`pack_int8` weight -> ``[M, n]`` float32: each row quantized to int8 per
+    group of 64 inputs, integer dot products per group, the groups' float32 scales applied in order, then the
+    weight's per-output ``scales`` and ``bias`` (``kernels.W8A8Linear``'s arithmetic), each row's bits the same at
+    any M and on every path of the kernel (``i8_linear`` in attention_kernels.cpp). The kernel must be loaded."""
+    return torch.ops.decoding_attention.i8_linear(rows, packed, scales, bias, n)
+
+
+def i8_info() -> dict:
+    """Whether this build multiplies bytes with AVX-512 VNNI (``vpdpbusd``; else AVX2's ``vpmaddubsw``), the products
+    :func:`i8_linear` has run in this process, and the rows one group of a product holds."""
+    dot, calls, rows = torch.ops.decoding_attention.i8_info(torch.empty(0))
+    return {"dot": bool(dot), "calls": int(calls), "rows": int(rows)}
+
+
 HALF_WIDTH_SWITCH = "DECODING_HALF_WIDTH"       # "8" or "16": that path of half_linear, unmeasured
 
 
@@ -337,6 +375,10 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("decoding_attention::bf16_linear")
     def _(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], n)
+
+    @torch.library.register_fake("decoding_attention::i8_linear")
+    def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("decoding_attention::scores")

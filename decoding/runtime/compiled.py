@@ -208,12 +208,14 @@ class _Joined:
     same weights, the same kernel, the same reduction), so the bits are those of the separate calls; the
     compiled forward of every width uses it, greedy's included. Only layers of one kind are joined: float16- or
     bfloat16-weight layers on the project's kernels (``kernels.HalfLinear``/``Bf16Linear`` with ``own``), bfloat16-
-    weight layers on oneDNN (``kernels.Bf16Linear``) or float32 layers on oneDNN's packed kernel; any other mix
+    weight layers on oneDNN (``kernels.Bf16Linear``), int8-weight-and-activation layers (``kernels.W8A8Linear``) or
+    float32 layers on oneDNN's packed kernel; any other mix
     keeps its separate calls. Costs the joined weights once more in memory (in the reduced type: about 140 MB
     for the bundled model in bfloat16)."""
 
     def __init__(self, packed: torch.Tensor, bias: Optional[torch.Tensor], sizes: list[int], reduced: bool) -> None:
         self.packed, self.bias, self.sizes, self.reduced = packed, bias, sizes, reduced
+        self.scales: Optional[torch.Tensor] = None      # int8 weights: each output's scale
         self.out_features = sum(sizes)
 
     @classmethod
@@ -224,6 +226,14 @@ class _Joined:
         if all(type(m) is kernels.Bf16Linear and m.own and m.out_features % 4 == 0 for m in layers):
             # bfloat16 weights on the project's kernel: whole tiles of 4 outputs, so the packs join as half's do
             return cls(torch.cat([m.packed for m in layers]), _joined_bias(layers, "bias16"), sizes, "bf16")
+        if all(type(m) is kernels.W8A8Linear and m.out_features % attention_kernels.I8_TILE == 0 for m in layers):
+            # int8 weights and activations: whole tiles of 48 outputs, each output's scale beside it; every output
+            # reads the same quantized row, so the joined product is the separate ones side by side
+            joined = cls(torch.cat([m.packed for m in layers]), _joined_bias(layers, "bias32"), sizes, "w8a8")
+            joined.scales = torch.cat([m.scales for m in layers])
+            return joined
+        if any(type(m) is kernels.W8A8Linear for m in layers):
+            return None
         if any(type(m) is kernels.Bf16Linear and m.own for m in layers):
             return None
         if all(type(m) is kernels.Bf16Linear for m in layers):
@@ -244,6 +254,8 @@ class _Joined:
             return attention_kernels.half_linear(rows, self.packed, self.bias)
         if self.reduced == "bf16":  # as Bf16Linear.reduced on the project's kernel: each output its own sum
             return attention_kernels.bf16_linear(rows, self.packed, self.bias, self.out_features)
+        if self.reduced == "w8a8":  # as W8A8Linear.reduced: each output its own integer sums and scales
+            return attention_kernels.i8_linear(rows, self.packed, self.scales, self.bias, self.out_features)
         if self.reduced:            # as Bf16Linear.reduced: bfloat16 in, float32 accumulation, bfloat16 out
             return kernels.onednn_linear(rows.to(torch.bfloat16), self.packed, self.bias, self.out_features).float()
         return kernels.onednn_linear(rows, self.packed, self.bias, self.out_features)

@@ -281,27 +281,35 @@ class Prophet(nn.Module):
             return self._packed_head(feature)
         return feature @ self.head.to(feature.dtype).T
 
-    def pack(self, half: bool = True) -> int:
+    def pack(self, half: bool = True, int8: bool = False) -> int:
         """Inference kernels on the CPU (see ``decoding/runtime/kernels.py``); how many layers were swapped (0: none).
 
         ``half``: float16 weights (``kernels.HalfLinear``, on the project's kernel where it builds) where the
-        build has FBGEMM. The head only drafts, so rounding its weights changes at most which tokens are
-        proposed, never what is committed; it halves the bytes a draft step reads.
+        build has FBGEMM. ``int8``: int8 weights and activations (``kernels.W8A8Linear``) where the project's int8
+        kernel passes its checks: a quarter of float32's bytes. The head only drafts, so rounding its weights
+        changes at most which tokens are proposed, never what is committed; it cuts the bytes a draft step reads.
         Otherwise oneDNN's packed float32 kernels.
         """
-        use_half = half and self.dtype == torch.float32 and self.device.type == "cpu" and kernels.half_available()
-        swapped = kernels.half_linears(self) if use_half else kernels.pack_linears(self)
+        cpu32 = self.dtype == torch.float32 and self.device.type == "cpu"
+        use_int8 = int8 and cpu32 and kernels.w8a8_available()
+        use_half = not use_int8 and half and cpu32 and kernels.half_available()
+        if use_int8:
+            swapped = kernels.w8a8_linears(self)
+        else:
+            swapped = kernels.half_linears(self) if use_half else kernels.pack_linears(self)
         if swapped:
             head = nn.Linear(self.config.hidden, len(self.vocab), bias=False, device="meta")
             head.weight = nn.Parameter(self.head.to(self.dtype), requires_grad=False)
             # a plain attribute, as PackedLinear.packed: a submodule would add its weight to state_dict()
-            wrap = kernels.half_wrapper() if use_half else kernels.PackedLinear
+            wrap = (kernels.W8A8Linear if use_int8 else kernels.half_wrapper() if use_half
+                    else kernels.PackedLinear)
             object.__setattr__(self, "_packed_head", wrap(head))
             for layer in self.layers:   # q|k|v and gate|up as one product each (plain attributes, as above)
                 for name, parts in (("joined_qkv", (layer.q, layer.k, layer.v)),
                                     ("joined_gate_up", (layer.gate, layer.up))):
                     object.__setattr__(layer, name, wrap(_joined_linear(parts)))
-            self.kernels = "fp16-weights" if use_half else "onednn-packed"
+            self.kernels = ("int8-weights-and-activations" if use_int8 else "fp16-weights" if use_half
+                            else "onednn-packed")
         return swapped
 
     def features(self, hidden: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -522,8 +530,10 @@ def load_prophet(path: Path, target: LoadedModel) -> Prophet:
     prophet.load_trainable(tensors)
     dtype = target.dtype if target.device.type == "cuda" else torch.float32
     prophet = prophet.to(dtype).eval()
-    if prophet.device.type == "cpu":
-        prophet.pack()
+    if prophet.device.type == "cpu":       # a target on int8 weights and activations drafts on them too: its
+        # greedy step is short enough that the head's float16 reads were a tenth of a prophet step (bundled model,
+        # AMD EPYC Zen 5: a prophet step 2.10 -> 1.91 greedy steps, 1.25x -> 1.33x greedy on unseen prompts)
+        prophet.pack(int8=getattr(target, "weights", "full") == "w8a8")
     return prophet
 
 

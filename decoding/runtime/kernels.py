@@ -713,3 +713,94 @@ def int8_linears(model: nn.Module) -> int:
     """Every float32 CPU linear layer of ``model`` on int8 weights (``Int8Linear``); how many were swapped. For a
     target only as a preset that says so (``weights: int8``). Nothing where ``int8_available`` fails."""
     return _swap_float32_linears(model, Int8Linear) if int8_available() else 0
+
+
+# --------------------------------------------------------------------------- int8 weights and int8 activations
+
+# Weight modes (models.WEIGHTS) whose linears round their *inputs* (to bfloat16, to int8 per group): a last-bit
+# difference in a row (an attention that sums a wide forward's row in another order) can move a rounding and so a
+# token, so only bit-equal rows keep the lossless strategies exact: these models run the row-exact attention
+# (gqa_attention.ROWS_NAME), which needs this CPU's attention to keep a row's bits at every key block
+# (gqa_attention.key_blocks_exact, measured).
+ROUNDED_INPUTS = ("bf16", "w8a8")
+
+class W8A8Linear(_ReducedLinear):
+    """``nn.Linear`` on int8 weights and int8 activations, float32 in and out, on the project's kernel
+    (``attention_kernels.i8_linear``: AVX-512 VNNI's byte products where the CPU has them, AVX2's elsewhere).
+
+    The weights: one float32 scale per output (the row's largest magnitude over 127), rounded to the nearest
+    integer. The activations: each input row, per group of ``attention_kernels.I8_GROUP`` (64) inputs, scaled by
+    127 over the group's largest magnitude and rounded to the nearest integer (ties to even). Each group's dot
+    product is an exact integer; the groups' scales are applied in order in float32, then the weight's scale, then
+    the bias. So a row's bits never depend on how many rows are computed together, nor on the CPU's path (an AVX2
+    CPU gives the bits an AVX-512 one gives). Another model (a ``weights: w8a8`` preset, its own reference), whose
+    tokens stay close to float32's: per 64 inputs rather than per row, so one large input does not flatten its row's
+    other inputs: on the bundled model, the loss on 24 human-written prompts rises 0.45 % over float32's
+    (``benchmarks/bench_quality.py``), where a draft of this arithmetic with one scale per row lost 4 % of float32's
+    own greedy text's likelihood against 1 % per group (BENCHMARKS.md, "Int8 weights and activations").
+
+    Why: a quarter of float32's weight bytes for a memory-bound greedy step, and four byte products per lane an
+    instruction where a verify forward's many rows make the product compute-bound."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__(linear)
+        weight = linear.weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        object.__setattr__(self, "q", q)
+        object.__setattr__(self, "scales", scales.contiguous())
+        object.__setattr__(self, "packed", attention_kernels.pack_int8(q))
+        object.__setattr__(self, "bias32", None if linear.bias is None else linear.bias.detach().float().contiguous())
+
+    def reduced(self, rows: torch.Tensor) -> torch.Tensor:
+        return attention_kernels.i8_linear(rows, self.packed, self.scales, self.bias32, self.out_features)
+
+
+_W8A8_OK: list = []
+W8A8_CHECK_SHAPES = ((576, 960), (576, 3072), (1536, 576), (96, 200), (70, 50))
+
+
+def w8a8_available() -> bool:
+    """Whether int8-weight-and-activation linears run here: the project's kernel builds, and on seeded layers of
+    :data:`W8A8_CHECK_SHAPES` every width of :data:`BF16_CHECK_WIDTHS` gives each row the bits of the row computed
+    alone, close to ``F.linear`` on the float32 weights. By construction on every path; checked once per process
+    all the same (a miscompiled kernel must not serve a model whose strategies would then part from its greedy)."""
+    if not _W8A8_OK:
+        _W8A8_OK.append(_w8a8_checks())
+    return _W8A8_OK[0]
+
+
+def _w8a8_checks() -> bool:
+    if attention_kernels.load_default() is not None:
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for width, out in W8A8_CHECK_SHAPES:
+            layer = _check_layer(width, out, seed=width + out)
+            fast = W8A8Linear(layer)
+            x = torch.randn(EXACT_WIDTH, width, generator=gen)
+            with torch.inference_mode():
+                one_by_one = torch.cat([fast(x[i:i + 1]) for i in range(EXACT_WIDTH)])
+                if any(not torch.equal(fast(x[:rows]), one_by_one[:rows]) for rows in BF16_CHECK_WIDTHS):
+                    return False
+                want = layer(x)
+            if not torch.allclose(one_by_one, want, atol=0.1, rtol=0.05):
+                return False
+        return True
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError, ValueError):
+        return False
+
+
+def w8a8_linears(model: nn.Module) -> int:
+    """Every float32 CPU linear layer of ``model`` on int8 weights and activations (``W8A8Linear``); how many were
+    swapped. For a target only as a preset that says so (``weights: w8a8``). Nothing where ``w8a8_available``
+    fails. The model must stay frozen."""
+    return _swap_float32_linears(model, W8A8Linear) if w8a8_available() else 0
+
+
+def w8a8_note() -> str:
+    """One line for the start's log: which path runs the int8 products here ('' where the kernel did not build)."""
+    if not w8a8_available():
+        return ""
+    how = "AVX-512 VNNI byte products" if attention_kernels.i8_info()["dot"] else "AVX2 byte products"
+    return f"int8 x int8 products on the project's kernel ({how}; the same bits on either path)"

@@ -57,7 +57,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # "int8": int8 weights, one scale per output, on PyTorch's weight-only int8 product (kernels.Int8Linear), float32
 # activations: a quarter of float32's bytes; another model again, whose rows are checked on the machine to be
 # width-independent (kernels.int8_available).
-WEIGHTS = ("full", "fp16", "bf16", "int8")
+# "w8a8": int8 weights (one scale per output) and int8 activations (one scale per row and group of 64 inputs), exact
+# integer products on the project's kernel (kernels.W8A8Linear: AVX-512 VNNI or AVX2), float32 everywhere else: a
+# quarter of float32's bytes, and a verify forward's products at four byte pairs per lane an instruction; another
+# model again, whose rows are width-independent (and the same on either path) by construction, checked at load.
+WEIGHTS = ("full", "fp16", "bf16", "int8", "w8a8")
+ROUNDED_INPUTS = kernels.ROUNDED_INPUTS
 # What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
 _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_linears,
                             "fp16-weights"),
@@ -67,7 +72,11 @@ _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_
                             "bf16-weights"),
                    "int8": ("PyTorch's weight-only int8 product, vectorized on this CPU and with rows that do not "
                             "depend on the width (both measured here)", kernels.int8_fast, kernels.int8_linears,
-                            "int8-weights")}
+                            "int8-weights"),
+                   "w8a8": ("the project's int8 kernel (AVX2 or AVX-512 VNNI), built and checked on this CPU, and an "
+                            "attention whose rows do not depend on the key length past its block (checked on this CPU)",
+                            lambda: kernels.w8a8_available() and key_blocks_exact(), kernels.w8a8_linears,
+                            "int8-weights-and-activations")}
 
 
 class ModelLoadError(RuntimeError):
@@ -349,9 +358,9 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
     """Wrap an already-built transformers model (tests build tiny random ones)."""
     import inspect
     model.eval()
-    # masked multi-position forwards without copying the KV cache (CPU); a bfloat16-weight model's rows
-    # computed exactly as a one-position forward computes them
-    use_gqa_attention(model, row_exact=kwargs.get("weights") == "bf16")
+    # masked multi-position forwards without copying the KV cache (CPU); a model that rounds its linears' inputs
+    # (bfloat16, int8) gets rows computed exactly as a one-position forward computes them
+    use_gqa_attention(model, row_exact=kwargs.get("weights") in ROUNDED_INPUTS)
     param = next(model.parameters())
     return LoadedModel(
         name=name, source=kwargs.pop("source", name), model=model, tokenizer=tokenizer,
@@ -569,10 +578,11 @@ def _load_uncached(spec: str, device: torch.device, dtype: torch.dtype,
     stem = preset.base if preset and preset.base else name      # whose converted cache and kernel choice
     weights = preset.weights if preset else "full"
     if weights != "full":
-        what = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8"}[weights]
+        what = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8", "w8a8": "int8"}[weights]
         needs, works = _WEIGHT_KERNELS[weights][:2]
         if device.type != "cpu" or dtype != torch.float32:
-            raise ModelLoadError(f"{name} reads {what} weights with float32 activations, a CPU option; it "
+            acts = "int8 activations" if weights == "w8a8" else "float32 activations"
+            raise ModelLoadError(f"{name} reads {what} weights with {acts}, a CPU option; it "
                                  f"cannot load on device={device.type}, dtype={str(dtype).replace('torch.', '')} "
                                  f"(use device=cpu and dtype float32 or auto, or the preset {stem!r})")
         if kernel_mode == "packed":

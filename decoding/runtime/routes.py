@@ -32,7 +32,7 @@ WIDTH = 10            # a typical verify forward: the prophet's 8-node tree with
 MARGIN = 0.05         # another config must make the race step this much cheaper to replace the base, eager
 VERSION = 2           # 2: configs (version x mode) ranked by the race's own step
 KEEP_ENTRIES = 8
-COMPILED_WEIGHTS = ("full", "bf16", "fp16", "int8")   # weights the compiled forward can take (compiled.why_not has the word)
+COMPILED_WEIGHTS = ("full", "bf16", "fp16", "int8", "w8a8")   # weights the compiled forward can take (compiled.why_not has the word)
 
 
 @dataclass(frozen=True, order=True)
