@@ -38,7 +38,7 @@ from starlette.middleware import Middleware
 
 from decoding.runtime import omp_pool
 from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets
-from web import gradio_overrides
+from web import contention, gradio_overrides
 from web.api import race_endpoint
 from web.batch_panel import batch_panel   # issue 49: the batch race, a panel of its own
 from web.compute import record_examples
@@ -259,6 +259,7 @@ def main() -> None:
                             pinned=args.target, file=routes_file(), log=log)
     state.startup.start(then=lambda: _warm_start(state, not args.no_preload, not args.no_record_examples))
     demo = build_demo(state=state)
+    contention.WATCH.share()   # the /proc sampler starts now, so the first run already knows whether the cores are busy
     omp_pool.release()         # the main thread only serves from here: no OpenMP pool beside the compute's
     demo.launch(server_name=host, server_port=port)
 

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
+import torch
+
 from decoding.context import RunContext
 from decoding.harness.bench import sweep_value
 from decoding.harness.runner import run_comparison
@@ -26,6 +28,7 @@ from decoding.runtime.forward_cost import forward_cost
 from visualize.page import chart_views, column_views, drafted, inspector_view, step_figures, step_html, survey
 from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
+from web import contention
 from web.app_object import PlaygroundApp
 from web.quiet import RunWindow, baselines_of, decode_step_ms, greedy_result
 from web.crowd import Computation, QueueFull
@@ -80,13 +83,16 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
                          history=history_from(None if req.history is None else list(req.history),
                                               limits.history_tokens))
     results = []
+    threads = contention.choose()       # one where other processes hold the cores (web/contention.py)
     for kind, value in stream_comparison(prep, plan, stop=stop, context=context, rivals=rivals,
-                                         time_limit_s=limits.time_limit_s, poll_s=POLL_S):
+                                         time_limit_s=limits.time_limit_s, poll_s=POLL_S, threads=threads):
         if kind == "live":
             yield "live", value, prep.max_new
         else:
             results = value
     doc, message = run_document(results, prep, req.inputs.prompt, req.inputs.chat, req.generation)
+    if threads < torch.get_num_threads():
+        message = f"{message} {contention.BUSY_NOTE}"
     yield "done", doc, message, history_outputs(doc["results"])
 
 

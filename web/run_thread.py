@@ -9,13 +9,15 @@ from typing import Any, Optional, Sequence
 from decoding.context import RunContext
 from decoding.harness.runner import planned_lanes, run_comparison
 from decoding.runtime import omp_pool
+from web import contention
 from web.live import Live
 from web.loading import Prepared
 
 
 def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: threading.Event,
                       context: Optional[RunContext] = None, time_limit_s: Optional[float] = None,
-                      poll_s: float = 0.2, quiet_s: float = 1.0, rivals: Sequence[Prepared] = ()) -> Any:
+                      poll_s: float = 0.2, quiet_s: float = 1.0, rivals: Sequence[Prepared] = (),
+                      threads: Optional[int] = None) -> Any:
     """Run the comparison in a worker thread; yield ``("live", Live.snapshot())`` while it runs, then
     ``("done", [RunResult])``.
 
@@ -27,6 +29,9 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
     strategy), else every ``quiet_s``. Strategies still run one after the other,
     so their timings are what each gets alone. Closing the generator early (the
     browser left) sets ``stop`` and waits for the run to end at its next event.
+
+    ``threads``: the worker thread's OpenMP thread count for the whole run (``web.contention``: one where other
+    processes hold the cores); None keeps the default.
     """
     live, box = Live(), {}
     preps = [prep, *rivals]
@@ -37,13 +42,14 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
     def work() -> None:
         try:
             results: list = []
-            for one in preps:
-                if results and stop.is_set():
-                    break
-                left = None if deadline is None else max(deadline - time.perf_counter(), 1e-3)
-                results += run_comparison(one.prompt_ids, one.pair, plan, max_new_tokens=one.max_new,
-                                          seed=one.seed, should_stop=stop.is_set, time_limit_s=left,
-                                          context=context, live=live, model=one.model if rivals else None)
+            with contention.computing_on(threads):
+                for one in preps:
+                    if results and stop.is_set():
+                        break
+                    left = None if deadline is None else max(deadline - time.perf_counter(), 1e-3)
+                    results += run_comparison(one.prompt_ids, one.pair, plan, max_new_tokens=one.max_new,
+                                              seed=one.seed, should_stop=stop.is_set, time_limit_s=left,
+                                              context=context, live=live, model=one.model if rivals else None)
             box["results"] = results
         except BaseException as exc:    # re-raised in the caller's thread
             box["error"] = exc
