@@ -118,7 +118,9 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
            "forward_16_over_1": round(curve(16) / curve(1), 3),
            "fma_gflops": None if peak is None else round(peak, 1),
            "fma_gflops_registers": None if registers is None else round(registers, 1),
-           "floor_16_over_1": None if peak is None else round(compute_floor_ms(lm.model, 16, peak) / curve(1), 3),
+           # a floor at float32's multiply-add rate; an int8 version's products are byte products (none measured)
+           "floor_16_over_1": None if peak is None or lm.weights == "w8a8" else
+           round(compute_floor_ms(lm.model, 16, peak) / curve(1), 3),
            "greedy_step_ms": round(statistics.median(steps), 2),
            "greedy_over_generate": round(_generate_ratio(lm, fast, args.repeats, args.max_new_tokens), 3),
            **_race(lm, fast, strategies, args.repeats, args.max_new_tokens),

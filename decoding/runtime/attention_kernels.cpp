@@ -815,7 +815,8 @@ std::vector<int64_t> bf16_info(const at::Tensor& /*cpu: the dispatcher's key*/) 
 // group's integer dot product (kernels.W8A8Linear's arithmetic). S is an exact integer on every path (|S| <= 64 *
 // 127 * 127 < 2^24), so the float32 part alone decides the bits, and it is one fixed sequence per output lane: the
 // groups' fused multiply-adds in order, then the weight's scale, then the bias. A row's bits are therefore the same at
-// any row count, in any tile or group, and on either path below: an AVX2 CPU's output equals an AVX-512 VNNI one's.
+// any row count, in any tile or group, and on every path below (AVX-512 VNNI, AVX2, scalar): an AVX2 CPU's output
+// equals an AVX-512 VNNI one's (tests/test_w8a8_weights.py checks a digest of them).
 //
 // Where the CPU has AVX-512 VNNI (``vpdpbusd``: 64 multiply-adds of byte pairs an instruction, into 16 int32 lanes),
 // a register holds 16 outputs' 4 weights of a k-quad and a row's 4 inputs are broadcast; the instruction takes one
