@@ -73,12 +73,8 @@ def greedy_tokens(lm, prompts: list[str], max_new: int) -> list[list[int]]:
 
 
 def agreement(ref: list[int], got: list[int]) -> int:
-    n = 0
-    for a, b in zip(ref, got):
-        if a != b:
-            break
-        n += 1
-    return n
+    """Tokens before the first where ``got`` leaves ``ref``."""
+    return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
 
 
 def main(argv: list[str] | None = None) -> dict:

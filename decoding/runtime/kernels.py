@@ -667,21 +667,31 @@ def int8_available() -> bool:
 
 def _int8_checks() -> bool:
     try:
-        gen = torch.Generator().manual_seed(0)
-        for width, out in ((576, 1536), (1536, 576), (576, 4096), (96, 200)):
-            layer = _check_layer(width, out, seed=width + out)     # the same layers in every process
-            fast = Int8Linear(layer)
-            x = torch.randn(EXACT_WIDTH, width, generator=gen)
-            with torch.inference_mode():
-                rows = torch.cat([fast(x[i:i + 1]) for i in range(EXACT_WIDTH)])
-                if any(not torch.equal(fast(x[:n]), rows[:n]) for n in INT8_CHECK_WIDTHS):
-                    return False
-                want = F.linear(x, fast.q.float() * fast.scales[:, None], layer.bias)
-            if not torch.allclose(rows, want, atol=1e-3, rtol=1e-3):
-                return False
-        return True
+        return _layer_checks(((576, 1536), (1536, 576), (576, 4096), (96, 200)), Int8Linear, INT8_CHECK_WIDTHS,
+                             lambda layer, fast, x: F.linear(x, fast.q.float() * fast.scales[:, None], layer.bias),
+                             tolerance=1e-3)
     except (RuntimeError, TypeError, AttributeError, NotImplementedError):
         return False
+
+
+def _layer_checks(shapes: tuple, wrap: Callable[[nn.Module], nn.Module], widths: tuple,
+                  want: Callable[[nn.Module, nn.Module, torch.Tensor], torch.Tensor], tolerance: float) -> bool:
+    """Each layer of ``shapes`` (seeded by its shape: the same layers in every process) wrapped by ``wrap``: every
+    width of ``widths`` gives each row the bits of the row computed alone, and the rows are within ``tolerance``
+    (absolute and relative) of ``want(layer, wrapped, x)``."""
+    gen = torch.Generator().manual_seed(0)
+    for width, out in shapes:
+        layer = _check_layer(width, out, seed=width + out)
+        fast = wrap(layer)
+        x = torch.randn(EXACT_WIDTH, width, generator=gen)
+        with torch.inference_mode():
+            rows = torch.cat([fast(x[i:i + 1]) for i in range(EXACT_WIDTH)])
+            if any(not torch.equal(fast(x[:n]), rows[:n]) for n in widths):
+                return False
+            target = want(layer, fast, x)
+        if not torch.allclose(rows, target, atol=tolerance, rtol=tolerance):
+            return False
+    return True
 
 
 _INT8_FAST: list = []
@@ -773,20 +783,9 @@ def w8a8_available() -> bool:
 def _w8a8_checks() -> bool:
     if attention_kernels.load_default() is not None:
         return False
-    try:
-        gen = torch.Generator().manual_seed(0)
-        for width, out in W8A8_CHECK_SHAPES:
-            layer = _check_layer(width, out, seed=width + out)
-            fast = W8A8Linear(layer)
-            x = torch.randn(EXACT_WIDTH, width, generator=gen)
-            with torch.inference_mode():
-                one_by_one = torch.cat([fast(x[i:i + 1]) for i in range(EXACT_WIDTH)])
-                if any(not torch.equal(fast(x[:rows]), one_by_one[:rows]) for rows in BF16_CHECK_WIDTHS):
-                    return False
-                want = layer(x)
-            if not torch.allclose(one_by_one, want, atol=0.1, rtol=0.05):
-                return False
-        return True
+    try:          # int8 activations: within a tenth of the float product (rows of unit size)
+        return _layer_checks(W8A8_CHECK_SHAPES, W8A8Linear, BF16_CHECK_WIDTHS, lambda layer, fast, x: layer(x),
+                             tolerance=0.1)
     except (RuntimeError, TypeError, AttributeError, NotImplementedError, ValueError):
         return False
 
