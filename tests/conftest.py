@@ -156,11 +156,9 @@ def copying_example(monkeypatch):
 def one_thread():
     """Tiny models run thousands of times: thread start-up would dominate on a shared 2-core machine.
     A module that wants it for every test says ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    from decoding.runtime import omp_pool
+    with omp_pool.threads(1):
+        yield
 
 
 @pytest.fixture

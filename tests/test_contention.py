@@ -12,6 +12,7 @@ import threading
 import pytest
 import torch
 
+from decoding.runtime import omp_pool
 from web import compute, contention, run_thread
 from web.loading import Prepared
 from web.quiet import CpuTimes
@@ -50,10 +51,10 @@ def test_the_watch_reads_others_share_over_its_window():
 
 def test_a_runs_count_holds_for_the_run_and_is_put_back():
     before = torch.get_num_threads()
-    with contention.computing_on(None):
+    with omp_pool.threads(None):
         assert torch.get_num_threads() == before
     with pytest.raises(RuntimeError):
-        with contention.computing_on(1):
+        with omp_pool.threads(1):
             assert torch.get_num_threads() == 1
             raise RuntimeError("a run that fails")
     assert torch.get_num_threads() == before

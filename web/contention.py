@@ -8,8 +8,8 @@ and 0.8–0.9 s every time on one (quiet: 0.46 s on two, 0.49 on one). A crowd o
 visitor's run for minutes, so a run starts on one thread when the cores were busy with other work in the last
 second (:data:`BUSY_SHARE` of all the cores' time, read from /proc by ``web.quiet``'s reader).
 
-The thread count is set once per run, around the whole run (``computing_on``), so every strategy of a race and its
-greedy reference compute with the same count. The compiled forward keeps one graph per thread count (inductor's
+The thread count is set once per run, around the whole run (``omp_pool.threads`` in ``web/run_thread.py``), so every
+strategy of a race and its greedy reference compute with the same count. The compiled forward keeps one graph per thread count (inductor's
 kernels are generated for a count), so the first busy run compiles the one-thread graph (measured in one process:
 that run 18 s, the next 0.6 s, against 1.5 s on two threads when the pathology did not strike). Such a run is not
 recorded either (``web.quiet``): its timings are a busy machine's.
@@ -17,10 +17,9 @@ recorded either (``web.quiet``): its timings are a busy machine's.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -85,21 +84,4 @@ def run_threads(threads: int, share: Optional[float]) -> int:
 def choose(watch: Optional[CpuWatch] = None) -> int:
     """:func:`run_threads` for a run starting now, with this process's thread count."""
     return run_threads(torch.get_num_threads(), (watch or WATCH).share())
-
-
-@contextlib.contextmanager
-def computing_on(threads: Optional[int]) -> Iterator[None]:
-    """The run inside computes on ``threads`` (None: as it is), and the count is put back after it. PyTorch keeps
-    one count for the process (``torch.set_num_threads``; inductor's kernels read it too: setting only the thread's
-    own OpenMP count, a busy run of 64 tokens still took 1.5-3.0 s against 0.8 with this), so a background thread of
-    the app that computes meanwhile computes on it as well; the app computes one run at a time."""
-    before = torch.get_num_threads()
-    if threads is None or threads == before:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 

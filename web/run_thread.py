@@ -9,7 +9,6 @@ from typing import Any, Optional, Sequence
 from decoding.context import RunContext
 from decoding.harness.runner import planned_lanes, run_comparison
 from decoding.runtime import omp_pool
-from web import contention
 from web.live import Live
 from web.loading import Prepared
 
@@ -30,7 +29,7 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
     so their timings are what each gets alone. Closing the generator early (the
     browser left) sets ``stop`` and waits for the run to end at its next event.
 
-    ``threads``: the worker thread's OpenMP thread count for the whole run (``web.contention``: one where other
+    ``threads``: PyTorch's thread count for the whole run (``web.contention``: one where other
     processes hold the cores); None keeps the default.
     """
     live, box = Live(), {}
@@ -42,7 +41,7 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
     def work() -> None:
         try:
             results: list = []
-            with contention.computing_on(threads):
+            with omp_pool.threads(threads):
                 for one in preps:
                     if results and stop.is_set():
                         break

@@ -22,10 +22,9 @@ function unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +33,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from decoding.runtime.kernels import EXACT_WIDTH
+from decoding.runtime.omp_pool import threads
+
+# PyTorch's CPU SDPA over several threads gives a row other bits at another batch size (measured on an AMD EPYC Zen 5,
+# torch 2.13, 2 threads: 25 of 28 shapes; one thread: none), so the row-exact attention, whose rows are batch
+# elements, runs its SDPA calls on one thread: a verify forward's rows and greedy's one-row forward then go through
+# the same arithmetic.
+SDPA_THREADS = 1
 
 NAME = "sdpa_gqa_cpu"
 
@@ -82,27 +88,9 @@ def key_blocks_exact() -> bool:
     return _KEY_BLOCKS_OK[0]
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """The calling thread's parallel regions on one thread inside (OpenMP's thread count is the calling thread's
-    own setting, so no other thread's work changes). PyTorch's CPU SDPA over several threads gives a row other bits
-    at another batch size (measured on an AMD EPYC Zen 5, torch 2.13, 2 threads: 25 of 28 shapes; one thread: none),
-    so the row-exact attention, whose rows are batch elements, runs its SDPA calls on one thread: a verify
-    forward's rows and greedy's one-row forward then go through the same arithmetic."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def _key_block_checks(sdpa: Any = None) -> bool:
     sdpa = sdpa or F.scaled_dot_product_attention
-    with one_thread():
+    with threads(SDPA_THREADS):
         return _key_blocks_hold(sdpa) and _batches_hold(sdpa)
 
 
@@ -247,7 +235,7 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     For a reduced-weight model (``kernels.Bf16Linear``), which rounds each linear's input to bfloat16: there
     a last-bit difference from the attention's summation order can flip a rounding and grow into a different
     token, so a verify forward's rows must equal greedy's exactly. PyTorch's CPU SDPA on one thread
-    (:func:`one_thread`) computes each batch element alone and gives a row the same bits for every key length
+    (:data:`SDPA_THREADS`) computes each batch element alone and gives a row the same bits for every key length
     from its visible keys rounded up to :data:`KEY_BLOCK` on (the tail masked); both are measured
     (:func:`key_blocks_exact`). So each query row becomes its own batch element (keys and values
     broadcast, not copied) over a key length rounded up to :data:`KEY_BLOCK`, read from the cache's zeroed
@@ -268,7 +256,7 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     rows = query[0].transpose(0, 1).unsqueeze(2)                               # [T, heads, 1, d]
     keys, values = _longer(key, padded), _longer(value, padded)               # [1, kv, S', d]
     if layout.plain:
-        with one_thread():
+        with threads(SDPA_THREADS):
             out = F.scaled_dot_product_attention(rows, keys.expand(t, kv, padded, d),
                                                  values.expand(t, kv, padded, d),
                                                  attn_mask=visible, scale=scaling, enable_gqa=heads != kv)
@@ -281,7 +269,7 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
             # 1. this group's keys after the cache, in path order  2. its rows, each over its prefix
             keys[..., base:base + len(path), :] = new_k[..., list(path), :]
             values[..., base:base + len(path), :] = new_v[..., list(path), :]
-            with one_thread():
+            with threads(SDPA_THREADS):
                 out[index] = F.scaled_dot_product_attention(
                     rows[index], keys.expand(n, kv, padded, d), values.expand(n, kv, padded, d),
                     attn_mask=visible[index], scale=scaling, enable_gqa=heads != kv)

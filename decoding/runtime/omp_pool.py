@@ -18,9 +18,10 @@ the process); elsewhere, or where the library cannot be found, :func:`release` d
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch  # noqa: F401: loads PyTorch's libgomp, which _libgomp_path looks for
 
@@ -64,3 +65,21 @@ def release() -> bool:
     called inside a parallel region)."""
     fn = _pause()
     return fn is not None and fn(OMP_PAUSE_SOFT) == 0
+
+
+@contextlib.contextmanager
+def threads(count: Optional[int]) -> Iterator[None]:
+    """PyTorch's thread count is ``count`` inside (None: as it is), and is put back after it, however the block ends.
+    The count is the process's, not the calling thread's: ``torch.set_num_threads`` also stores the count PyTorch
+    gives every thread at its first parallel region, and setting only a thread's own OpenMP count left a busy run
+    1.5-3x slower than this (``web/contention.py``). So another thread computing meanwhile computes on it too: the
+    callers are the one computation of the app (a run), or a call inside it."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
