@@ -587,6 +587,29 @@ def _check_layer(width: int, out: int, seed: int) -> nn.Linear:
     return layer
 
 
+def _layer_checks(shapes: tuple, wrap: Callable[[nn.Module], nn.Module], widths: tuple,
+                  want: Callable[[nn.Module, nn.Module, torch.Tensor], torch.Tensor], tolerance: Any,
+                  seeds: Optional[tuple] = None, widest: int = EXACT_WIDTH) -> bool:
+    """Each layer of ``shapes`` x ``seeds`` (None: one layer a shape, seeded by the shape; either way the same layers
+    in every process) wrapped by ``wrap``: every width of ``widths`` up to ``widest`` gives each row the bits of the
+    row computed alone, and the rows are within ``tolerance`` (absolute and relative: one number, or a pair) of
+    ``want(layer, wrapped, x)``."""
+    atol, rtol = tolerance if isinstance(tolerance, tuple) else (tolerance, tolerance)
+    gen = torch.Generator().manual_seed(0)
+    for width, out in shapes:
+        for seed in seeds or (width + out,):
+            layer = _check_layer(width, out, seed=seed)
+            fast = wrap(layer)
+            x = torch.randn(widest, width, generator=gen)
+            with torch.inference_mode():
+                rows = torch.cat([fast(x[i:i + 1]) for i in range(widest)])
+                if any(n <= widest and not torch.equal(fast(x[:n]), rows[:n]) for n in widths):
+                    return False
+                target = want(layer, fast, x)
+            if not torch.allclose(rows, target, atol=atol, rtol=rtol):
+                return False
+    return True
+
 def _bf16_checks(route: str = "onednn") -> bool:
     """Three checks of a route on :data:`BF16_CHECK_SHAPES` x :data:`BF16_CHECK_SEEDS` (layers of their own seeds,
     so the verdict is the same in every process): its ops exist, every width of :data:`BF16_CHECK_WIDTHS` (to
@@ -597,24 +620,12 @@ def _bf16_checks(route: str = "onednn") -> bool:
         return False
     if route == "onednn" and not available():
         return False
-    widest = EXACT_WIDTH if route == "own" else BF16_EXACT_ROWS
     try:
-        gen = torch.Generator().manual_seed(0)
-        for width, out in BF16_CHECK_SHAPES:
-            for seed in BF16_CHECK_SEEDS:
-                layer = _check_layer(width, out, seed)
-                fast = Bf16Linear(layer, own=route == "own")
-                x = torch.randn(widest, width, generator=gen)
-                with torch.inference_mode():
-                    one_by_one = torch.cat([fast(x[i:i + 1]) for i in range(widest)])
-                    for rows in BF16_CHECK_WIDTHS:
-                        if rows <= widest and not torch.equal(fast(x[:rows]), one_by_one[:rows]):
-                            return False
-                    want = F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(),
-                                    layer.bias.bfloat16().float())
-                if not torch.allclose(one_by_one, want, atol=3e-2, rtol=2e-2):
-                    return False
-        return True
+        return _layer_checks(BF16_CHECK_SHAPES, lambda layer: Bf16Linear(layer, own=route == "own"), BF16_CHECK_WIDTHS,
+                             lambda layer, fast, x: F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(),
+                                                             layer.bias.bfloat16().float()),
+                             tolerance=(3e-2, 2e-2), seeds=BF16_CHECK_SEEDS,
+                             widest=EXACT_WIDTH if route == "own" else BF16_EXACT_ROWS)
     except (RuntimeError, TypeError, AttributeError, NotImplementedError):
         return False
 
@@ -641,15 +652,22 @@ class Int8Linear(_ReducedLinear):
 
     def __init__(self, linear: nn.Module) -> None:
         super().__init__(linear)
-        weight = linear.weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        object.__setattr__(self, "q", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
-        object.__setattr__(self, "scales", scales.contiguous())
+        q, scales = int8_rows(linear.weight)
+        object.__setattr__(self, "q", q)
+        object.__setattr__(self, "scales", scales)
         object.__setattr__(self, "bias32", None if linear.bias is None else linear.bias.detach().float())
 
     def reduced(self, rows: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int8pack_mm(rows.contiguous(), self.q, self.scales)
         return y if self.bias32 is None else y + self.bias32
+
+
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, K]`` weights as int8 with one float32 scale per output (the row's largest magnitude over 127, rounded to
+    the nearest integer): ``(q, scales)``, what both int8 linears multiply."""
+    weight = weight.detach().float()
+    scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8), scales.contiguous()
 
 
 _INT8_OK: list = []
@@ -673,25 +691,6 @@ def _int8_checks() -> bool:
     except (RuntimeError, TypeError, AttributeError, NotImplementedError):
         return False
 
-
-def _layer_checks(shapes: tuple, wrap: Callable[[nn.Module], nn.Module], widths: tuple,
-                  want: Callable[[nn.Module, nn.Module, torch.Tensor], torch.Tensor], tolerance: float) -> bool:
-    """Each layer of ``shapes`` (seeded by its shape: the same layers in every process) wrapped by ``wrap``: every
-    width of ``widths`` gives each row the bits of the row computed alone, and the rows are within ``tolerance``
-    (absolute and relative) of ``want(layer, wrapped, x)``."""
-    gen = torch.Generator().manual_seed(0)
-    for width, out in shapes:
-        layer = _check_layer(width, out, seed=width + out)
-        fast = wrap(layer)
-        x = torch.randn(EXACT_WIDTH, width, generator=gen)
-        with torch.inference_mode():
-            rows = torch.cat([fast(x[i:i + 1]) for i in range(EXACT_WIDTH)])
-            if any(not torch.equal(fast(x[:n]), rows[:n]) for n in widths):
-                return False
-            target = want(layer, fast, x)
-        if not torch.allclose(rows, target, atol=tolerance, rtol=tolerance):
-            return False
-    return True
 
 
 _INT8_FAST: list = []
@@ -754,11 +753,9 @@ class W8A8Linear(_ReducedLinear):
 
     def __init__(self, linear: nn.Module) -> None:
         super().__init__(linear)
-        weight = linear.weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        q = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        q, scales = int8_rows(linear.weight)
         object.__setattr__(self, "q", q)
-        object.__setattr__(self, "scales", scales.contiguous())
+        object.__setattr__(self, "scales", scales)
         object.__setattr__(self, "packed", attention_kernels.pack_int8(q))
         object.__setattr__(self, "bias32", None if linear.bias is None else linear.bias.detach().float().contiguous())
 
