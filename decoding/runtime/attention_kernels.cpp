@@ -945,7 +945,8 @@ std::atomic<int64_t> i8_calls_made{0};    // products run (tests count them)
 
 inline void i8_group(int64_t rows, const int8_t* q, int64_t Kp, const float* xs, const int32_t* qsum,
                      const uint8_t* w, float* out, const char* next, int64_t lines) {
-  switch (rows) {        // rows <= I8_ROWS
+  switch (rows) {        // rows <= I8_ROWS (a switch: a chain of templates choosing the width cost a one-row product
+                         // ~15 % on an AMD EPYC Zen 5)
     case 1: i8_tile<1>(q, Kp, xs, qsum, w, out, next, lines); break;
 #if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
     case 2: i8_tile<2>(q, Kp, xs, qsum, w, out, next, lines); break;
@@ -957,7 +958,7 @@ inline void i8_group(int64_t rows, const int8_t* q, int64_t Kp, const float* xs,
   }
 }
 
-// One group's inputs to int8 (kernels.W8A8Linear.quantize's arithmetic), ``count`` <= I8_GROUP of them (zero past
+// One group's inputs to int8 (kernels.W8A8Linear's arithmetic), ``count`` <= I8_GROUP of them (zero past
 // it): q = round(x * (127 / largest)), ties to even; returns the integers' sum. Eight at a time where the CPU has AVX2
 // (the same products and the same rounding, so the same integers).
 inline int32_t i8_ints(const float* x, int64_t count, float inv, int8_t* q) {
@@ -1070,7 +1071,7 @@ at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& w_in, const at::T
   const int64_t groups = (M + I8_ROWS - 1) / I8_ROWS;
   const int64_t share = (tile_lines + groups - 1) / groups;
   at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
-    float sums[4 * I8_TILE];            // the widest group i8_group builds
+    float sums[I8_ROWS * I8_TILE];      // the widest group i8_group builds
     for (int64_t t = lo; t < hi; ++t) {
       const uint8_t* wt = pw + t * Kp * I8_TILE;
       const char* next = t + 1 < hi ? reinterpret_cast<const char*>(wt + Kp * I8_TILE) : nullptr;
