@@ -72,8 +72,8 @@ def _ours_at(width: int):
 
 
 def _int8(weight: torch.Tensor) -> tuple:
-    scales = weight.abs().amax(1) / 127
-    return attention_kernels.pack_int8(torch.round(weight / scales[:, None]).to(torch.int8)), scales
+    q, scales = kernels.int8_rows(weight)
+    return attention_kernels.pack_int8(q), scales
 
 
 def products(copies: list[list[torch.Tensor]], fbgemm: bool) -> dict:

@@ -29,8 +29,9 @@ import torch.nn.functional as F
 
 from decoding.harness.bench import load_prompt_set
 from decoding.harness.runner import encode_prompt
+from decoding.runtime import routes
 from decoding.runtime.kernel_choice import cpu_label
-from decoding.runtime.models import default_target, load_model, load_presets, runs_here
+from decoding.runtime.models import default_target, load_model, load_presets
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -41,13 +42,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.max_new_tokens <= 256:
         p.error("--max-new-tokens: 1 to 256")
     return args
-
-
-def versions() -> list[str]:
-    base = default_target()
-    presets = load_presets()
-    return [base] + [name for name, p in presets.items()
-                     if p.base == base and p.weights != "full" and not p.adapter and runs_here(p)]
 
 
 def text_loss(lm, texts: list[str]) -> float:
@@ -81,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     prompts = [text for category, text in load_prompt_set(UNSEEN_PROMPTS) if category != "selfgen"]
-    names = versions()
+    names = routes.versions(default_target(), load_presets())
     print(f"CPU: {cpu_label()}; {len(prompts)} prompts (MT-Bench, HumanEval); versions: {', '.join(names)}")
     doc = {"cpu": cpu_label(), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "versions": {}}
     reference = None

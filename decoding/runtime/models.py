@@ -62,7 +62,6 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 # quarter of float32's bytes, and a verify forward's products at four byte pairs per lane an instruction; another
 # model again, whose rows are width-independent (and the same on either path) by construction, checked at load.
 WEIGHTS = ("full", "fp16", "bf16", "int8", "w8a8")
-ROUNDED_INPUTS = kernels.ROUNDED_INPUTS
 # What each reduced-weight mode needs of the machine, and how a loaded model's kernels are labelled.
 _WEIGHT_KERNELS = {"fp16": ("FBGEMM's float16 kernels (x86 CPUs)", kernels.half_available, kernels.half_linears,
                             "fp16-weights"),
@@ -360,7 +359,7 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "custom", **kwargs
     model.eval()
     # masked multi-position forwards without copying the KV cache (CPU); a model that rounds its linears' inputs
     # (bfloat16, int8) gets rows computed exactly as a one-position forward computes them
-    use_gqa_attention(model, row_exact=kwargs.get("weights") in ROUNDED_INPUTS)
+    use_gqa_attention(model, row_exact=kwargs.get("weights") in kernels.ROUNDED_INPUTS)
     param = next(model.parameters())
     return LoadedModel(
         name=name, source=kwargs.pop("source", name), model=model, tokenizer=tokenizer,
