@@ -139,6 +139,10 @@ def test_the_graph_checks_few_guards_and_still_one_graph_per_thread_count(lm):
     other = 2 if torch.get_num_threads() == 1 else 1
     with omp_pool.threads(other):
         assert greedy(ids, ModelPair(lm), GreedyParams(fast=True), max_new_tokens=10).token_ids == ref
+        # that count's graph takes every width as the first one does (no graph special to one row, then a third)
+        wide = lookahead(ids, ModelPair(lm), LookaheadParams(window=3, ngram=3, guess_set=2, fast=True),
+                         max_new_tokens=10)
+        assert wide.token_ids == ref
     assert engine.entries() == entries + 1
     assert greedy(ids, ModelPair(lm), GreedyParams(fast=True), max_new_tokens=10).token_ids == ref
     assert engine.entries() == entries + 1          # back on the first count: its graph, no third one

@@ -117,6 +117,7 @@ class Engine:
         self.compile_s: dict[Any, float] = {}
         self._graphs: dict[Any, Callable] = {}
         self.guards: dict[Any, GuardFilter] = {}     # per graph: which of dynamo's guards it checks per call
+        self._threads: dict[Any, set] = {}           # per graph: the thread counts it has been compiled for
         self._joined: Optional[list] = None
         # the attention's reductions in the project's C++ kernel (None), or why inductor's loops run them
         self.attention: Optional[str] = (attention_kernels.load(cache_dir() / "decoding-attention")
@@ -154,6 +155,13 @@ class Engine:
         if graph is None:
             return self._compile(key, ids, pos, mask, write, order, keys, values, keys_t, hidden)
         self.calls += 1
+        seen = self._threads[key]
+        if torch.get_num_threads() not in seen:
+            # dynamo compiles this thread count's graph now (its loops are built for a count), from this call's
+            # tensors: they carry the same size marks as the first call's, or that graph would special-case one row
+            # and a wider forward compile a third, other code (a busy run's rows then rounded apart from greedy's)
+            _mark_sizes(ids, pos, mask, write, order, keys, values, keys_t)
+            seen.add(torch.get_num_threads())
         logits, states = graph(ids, pos, mask, write, order, keys, values, keys_t)
         return logits, (states if hidden else None)
 
@@ -177,16 +185,8 @@ class Engine:
             import torch._dynamo.config as dynamo_config
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 16)
             dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 256)
-            # every size that varies is a symbol, so one graph serves every capacity, position and number of rows
-            # (1 included: unbacked, no special case for one row): every width runs the same code, and a row gets
-            # the same bits whatever the width, which a model that rounds between its layers needs
-            ids, pos, mask, write, order = args[:5]
-            for tensor in (*args[5], *args[6], *args[7]):
-                torch._dynamo.mark_dynamic(tensor, 2)
-            torch._dynamo.mark_dynamic(mask, 1)
-            torch._dynamo.mark_dynamic(order, 1)
-            for tensor, dim in ((ids, 1), (pos, 1), (mask, 0), (write, 0), (order, 0)):
-                torch._dynamo.decorators.mark_unbacked(tensor, dim)
+            _mark_sizes(*args[:-1])
+            self._threads[key] = {torch.get_num_threads()}
             body = _forward_fn(self, key)
             guards = self.guards[key] = GuardFilter(frozenset(body.__code__.co_freevars))
             fn = torch.compile(body, dynamic=None, fullgraph=True, options={"guard_filter_fn": guards})
@@ -285,6 +285,20 @@ def _guard_root(name: str) -> str:
                 break
         else:
             return re.split(r"[.\[\]()]", name, maxsplit=1)[0]
+
+
+def _mark_sizes(ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, write: torch.Tensor,
+                order: torch.Tensor, keys: list, values: list, keys_t: list) -> None:
+    """Every size that varies a symbol, so one graph serves every capacity, position and number of rows (1 included:
+    unbacked, no special case for one row): every width runs the same code, and a row gets the same bits whatever
+    the width, which a model that rounds between its layers needs. Dynamo reads the marks off the tensors of the call
+    it traces."""
+    for tensor in (*keys, *values, *keys_t):
+        torch._dynamo.mark_dynamic(tensor, 2)
+    torch._dynamo.mark_dynamic(mask, 1)
+    torch._dynamo.mark_dynamic(order, 1)
+    for tensor, dim in ((ids, 1), (pos, 1), (mask, 0), (write, 0), (order, 0)):
+        torch._dynamo.decorators.mark_unbacked(tensor, dim)
 
 
 class GuardFilter:
