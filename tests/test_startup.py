@@ -18,7 +18,11 @@ import pytest
 from decoding.events import ForwardPass
 from decoding.harness import steps as steps_mod
 from decoding.harness.steps import decode_steps_ms, median_step_ms
-from decoding.runtime import compiled, routes
+from decoding.params import GreedyParams
+from decoding.runtime import compiled, omp_pool, routes
+from decoding.runtime.pair import ModelPair
+from decoding.runtime.warmup import warm
+from decoding.strategies.baselines import greedy
 from decoding.runtime.models import ModelPreset
 from decoding.runtime.routes import WIDTH, Config
 from web import startup
@@ -27,7 +31,7 @@ from web.app_object import PlaygroundApp
 from web.settings import Settings
 
 from fake_proc import FakeProc
-from tiny_models import tiny_causal
+from tiny_models import prompt, tiny_causal
 
 BASE = "base"
 needs_compiler = pytest.mark.skipif(compiled.compiler_missing() is not None,
@@ -62,8 +66,10 @@ def _table(**steps: float) -> dict:
 
 
 @needs_compiler
-def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_ready(world):
+def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_ready(world, monkeypatch):
     app, models, file = world
+    one_thread = []          # the winner's graph for a busy run: compiled before it is published, winner only
+    monkeypatch.setattr(startup, "compile_one_thread", lambda lm, log: one_thread.append((lm, compiled.engine(lm))))
     table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0, base_fp16w__compiled=120.0)
     gate, inside, seen = threading.Event(), threading.Event(), []
 
@@ -87,6 +93,34 @@ def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_read
     assert app.settings.target == BASE and app.settings.compiled
     assert compiled.engine(models[BASE]) is not None and "on for" in app.settings.compiled_note
     assert "base (compiled)" in app.settings.target_note
+    assert one_thread == [(models[BASE], None)]
+
+
+@needs_compiler
+def test_a_busy_run_finds_its_one_thread_graph_compiled_before_the_forward_was_published():
+    lm = tiny_causal("llama", seed=3)
+    ids = prompt(6, 1)
+    ref = greedy(ids, ModelPair(lm), GreedyParams(), max_new_tokens=8).token_ids
+    try:
+        with omp_pool.threads(2):                      # the app's count (the suite's workers run one each)
+            assert compiled.enable(lm, publish=False) is None
+            with compiled.building(lm):
+                warm(lm, widths=(1,))
+            engine, lines = lm.state.compiled, []
+            assert engine.entries() == 1
+            assert startup.compile_one_thread(lm, lines.append) is not None
+            assert engine.entries() == 2 and "one thread" in lines[0]
+            assert compiled.engine(lm) is None          # still this thread's alone until it is published
+            compiled.publish(lm)
+            with omp_pool.threads(1):                   # a run on a busy machine: nothing left to compile
+                assert greedy(ids, ModelPair(lm), GreedyParams(fast=True), max_new_tokens=8).token_ids == ref
+            assert engine.entries() == 2
+            assert greedy(ids, ModelPair(lm), GreedyParams(fast=True), max_new_tokens=8).token_ids == ref
+            assert engine.entries() == 2
+        with omp_pool.threads(1):                       # a process on one thread has no other count to compile
+            assert startup.compile_one_thread(lm) is None
+    finally:
+        compiled.disable(lm)
 
 
 def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machine_is_quiet(world, monkeypatch):

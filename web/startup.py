@@ -9,6 +9,7 @@ The page is served first. :class:`Startup` then works in a background thread of 
 2. where a C++ compiler exists, each version that compiles gets its forward compiled, *unpublished*: only this
    thread's forwards use it (``compiled.building``), to time it; visitors' runs stay eager meanwhile, and the page
    and each run's message say so;
+   the winner's forward for a run on one thread too (``compile_one_thread``: a busy machine's runs go on one);
 3. the cheapest config of all serves: its compiled forward is published while no run computes
    (``Line.exclusive``: no race switches mode half-way), the page ticks ``fast`` for it;
 4. the default comparison is chosen on that config's measured forward-cost curve (``harness/pays.py``).
@@ -27,9 +28,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+import torch
+
 from decoding.harness.pays import PROPHET_SHAPES, choose_prophet_shape, default_comparison
 from decoding.harness.steps import StepRatio, race_costs, step_ratios
-from decoding.runtime import attention_kernels, compiled, kernels, routes
+from decoding.runtime import attention_kernels, compiled, kernels, omp_pool, routes
 from decoding.runtime.head import prophet_for
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
 from decoding.runtime.pair import ModelPair, has_prophet
@@ -139,6 +142,22 @@ def compile_unpublished(lm: Any, log: Optional[Log] = None) -> Optional[str]:
         compiled.disable(lm)
         return f"compiling failed ({type(exc).__name__})"
     return None
+
+
+def compile_one_thread(lm: Any, log: Optional[Log] = None) -> Optional[float]:
+    """Compile ``lm``'s unpublished forward for a run on one thread as well (``web/contention.py``: a run on a busy
+    machine goes on one), while only this thread sees it (``compiled.building``): dynamo keeps a graph per thread
+    count, and a visitor's first busy run compiled it otherwise (18 s in one process, 46 s through the app while
+    the cores were busy). The seconds it took, or None where the process runs on one thread anyway."""
+    if torch.get_num_threads() <= 1:
+        return None
+    t0 = time.perf_counter()
+    with compiled.building(lm), omp_pool.threads(1):
+        warm(lm, widths=(1,))
+    took = time.perf_counter() - t0
+    if log is not None:
+        log(f"{lm.name}: compiled forward for a run on one thread ready too ({took:.0f} s)")
+    return took
 
 
 def timed_in_race(load: Callable[[str], Any]) -> routes.Measure:
@@ -263,6 +282,8 @@ class Startup:
         to_compile = [c for c in configs if c.compiled and (hit is None or c == hit.config)]
         if to_compile:
             choice = self._compiled_stage(base, configs, to_compile, choice, timed=hit is None)
+            if choice.config.compiled and choice.config not in self.reasons:
+                compile_one_thread(self.app.settings.load(choice.config.preset), self.log)
         self._serve(choice, configs)
         self._seed_quiet()
         self.curve_busy = self._choose_strategies()
