@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from decoding.runtime import omp_pool
 from web import compute
 from web.app_object import PlaygroundApp
 from web.recordings import Recordings
@@ -23,11 +24,11 @@ from decoding.runtime.forward_cost import ForwardCost
 QUIET = dataclasses.replace(DEFAULT_SETTINGS, quiet_recordings=True)
 
 
-def _fake_run(step_ms: float):
-    def fake(stop, req, budget_s=0):        # greedy: 10 forwards of step_ms each
+def _fake_run(step_ms: float, threads: int = 2):
+    def fake(stop, req, budget_s=0):        # greedy: 10 forwards of step_ms each, on ``threads``
         result = {"strategy": "greedy", "token_ids": [1] * 10, "error": None, "stop_reason": "max_new_tokens",
                   "target_forwards": 10, "wall_s": step_ms * 10 / 1000.0, "events": []}
-        yield "done", {"environment": {"cpu": "test CPU", "threads": 2}, "results": [result]}, "Ran 1.", []
+        yield "done", {"environment": {"cpu": "test CPU", "threads": threads}, "results": [result]}, "Ran 1.", []
     return fake
 
 
@@ -49,6 +50,23 @@ def test_a_run_timed_under_load_is_served_but_not_recorded(monkeypatch):
         assert ("Not recorded" in comp.result.message) == (not recorded)
         assert comp.result.doc["results"][0]["token_ids"] == [1] * 10          # the visitor still gets the run
         comp.leave()
+
+
+def test_a_run_sent_to_one_thread_by_a_busy_machine_is_not_recorded_however_quick(monkeypatch):
+    """Other processes held the cores when it started, so it computed on one thread (web/contention.py): its steps
+    came out within the quiet line (the compiled one-thread graph is ready from the start) and its /proc window was
+    too short to tell, yet its timings are a busy machine's. The same run on every thread is recorded."""
+    state = PlaygroundApp(QUIET, recordings=Recordings(2**20))
+    _with_one_row_cost(monkeypatch, 20.0)
+    with omp_pool.threads(2):
+        for threads, recorded in ((1, False), (2, True)):
+            monkeypatch.setattr(compute, "compute_run", _fake_run(21.0, threads))
+            req = default_request(f"On {threads} threads.", QUIET)
+            comp, _ = compute.submit_run(state, req)
+            comp.done.wait(10)
+            assert (state.recordings.get(req.key) is not None) == recorded, threads
+            assert ("computed on 1 of 2 threads" in comp.result.message) == (not recorded)
+            comp.leave()
 
 
 def test_without_the_setting_every_complete_run_is_recorded(monkeypatch):

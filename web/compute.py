@@ -30,7 +30,7 @@ from visualize.race import clock_html, race_length_ms
 from visualize.traces import export_trace, import_trace_file
 from web import contention
 from web.app_object import PlaygroundApp
-from web.quiet import RunWindow, baselines_of, decode_step_ms, greedy_result
+from web.quiet import QUIET_NOTE, RunWindow, baselines_of, decode_step_ms, greedy_result
 from web.crowd import Computation, QueueFull
 from web.recordings import Recording
 from web.gradio_overrides import plot_once
@@ -91,6 +91,8 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
         else:
             results = value
     doc, message = run_document(results, prep, req.inputs.prompt, req.inputs.chat, req.generation)
+    if isinstance(doc.get("environment"), dict):
+        doc["environment"]["threads"] = threads      # the count it computed on, not the process's (restored by now)
     if threads < torch.get_num_threads():
         message = f"{message} {contention.BUSY_NOTE}"
     yield "done", doc, message, history_outputs(doc["results"])
@@ -149,6 +151,13 @@ def quiet_timing(app: PlaygroundApp, req: RunRequest, doc: dict, share: Optional
     step = None if greedy is None else decode_step_ms(greedy)
     if not req.settings.quiet_recordings or step is None:
         return True, ""
+    ran_on = (doc.get("environment") or {}).get("threads")
+    if isinstance(ran_on, int) and ran_on < torch.get_num_threads():
+        # sent to fewer threads because other processes held the cores when it started (web/contention.py): a busy
+        # machine's timings, however close its steps came to the quiet ones (the /proc window of a short run on one
+        # thread can be too short to tell, and its steps within the quiet line)
+        return False, (f" Not recorded: it computed on {ran_on} of {torch.get_num_threads()} threads, since other "
+                       f"processes held the cores when it started; {QUIET_NOTE}")
     fast = bool((greedy.get("params") or {}).get("fast"))        # the baseline of greedy's own mode (compiled)
     # and of its context: a step after a 400-word prompt attends over ~10x the keys of the default example's
     bucket = context_bucket(len(doc.get("prompt_ids") or ()))

@@ -9,10 +9,11 @@ visitor's run for minutes, so a run starts on one thread when the cores were bus
 second (:data:`BUSY_SHARE` of all the cores' time, read from /proc by ``web.quiet``'s reader).
 
 The thread count is set once per run, around the whole run (``omp_pool.threads`` in ``web/run_thread.py``), so every
-strategy of a race and its greedy reference compute with the same count. The compiled forward keeps one graph per thread count (inductor's
-kernels are generated for a count), so the first busy run compiles the one-thread graph (measured in one process:
-that run 18 s, the next 0.6 s, against 1.5 s on two threads when the pathology did not strike). Such a run is not
-recorded either (``web.quiet``): its timings are a busy machine's.
+strategy of a race and its greedy reference compute with the same count. The compiled forward keeps one graph per
+thread count (inductor's kernels are generated for a count); the start compiles the served forward's one-thread graph
+before publishing it (``web/startup.compile_one_thread``), where the first busy run used to compile it (18 s in one
+process, 46 s through the app). Such a run is never recorded (``web.compute.quiet_timing``: its document names the
+count it computed on): its timings are a busy machine's, however close its steps come to the quiet ones.
 """
 
 from __future__ import annotations
