@@ -97,6 +97,20 @@ def test_the_eager_choice_serves_at_once_and_the_compiled_forward_only_when_read
 
 
 @needs_compiler
+def test_no_one_thread_graph_where_proc_cannot_tell_a_busy_machine(world, monkeypatch):
+    """A container whose /proc counts the host's cores (``read_proc`` gives None) never sends a run to one thread, so
+    its start compiles no graph for it (45 s at a first start on the Zen 5)."""
+    app, models, file = world
+    one_thread = []
+    monkeypatch.setattr(startup, "compile_one_thread", lambda lm, log: one_thread.append(lm))
+    table = _table(base__eager=200.0, base_fp16w__eager=150.0, base__compiled=100.0, base_fp16w__compiled=120.0)
+    start = startup.Startup(app, measure=table.__getitem__, compile_fn=lambda lm, log: compiled.enable(lm, False),
+                            file=file, cpu=lambda: None)
+    start.run()
+    assert app.settings.compiled and app.settings.target == BASE and one_thread == []
+
+
+@needs_compiler
 def test_a_busy_run_finds_its_one_thread_graph_compiled_before_the_forward_was_published():
     lm = tiny_causal("llama", seed=3)
     ids = prompt(6, 1)

@@ -282,7 +282,8 @@ class Startup:
         to_compile = [c for c in configs if c.compiled and (hit is None or c == hit.config)]
         if to_compile:
             choice = self._compiled_stage(base, configs, to_compile, choice, timed=hit is None)
-            if choice.config.compiled and choice.config not in self.reasons:
+            # only where /proc can tell a busy machine (web/contention.py reads it): elsewhere no run goes on one thread
+            if choice.config.compiled and choice.config not in self.reasons and self.cpu() is not None:
                 compile_one_thread(self.app.settings.load(choice.config.preset), self.log)
         self._serve(choice, configs)
         self._seed_quiet()
