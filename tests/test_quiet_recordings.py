@@ -65,7 +65,7 @@ def test_a_run_sent_to_one_thread_by_a_busy_machine_is_not_recorded_however_quic
             comp, _ = compute.submit_run(state, req)
             comp.done.wait(10)
             assert (state.recordings.get(req.key) is not None) == recorded, threads
-            assert ("computed on 1 of 2 threads" in comp.result.message) == (not recorded)
+            assert ("computed on 1 of this app's 2 threads" in comp.result.message) == (not recorded)
             comp.leave()
 
 

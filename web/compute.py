@@ -83,6 +83,7 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
                          history=history_from(None if req.history is None else list(req.history),
                                               limits.history_tokens))
     results = []
+    count = torch.get_num_threads()     # the process's count now (the start's one-thread compile lowers it a while)
     threads = contention.choose()       # one where other processes hold the cores (web/contention.py)
     for kind, value in stream_comparison(prep, plan, stop=stop, context=context, rivals=rivals,
                                          time_limit_s=limits.time_limit_s, poll_s=POLL_S, threads=threads):
@@ -93,7 +94,7 @@ def compute_run(stop: Any, req: RunRequest, budget_s: int = 0) -> Iterator[tuple
     doc, message = run_document(results, prep, req.inputs.prompt, req.inputs.chat, req.generation)
     if isinstance(doc.get("environment"), dict):
         doc["environment"]["threads"] = threads      # the count it computed on, not the process's (restored by now)
-    if threads < torch.get_num_threads():
+    if threads < count:
         message = f"{message} {contention.BUSY_NOTE}"
     yield "done", doc, message, history_outputs(doc["results"])
 
@@ -153,11 +154,12 @@ def quiet_timing(app: PlaygroundApp, req: RunRequest, doc: dict, share: Optional
         return True, ""
     ran_on = (doc.get("environment") or {}).get("threads")
     if isinstance(ran_on, int) and ran_on < torch.get_num_threads():
-        # sent to fewer threads because other processes held the cores when it started (web/contention.py): a busy
-        # machine's timings, however close its steps came to the quiet ones (the /proc window of a short run on one
-        # thread can be too short to tell, and its steps within the quiet line)
-        return False, (f" Not recorded: it computed on {ran_on} of {torch.get_num_threads()} threads, since other "
-                       f"processes held the cores when it started; {QUIET_NOTE}")
+        # sent to fewer threads because other processes held the cores when it started (web/contention.py), or run
+        # while the start compiled the one-thread graph: not this machine's quiet timings, however close its steps
+        # came to them (the /proc window of a short run on one thread can be too short to tell)
+        return False, (f" Not recorded: it computed on {ran_on} of this app's {torch.get_num_threads()} threads (a "
+                       f"run goes on one while other processes hold the cores), so its timings are not the quiet "
+                       f"machine's; {QUIET_NOTE}")
     fast = bool((greedy.get("params") or {}).get("fast"))        # the baseline of greedy's own mode (compiled)
     # and of its context: a step after a 400-word prompt attends over ~10x the keys of the default example's
     bucket = context_bucket(len(doc.get("prompt_ids") or ()))

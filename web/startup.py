@@ -148,7 +148,9 @@ def compile_one_thread(lm: Any, log: Optional[Log] = None) -> Optional[float]:
     """Compile ``lm``'s unpublished forward for a run on one thread as well (``web/contention.py``: a run on a busy
     machine goes on one), while only this thread sees it (``compiled.building``): dynamo keeps a graph per thread
     count, and a visitor's first busy run compiled it otherwise (18 s in one process, 46 s through the app while
-    the cores were busy). The seconds it took, or None where the process runs on one thread anyway."""
+    the cores were busy). The count is the process's: a visitor's (eager) run meanwhile computes on one thread too, and
+    is not recorded (``web.compute.quiet_timing``); holding the line instead would make it wait (45 s at a first
+    start, 5 s from inductor's cache). The seconds it took, or None where the process runs on one thread anyway."""
     if torch.get_num_threads() <= 1:
         return None
     t0 = time.perf_counter()
