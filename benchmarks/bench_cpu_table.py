@@ -10,7 +10,9 @@ model that loads here, eager, and compiled where a C++ compiler exists and its l
 * the cores' measured multiply-add rates (``attention_kernels.fma_gflops``: registers only, and with one operand
   from L1 per multiply-add as a product's inner loop has) and the floor the second puts under a 16-position
   forward: its products' operations at that rate (``forward_cost.compute_floor_ms``), in one-position forwards,
-  so a c(16)/c(1) that no kernel can beat here reads as such;
+  so a c(16)/c(1) that no kernel can beat here reads as such; for the int8 version the rate is its product's own
+  inner step (``attention_kernels.i8_gmacs``: VNNI's ``vpdpbusd``, or AVX2's four-instruction step), so its floor
+  counts byte multiply-adds, not float32 ones;
 * greedy as the race runs it: tokens/s and its median decode step (``harness/steps``), and transformers'
   ``generate`` on the same loaded model (greedy / ``generate``: above 1, ours is faster);
 * the prophet's step in greedy steps (its wall time per target forward / greedy's), on the default example;
@@ -92,10 +94,12 @@ def app_shape(lm, fast: bool, curve) -> ProphetShape:
 
 
 def fma_rates() -> tuple:
-    """The cores' multiply-add rates, GFLOP/s (one operand from L1, registers only): a property of the CPU, not
-    of a config, so ``main`` measures them once for every row."""
+    """The cores' multiply-add rates, GFLOP/s (one operand from L1, registers only), and their rate of the int8
+    product's inner step (billions of byte multiply-adds a second, ``attention_kernels.i8_gmacs``): properties of
+    the CPU, not of a config, so ``main`` measures them once for every row."""
     attention_kernels.load_default()
-    return attention_kernels.fma_gflops(loads=True), attention_kernels.fma_gflops(loads=False)
+    return (attention_kernels.fma_gflops(loads=True), attention_kernels.fma_gflops(loads=False),
+            attention_kernels.i8_gmacs())
 
 
 def measure(config: routes.Config, args: argparse.Namespace) -> dict:
@@ -111,16 +115,18 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
     curve = forward_cost(lm, max(WIDTHS), fast=fast)
     strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
     steps = greedy_steps_ms(lm, fast)
-    peak, registers = getattr(args, "fma", None) or fma_rates()
+    peak, registers, i8 = getattr(args, "fma", None) or fma_rates()
+    # the products' floor at the rate of the config's own arithmetic: float32 multiply-adds, or the int8 product's
+    # byte multiply-adds (2 operations each, as product_flops counts them)
+    rate = (2 * i8 if i8 else None) if lm.weights == "w8a8" else peak
     row = {"cpu": cpu_label(), "config": config.key, "label": config.label, "threads": torch.get_num_threads(),
            "torch": torch.__version__, "compile_s": round(compile_s, 1),
            "forward_ms": {str(w): round(curve(w), 2) for w in WIDTHS},
            "forward_16_over_1": round(curve(16) / curve(1), 3),
            "fma_gflops": None if peak is None else round(peak, 1),
            "fma_gflops_registers": None if registers is None else round(registers, 1),
-           # a floor at float32's multiply-add rate; an int8 version's products are byte products (none measured)
-           "floor_16_over_1": None if peak is None or lm.weights == "w8a8" else
-           round(compute_floor_ms(lm.model, 16, peak) / curve(1), 3),
+           "i8_gmacs": None if i8 is None else round(i8, 1),
+           "floor_16_over_1": None if rate is None else round(compute_floor_ms(lm.model, 16, rate) / curve(1), 3),
            "greedy_step_ms": round(statistics.median(steps), 2),
            "greedy_over_generate": round(_generate_ratio(lm, fast, args.repeats, args.max_new_tokens), 3),
            **_race(lm, fast, strategies, args.repeats, args.max_new_tokens),

@@ -258,6 +258,7 @@ SLOW_FILES = ("test_compiled.py", "test_browser.py", "test_prophet.py", "test_se
 # or version wins): `make test` runs these files a second time under AVX2_CAPS, so a developer on an AVX-512
 # or AMX machine sees what an AVX2-only CPU (an AMD EPYC Zen 3) does. `pytest -m kernels` selects them.
 KERNEL_FILES = ("test_bf16_weights.py", "test_fp16_weights.py", "test_int8_weights.py", "test_w8a8_weights.py",
+                "test_compute_floor.py",
                 "test_gqa_attention.py",
                 "test_kernels.py",
                 "test_kernel_choice.py", "test_routes.py")

@@ -80,3 +80,22 @@ def test_fma_gflops_is_a_positive_rate(own_kernel):
     for loads in (False, True):
         rate = attention_kernels.fma_gflops(seconds=0.02, repeats=2, loads=loads)
         assert rate is not None and rate > 0.0
+
+
+def test_the_int8_probe_reports_the_byte_products_it_ran(own_kernel):
+    """i8_linear's own inner step, the path its build takes: 24 chains of VNNI's vpdpbusd (64 byte pairs each), or 12
+    of AVX2's sign / vpmaddubsw / vpmaddwd / add (32 pairs); nothing on a build with neither. The int8 version's
+    floor (bench_cpu_table.py) counts byte products at this rate, so a probe of the wrong path misstates it."""
+    workers, dot = torch.get_num_threads(), attention_kernels.i8_info()["dot"]
+    done = torch.ops.decoding_attention.i8_probe(torch.empty(0), 1000)
+    avx2 = "avx2" in attention_kernels._cpu_flags().split()
+    assert done == (workers * 1000 * (64 * 24 if dot else 32 * 12) if avx2 or dot else 0)
+    assert torch.ops.decoding_attention.i8_probe(torch.empty(0), 3000) == 3 * done
+
+
+def test_i8_gmacs_is_a_positive_rate_where_the_build_has_a_path(own_kernel):
+    rate = attention_kernels.i8_gmacs(seconds=0.02, repeats=2)
+    if "avx2" in attention_kernels._cpu_flags().split():
+        assert rate is not None and rate > 0.0
+    else:
+        assert rate is None

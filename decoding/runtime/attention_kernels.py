@@ -348,11 +348,28 @@ def fma_gflops(seconds: float = 0.2, repeats: int = 3, loads: bool = True) -> Op
     (``forward_cost.compute_floor_ms``) divides a forward's products by it."""
     if not ready():
         return None
-    cpu = torch.empty(0)
+    return _rate(lambda iters: torch.ops.decoding_attention.fma_probe(torch.empty(0), iters, loads), seconds, repeats)
+
+
+def i8_gmacs(seconds: float = 0.2, repeats: int = 3) -> Optional[float]:
+    """What this machine's cores do of ``i8_linear``'s inner step per second, in billions of byte multiply-adds over
+    all of PyTorch's threads (the kernel's ``i8_probe``: AVX-512 VNNI's ``vpdpbusd`` where the build has it, else
+    AVX2's sign / ``vpmaddubsw`` / ``vpmaddwd`` step), registers only: the best of ``repeats`` timings of about
+    ``seconds`` each. None when the kernel is not loaded or the build has neither path. Twice it, in GFLOP/s, is the
+    int8 version's ``compute_floor_ms`` rate."""
+    if not ready():
+        return None
+    rate = _rate(lambda iters: torch.ops.decoding_attention.i8_probe(torch.empty(0), iters), seconds, repeats)
+    return rate if rate else None
+
+
+def _rate(probe: Callable[[int], float], seconds: float, repeats: int) -> float:
+    """``probe(iters)`` returns the operations it ran: the best of ``repeats`` rates, in billions a second, each
+    timed over about ``seconds`` (the iterations sized by a first, short timing)."""
     iters, spent = 100_000, 0.0
     while spent < seconds / 4 and iters < 1 << 34:           # size one timing to about ``seconds``
         t0 = time.perf_counter()
-        torch.ops.decoding_attention.fma_probe(cpu, iters, loads)
+        probe(iters)
         spent = time.perf_counter() - t0
         if spent < seconds / 4:
             iters *= 4
@@ -360,8 +377,8 @@ def fma_gflops(seconds: float = 0.2, repeats: int = 3, loads: bool = True) -> Op
     best = 0.0
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
-        flops = torch.ops.decoding_attention.fma_probe(cpu, iters, loads)
-        best = max(best, flops / (time.perf_counter() - t0) / 1e9)
+        done = probe(iters)
+        best = max(best, done / (time.perf_counter() - t0) / 1e9)
     return best
 
 
