@@ -83,13 +83,13 @@ def test_fma_gflops_is_a_positive_rate(own_kernel):
 
 
 def test_the_int8_probe_reports_the_byte_products_it_ran(own_kernel):
-    """i8_linear's own inner step, the path its build takes: 24 chains of VNNI's vpdpbusd (64 byte pairs each), or 12
-    of AVX2's sign / vpmaddubsw / vpmaddwd / add (32 pairs); nothing on a build with neither. The int8 version's
+    """i8_linear's own inner step, the path its build takes: 24 chains of VNNI's vpdpbusd (64 byte pairs each), or one
+    row's 6 of AVX2's sign / vpmaddubsw / vpmaddwd / add (32 pairs); nothing on a build with neither. The int8 version's
     floor (bench_cpu_table.py) counts byte products at this rate, so a probe of the wrong path misstates it."""
     workers, dot = torch.get_num_threads(), attention_kernels.i8_info()["dot"]
     done = torch.ops.decoding_attention.i8_probe(torch.empty(0), 1000)
     avx2 = "avx2" in attention_kernels._cpu_flags().split()
-    assert done == (workers * 1000 * (64 * 24 if dot else 32 * 12) if avx2 or dot else 0)
+    assert done == (workers * 1000 * (64 * 24 if dot else 32 * 6) if avx2 or dot else 0)
     assert torch.ops.decoding_attention.i8_probe(torch.empty(0), 3000) == 3 * done
 
 

@@ -890,6 +890,7 @@ inline void i8_tile(const int8_t* q, int64_t Kp, const float* xs, const int32_t*
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < 6; ++j) a[m][j] = _mm256_setzero_si256();
     const int8_t* qg = q + g * I8_GROUP;
+#pragma GCC unroll 16
     for (int s = 0; s < I8_GROUP / 4; ++s) {
       const uint8_t* ws = w + s * I8_TILE * 4;
       for (int64_t i = 0, line = ((g * I8_GROUP) / 4 + s) * per; i < per; ++i)
@@ -1102,12 +1103,13 @@ std::vector<int64_t> i8_info(const at::Tensor& /*cpu: the dispatcher's key*/) {
 }
 
 // What this machine's cores do of i8_tile's inner step, in byte multiply-adds: every worker runs ``iters`` rounds of
-// I8_CHAINS independent accumulators through that step (AVX-512 VNNI: one ``vpdpbusd``, 64 byte pairs; AVX2: the
-// sign, ``vpmaddubsw``, ``vpmaddwd`` and add of 32 byte pairs), registers only, and the call returns the byte
-// multiply-adds done; the caller times it. The int8 product's floor under a wide forward is its multiply-adds at that
+// that step over independent accumulators (AVX-512 VNNI: I8_CHAINS ``vpdpbusd``, 64 byte pairs each; AVX2: one row's
+// I8_AVX2_CHAINS sign, ``vpmaddubsw``, ``vpmaddwd`` and add, 32 byte pairs each, on weights kept opaque so that none
+// of it is hoisted), registers only, and the call returns the byte multiply-adds done; the caller times it. The int8 product's floor under a wide forward is its multiply-adds at that
 // rate (bench_cpu_table.py): on an AMD EPYC Zen 5 a 16-row forward's products ran at about the rate this gives.
 // 0 where this build has neither path (its scalar loop has no floor worth stating).
 constexpr int I8_CHAINS = 24;        // enough independent sums to cover the instruction's latency at two a cycle
+constexpr int I8_AVX2_CHAINS = 6;    // one row's six accumulators, as i8_tile's AVX2 step has them (16 registers)
 std::atomic<int64_t> i8_probe_sink{0};
 
 int64_t i8_rounds(int64_t iters, int64_t seed) {
@@ -1125,18 +1127,23 @@ int64_t i8_rounds(int64_t iters, int64_t seed) {
   for (int j = 0; j < I8_CHAINS; ++j) s += _mm512_reduce_add_epi32(acc[j]);
   return s;
 #elif defined(__AVX2__) && defined(__FMA__)
-  __m256i acc[I8_CHAINS / 2];
-  for (int j = 0; j < I8_CHAINS / 2; ++j) acc[j] = _mm256_set1_epi32(static_cast<int>(j + seed));
-  const __m256i w = _mm256_set1_epi32(0x01fe0304 + static_cast<int>(seed)), x = _mm256_set1_epi32(0x01ff0101);
-  const __m256i xa = _mm256_abs_epi8(x), ones = _mm256_set1_epi16(1);
+  // as i8_tile's step for one row: six weight registers, each signed by the row's inputs, multiplied by their
+  // magnitudes, widened and added; the weights and inputs are opaque every round (the asm), so nothing is hoisted
+  __m256i acc[I8_AVX2_CHAINS], w[I8_AVX2_CHAINS];
+  for (int j = 0; j < I8_AVX2_CHAINS; ++j) {
+    acc[j] = _mm256_set1_epi32(static_cast<int>(j + seed));
+    w[j] = _mm256_set1_epi32(0x01fe0304 + static_cast<int>(j + seed));
+  }
+  __m256i x = _mm256_set1_epi32(0x01ff0101);
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = 0; i < iters; ++i) {
-    for (int j = 0; j < I8_CHAINS / 2; ++j) {
-      acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, x)), ones));
-      __asm__("" : "+x"(acc[j]));
-    }
+    __asm__("" : "+x"(x), "+x"(w[0]), "+x"(w[1]), "+x"(w[2]), "+x"(w[3]), "+x"(w[4]), "+x"(w[5]));
+    const __m256i xa = _mm256_abs_epi8(x);
+    for (int j = 0; j < I8_AVX2_CHAINS; ++j)
+      acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w[j], x)), ones));
   }
   int64_t s = 0;
-  for (int j = 0; j < I8_CHAINS / 2; ++j) s += _mm256_extract_epi32(acc[j], 0);
+  for (int j = 0; j < I8_AVX2_CHAINS; ++j) s += _mm256_extract_epi32(acc[j], 0);
   return s;
 #else
   return iters + seed;
@@ -1153,7 +1160,7 @@ double i8_probe(const at::Tensor& /*cpu: the dispatcher's key*/, int64_t iters) 
   int64_t total = 0;
   for (int64_t v : sink) total ^= v;
   i8_probe_sink.store(total, std::memory_order_relaxed);        // the sums are used: the loops stay
-  const double per = I8_DOT ? 64.0 * I8_CHAINS : 32.0 * (I8_CHAINS / 2);
+  const double per = I8_DOT ? 64.0 * I8_CHAINS : 32.0 * I8_AVX2_CHAINS;
   return static_cast<double>(workers) * static_cast<double>(iters) * per;
 #else
   (void)iters;
