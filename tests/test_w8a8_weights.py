@@ -23,6 +23,7 @@ from decoding.params import GreedyParams
 from decoding.runtime import compiled, kernels, models
 from decoding.runtime.models import load_presets, runs_here, wrap_model
 from decoding.runtime.pair import ModelPair
+from decoding.runtime.session import Session
 from decoding.strategies.baselines import greedy
 
 from tiny_models import VOCAB, prompt, tiny_causal
@@ -153,6 +154,38 @@ def test_lossless_strategies_equal_the_w8a8_models_own_greedy():
         assert all(r.error is None and r.token_ids == results[0].token_ids for r in results[1:]), \
             [(r.strategy, r.error) for r in results]
         assert any(r.target_forwards < results[0].target_forwards for r in results[1:])
+
+
+@needs_w8a8
+def test_the_eager_fast_path_gives_a_row_its_one_position_bits_on_a_static_cache():
+    """The fast path without a compiled forward keeps a static cache: every slot of its capacity reaches the
+    attention, the rows' own keys right after the ones they see. The row-exact attention of a model that rounds its
+    linears' inputs once took the keys' end for the rows' own (a growing cache's layout), so each row of a verify
+    forward attended over the cache's empty slots and its bits parted from its one-position forward (every row,
+    logits off by up to 1.5 on the bundled int8 model); here they must be equal, and every lossless strategy on
+    the fast path gives that path's greedy."""
+    lm = tiny_causal("llama", seed=0, scale=8.0)
+    assert kernels.w8a8_linears(lm.model) == 2 * 7 + 1
+    lm = wrap_model(lm.model, None, name="tiny-w8a8-static", weights="w8a8")
+    ids, toks = prompt(12, seed=2), prompt(12, seed=5)
+
+    def rows(width):
+        session = Session(lm, "t", fast=True, max_len=len(ids) + len(toks) + 8)
+        session.prefill(ids)
+        out = []
+        for a in range(0, len(toks), width):
+            logits = session.forward(session.tensor([toks[a:a + width]]))[0]
+            out += [logits[i].clone() for i in range(logits.shape[0])]
+        return out
+    one = rows(1)
+    for width in (2, 3, 5):
+        assert all(torch.equal(a, b) for a, b in zip(one, rows(width))), width
+    pair = ModelPair(lm, prophet=random_prophet(lm, seed=1))
+    runs = [(name, {"fast": True}) for name in ("prophet", "prompt_lookup", "lookahead", "suffix")]
+    results = run_comparison(prompt(10, seed=0), pair, [("greedy", {"fast": True})] + runs, max_new_tokens=24,
+                             warmup=False, trace=False)
+    assert all(r.error is None and r.token_ids == results[0].token_ids for r in results[1:]), \
+        [(r.strategy, r.error) for r in results]
 
 
 def _joinable_llama(seed: int = 3):

@@ -213,6 +213,21 @@ def _layout(attention_mask: Optional[torch.Tensor], t: int, s: int) -> Optional[
     return found
 
 
+def _seen_prefix(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                 t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``key``/``value``/``mask`` cut to the slots up to the last one any of the ``t`` rows sees (views): unchanged
+    for a growing cache, whose last key is a row's own; a static cache's blocked tail cut off."""
+    s = key.shape[2]
+    if mask.shape[-1] != s or s <= t:
+        return key, value, mask
+    rows = mask[0, 0, -t:, :]
+    seen = rows if rows.dtype == torch.bool else rows != float("-inf")
+    last = int(seen.any(0).nonzero().max()) + 1 if bool(seen.any()) else s
+    if last >= s or last < t:
+        return key, value, mask
+    return key[:, :, :last], value[:, :, :last], mask[..., :last]
+
+
 def _visible(layout: Layout, base: int, padded: int) -> Optional[torch.Tensor]:
     """Each row's keys: the cache and the first ``seen`` keys of its path, as a ``[T, 1, 1, S']`` mask (None when
     every row sees every key: a one-position forward over a key length that needs no padding). Built once per
@@ -245,6 +260,11 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     sliding window and every other case go to :func:`gqa_sdpa_forward`.
     ``query [1, heads, T, d]`` -> ``([1, T, heads, d], None)``."""
     exact = _row_exact(module, query, key, value, attention_mask, dropout, kwargs)
+    if exact and attention_mask is not None:
+        # a static cache (the fast path's, eager) hands over every slot of its capacity, the rows' own keys right
+        # after the ones they may see and the rest blocked: the keys end where the last seen one does, as a growing
+        # cache's would (this row layout counts the new keys from the end)
+        key, value, attention_mask = _seen_prefix(key, value, attention_mask, query.shape[2])
     layout = _layout(attention_mask, query.shape[2], key.shape[2]) if exact else None
     if layout is None:
         return gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
