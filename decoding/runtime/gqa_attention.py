@@ -32,6 +32,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from decoding.runtime import graphs
 from decoding.runtime.kernels import EXACT_WIDTH
 from decoding.runtime.omp_pool import threads
 
@@ -58,6 +59,10 @@ def gqa_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value:
                      is_causal: Optional[bool] = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``query [B, heads, T, d]``, ``key``/``value [B, kv, S, d]``
     -> ``([B, T, heads, d], None)``."""
+    if _cuttable(query, attention_mask):
+        # a static cache's blocked tail cut off: a row's sums must not depend on the cache's capacity (a race's
+        # greedy and a drafting strategy hold caches of other sizes, and their prefills must agree to the bit)
+        key, value, attention_mask = _seen_prefix(key, value, attention_mask, query.shape[2])
     if not _grouped(module, query, key, value, attention_mask, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -213,16 +218,26 @@ def _layout(attention_mask: Optional[torch.Tensor], t: int, s: int) -> Optional[
     return found
 
 
+def _cuttable(query: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
+    """Whether :func:`_seen_prefix` may look at the mask: on the CPU, one sequence, and not inside a region replayed
+    as a graph (``graphs.emulating``; on CUDA the fast path's regions are captured, and a cut is a host read with a
+    shape that varies: there the keys keep the capacity)."""
+    return mask is not None and query.device.type == "cpu" and query.shape[0] == 1 and not graphs.emulating()
+
+
 def _seen_prefix(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                  t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``key``/``value``/``mask`` cut to the slots up to the last one any of the ``t`` rows sees (views): unchanged
     for a growing cache, whose last key is a row's own; a static cache's blocked tail cut off."""
     s = key.shape[2]
-    if mask.shape[-1] != s or s <= t:
+    if mask.dim() != 4 or mask.shape[-1] != s or s <= t:
         return key, value, mask
-    rows = mask[0, 0, -t:, :]
+    rows = mask[:, :, -t:, :]
     seen = rows if rows.dtype == torch.bool else rows != float("-inf")
-    last = int(seen.any(0).nonzero().max()) + 1 if bool(seen.any()) else s
+    if bool(seen[..., -1].any()):           # a growing cache's: some row sees the last key (one small test)
+        return key, value, mask
+    found = seen.flatten(0, 2).any(0).nonzero()      # a static cache's (not memoized: its mask buffer is rewritten
+    last = int(found.max()) + 1 if found.numel() else s   # in place between forwards)
     if last >= s or last < t:
         return key, value, mask
     return key[:, :, :last], value[:, :, :last], mask[..., :last]
@@ -260,7 +275,7 @@ def rows_sdpa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     sliding window and every other case go to :func:`gqa_sdpa_forward`.
     ``query [1, heads, T, d]`` -> ``([1, T, heads, d], None)``."""
     exact = _row_exact(module, query, key, value, attention_mask, dropout, kwargs)
-    if exact and attention_mask is not None:
+    if exact and _cuttable(query, attention_mask):
         # a static cache (the fast path's, eager) hands over every slot of its capacity, the rows' own keys right
         # after the ones they may see and the rest blocked: the keys end where the last seen one does, as a growing
         # cache's would (this row layout counts the new keys from the end)
