@@ -24,13 +24,10 @@ def stream_comparison(prep: Prepared, plan: list[tuple[str, Any]], *, stop: thre
     model, then on each rival's, each with its own greedy reference, all within ``time_limit_s``; every result
     names its model (``RunResult.model``), and the rivals' lanes show as waiting from the start.
 
-    A snapshot is yielded every ``poll_s`` when something changed (a token, a new
-    strategy), else every ``quiet_s``. Strategies still run one after the other,
-    so their timings are what each gets alone. Closing the generator early (the
-    browser left) sets ``stop`` and waits for the run to end at its next event.
-
-    ``threads``: PyTorch's thread count for the whole run (``web.contention``: one where other
-    processes hold the cores); None keeps the default.
+    A snapshot is yielded every ``poll_s`` when something changed (a token, a new strategy), else every ``quiet_s``.
+    Strategies still run one after the other, so their timings are what each gets alone. Closing the generator early
+    (the browser left) sets ``stop`` and waits for the run to end at its next event. ``threads``: PyTorch's thread
+    count for the whole run (``web.contention``: one where other processes hold the cores); None keeps the default.
     """
     live, box = Live(), {}
     preps = [prep, *rivals]
