@@ -232,12 +232,13 @@ def _seen_prefix(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
     s = key.shape[2]
     if mask.dim() != 4 or mask.shape[-1] != s or s <= t:
         return key, value, mask
-    rows = mask[:, :, -t:, :]
-    seen = rows if rows.dtype == torch.bool else rows != float("-inf")
-    if bool(seen[..., -1].any()):           # a growing cache's: some row sees the last key (one small test)
+    def seen(part: torch.Tensor) -> torch.Tensor:
+        return part if part.dtype == torch.bool else part != float("-inf")
+    if bool(seen(mask[:, :, -t:, -1]).any()):        # a growing cache's: some row sees the last key (``t`` values)
         return key, value, mask
-    found = seen.flatten(0, 2).any(0).nonzero()      # a static cache's (not memoized: its mask buffer is rewritten
-    last = int(found.max()) + 1 if found.numel() else s   # in place between forwards)
+    # a static cache's whole mask (not memoized: its buffer is rewritten in place between forwards)
+    found = seen(mask[:, :, -t:, :]).flatten(0, 2).any(0).nonzero()
+    last = int(found.max()) + 1 if found.numel() else s
     if last >= s or last < t:
         return key, value, mask
     return key[:, :, :last], value[:, :, :last], mask[..., :last]
