@@ -246,6 +246,22 @@ def test_the_bf16_weights_field_is_checked():
     assert not runs_here(presets[PRESET], device="cuda")
 
 
+def its_own_model_drafting_to_its_greedy(lm, full) -> list:
+    """A reduced-weight preset of the bundled model (``lm``) against its float32 base (``full``): its logits close to
+    the base's but not the same (another model), and the prophet, prompt lookup, lookahead and transformers' greedy
+    giving its own greedy's tokens. The race's results (greedy first)."""
+    ids = torch.tensor([lm.tokenizer("The capital of France is").input_ids])
+    with torch.inference_mode():
+        gap = float((lm.model(ids).logits[0, -1] - full.model(ids).logits[0, -1]).abs().max())
+    assert 0 < gap < 3.0, gap                       # rounded: close to float32, not the same model
+    pair = ModelPair(lm, None, prophet=prophet_for(lm))
+    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("prompt_lookup", {}), ("lookahead", {}),
+                                                     ("hf_greedy", {})],
+                             max_new_tokens=24, warmup=False, trace=False)
+    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 4
+    return results
+
+
 def _bundled():
     preset = load_presets()[PRESET]
     return preset if bundled_file(preset.bundled, assemble=False) is not None else None
@@ -263,15 +279,7 @@ def test_the_shipped_bf16_preset_is_its_own_model_and_its_drafts_equal_its_greed
     assert sum(isinstance(m, kernels.Bf16Linear) for m in bf.model.modules()) == 30 * 7 + 1
     assert bf.model.config._attn_implementation == ROWS_NAME and full.model.config._attn_implementation == NAME
     assert shipped_head(bf) == PROPHET_DIR / "smollm2-135m-instruct.safetensors"
-    ids = torch.tensor([bf.tokenizer("The capital of France is").input_ids])
-    with torch.inference_mode():
-        gap = float((bf.model(ids).logits[0, -1] - full.model(ids).logits[0, -1]).abs().max())
-    assert 0 < gap < 3.0, gap                       # rounded: close to float32, not the same model
-    pair = ModelPair(bf, None, prophet=prophet_for(bf))
-    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("prompt_lookup", {}), ("lookahead", {}),
-                                                     ("hf_greedy", {})],
-                             max_new_tokens=24, warmup=False, trace=False)
-    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 4
+    results = its_own_model_drafting_to_its_greedy(bf, full)
     # where a tree row is not the bits of a plain forward the probe refuses trees (simulated: the masked forward's
     # rows drift by a last bit, as the plain grouped attention's do on an AMD EPYC Zen 5; whether this CPU's do is
     # its kernels' matter, so the test injects it)

@@ -15,6 +15,7 @@ import hashlib
 
 import pytest
 import torch
+from test_bf16_weights import its_own_model_drafting_to_its_greedy
 from test_compiled import _repetitive, _runs
 from test_prophet import random_prophet
 
@@ -283,21 +284,12 @@ def test_the_starts_line_names_the_int8_path(monkeypatch):
 @needs_w8a8
 @pytest.mark.bundled
 def test_the_shipped_w8a8_preset_is_its_own_model_and_its_drafts_equal_its_greedy():
-    from decoding.runtime.head import prophet_for
     with pytest.raises(models.ModelLoadError, match="int8 activations"):
         models.load_model(PRESET, dtype="bfloat16")
     lm, full = models.load_model(PRESET), models.load_model("smollm2-135m-instruct")
     assert lm.weights == "w8a8" and lm.kernels == "int8-weights-and-activations"
     assert sum(1 for m in lm.model.modules() if isinstance(m, kernels.W8A8Linear)) == 7 * 30 + 1
-    ids = torch.tensor([lm.tokenizer("The capital of France is").input_ids])
-    with torch.inference_mode():
-        gap = float((lm.model(ids).logits[0, -1] - full.model(ids).logits[0, -1]).abs().max())
-    assert 0 < gap < 3.0, gap                       # rounded: close to float32, not the same model
-    pair = ModelPair(lm, None, prophet=prophet_for(lm))
-    results = run_comparison(ids[0].tolist(), pair, [("prophet", {}), ("prompt_lookup", {}), ("lookahead", {}),
-                                                     ("hf_greedy", {})],
-                             max_new_tokens=24, warmup=False, trace=False)
-    assert [r.token_ids for r in results[1:]] == [results[0].token_ids] * 4
+    results = its_own_model_drafting_to_its_greedy(lm, full)
     assert results[1].target_forwards < len(results[0].token_ids)
 
 
