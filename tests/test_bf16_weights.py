@@ -246,6 +246,20 @@ def test_the_bf16_weights_field_is_checked():
     assert not runs_here(presets[PRESET], device="cuda")
 
 
+def rows_alone_at_every_width(layer, x: torch.Tensor, widths, calls, label) -> torch.Tensor:
+    """``layer``'s rows of ``x`` computed one at a time, after checking that a product over each of ``widths`` rows
+    gives those rows the same bits, that no rows give none, and that the project's kernel ran every product
+    (``calls()``: its counter). ``label`` names the layer in a failure."""
+    before = calls()
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
+        for m in widths:
+            assert torch.equal(layer(x[:m]), alone[:m]), (*label, m)
+        assert layer(x[:0]).shape == (0, layer.out_features)
+    assert calls() == before + x.shape[0] + len(widths)               # the project's kernel is what ran
+    return alone
+
+
 def its_own_model_drafting_to_its_greedy(lm, full) -> list:
     """A reduced-weight preset of the bundled model (``lm``) against its float32 base (``full``): its logits close to
     the base's but not the same (another model), and the prophet, prompt lookup, lookahead and transformers' greedy
@@ -327,13 +341,7 @@ def test_the_projects_bf16_product_gives_a_row_the_same_bits_at_every_width_and_
         fast = kernels.Bf16Linear(layer, own=True)
         assert fast.own and fast.packed.shape == (-(-n // 4), -(-k // 32), 4, 32)
         x = torch.randn(70, k, generator=gen)
-        calls = ak.bf16_info()["calls"]
-        with torch.inference_mode():
-            alone = torch.cat([fast(x[i:i + 1]) for i in range(70)])
-            for m in widths:
-                assert torch.equal(fast(x[:m]), alone[:m]), (n, k, m)
-            assert fast(x[:0]).shape == (0, n)
-        assert ak.bf16_info()["calls"] == calls + 70 + len(widths)       # the project's kernel is what ran
+        alone = rows_alone_at_every_width(fast, x, widths, lambda: ak.bf16_info()["calls"], (n, k))
         assert torch.equal(alone, alone.bfloat16().float())                # bfloat16 values, handed back as float32
         exact = F.linear(x.bfloat16().double(), layer.weight.bfloat16().double(), layer.bias.bfloat16().double())
         # float32 sums of exact products: within a bfloat16 rounding of the exact sum, plus the float32 sums' error

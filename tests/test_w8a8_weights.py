@@ -15,7 +15,7 @@ import hashlib
 
 import pytest
 import torch
-from test_bf16_weights import its_own_model_drafting_to_its_greedy
+from test_bf16_weights import its_own_model_drafting_to_its_greedy, rows_alone_at_every_width
 from test_compiled import _repetitive, _runs
 from test_prophet import random_prophet
 
@@ -69,13 +69,7 @@ def test_the_int8_product_keeps_a_rows_bits_at_every_width_and_follows_its_arith
         assert fast.packed.shape == (-(-n // 48), -(-k // GROUP) * GROUP // 4, 48, 4)
         x = torch.randn(70, k, generator=gen)
         x[3, 5] = 60.0                               # an outlier: flattens its row's other inputs if scaled per row
-        calls = ak.i8_info()["calls"]
-        with torch.inference_mode():
-            alone = torch.cat([fast(x[i:i + 1]) for i in range(70)])
-            for m in widths:
-                assert torch.equal(fast(x[:m]), alone[:m]), (n, k, m)
-            assert fast(x[:0]).shape == (0, n)
-        assert ak.i8_info()["calls"] == calls + 70 + len(widths)          # the project's kernel is what ran
+        alone = rows_alone_at_every_width(fast, x, widths, lambda: ak.i8_info()["calls"], (n, k))
         want = reference(x, fast.q, fast.scales, fast.bias32)
         err = (alone.double() - want).abs()
         assert float(err.max()) <= 1e-5 * float(want.abs().max()) + 1e-6, (n, k, float(err.max()))
