@@ -33,9 +33,9 @@ if __name__ == "__main__":
     threading.Thread(target=attention_kernels.load_default, name="kernel-build", daemon=False).start()
 
 import gradio as gr  # after the kernel build has started
-import yaml
 from starlette.middleware import Middleware
 
+from decoding.harness.examples import example_prompts, examples_default_first
 from decoding.runtime import omp_pool
 from decoding.runtime.models import DEFAULT_MEMORY_BUDGET_GB, budget_bytes, load_presets
 from web import contention, gradio_overrides
@@ -61,17 +61,11 @@ from web.settings import DEFAULT_SETTINGS, Settings, recordings_folder
 from web.startup import Startup, routes_file
 from web.validation import GENERATION_FIELDS, check_model_name, param_fields
 
-PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "prompts.yaml")
 MEMORY_BUDGET_ENV = "DECODING_MEMORY_BUDGET_GB"
 PAGE_CSS = (".dp-help{color:#57606a;font-size:.9em;margin:0 0 -6px}.dp-help p{margin:2px 0}"
             ".dp-clock{padding:6px 0;font-size:.95em}#columns{min-height:120px}"
             ".dp-drafts table,.dp-drafts td{font-size:12px}.dp-la,.dp-xt,.dp-drafts{overflow-x:auto}"
             "#strategies-note{margin-bottom:10px}")
-
-
-def example_prompts() -> dict[str, list[str]]:
-    with open(PROMPTS_FILE, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 class Playground(gradio_overrides.GuardedBlocks):
@@ -193,11 +187,12 @@ def _wire(demo: gr.Blocks, ui: Views, form: Any, run_order: tuple, state: Playgr
 
 def _warm_start(state: PlaygroundApp, preload: bool, record: bool) -> None:
     """In the background at start: load the default model (and its head), so the first Run does not wait
-    for it; then record the default comparison of every example prompt while no visitor's run is waiting."""
+    for it; then record the default comparison of every example prompt (the default example first) while no visitor's run
+    is waiting."""
     if preload:
         preload_default(state.settings)
     if record:
-        record_examples(state, [p for group in example_prompts().values() for p in group])
+        record_examples(state, examples_default_first())
 
 
 def server_address(host: Optional[str], port: Optional[int], env: Optional[dict] = None) -> tuple[str, int]:

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from common import default_race, filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
+from common import DEFAULT_PROMPT, default_race, filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
 
 from decoding.harness.bench import load_prompt_set
 from decoding.harness.runner import encode_prompt, run_comparison
@@ -39,7 +39,7 @@ from decoding.runtime.session import Session
 from decoding.runtime.warmup import warm
 
 WIDTHS = (1, 2, 4, 6, 9, 10, 13, 16, 17, 25, 33)
-PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+PROMPT = DEFAULT_PROMPT      # the app's default example
 RACE = ("prophet", "prompt_lookup", "lookahead", "jacobi", "suffix")
 GENERATE = "generate (float32, transformers' kernels)"
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from common import ROOT, default_race  # first: repository root on sys.path
+from common import DEFAULT_PROMPT, ROOT, default_race  # first: repository root on sys.path
 
 import torch
 
@@ -53,7 +53,7 @@ from decoding.runtime.warmup import warm
 from web.settings import DEFAULT_STRATEGIES
 from web.startup import shape_steps
 
-PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+PROMPT = DEFAULT_PROMPT      # the app's default example
 WIDTHS = (1, 4, 16)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import write_json  # first: repository root on sys.path
+from common import DEFAULT_PROMPT, write_json  # first: repository root on sys.path
 
 from decoding.harness.pays import verdicts
 from decoding.harness.runner import encode_prompt, run_comparison
@@ -24,7 +24,7 @@ from decoding.runtime.routes import versions
 from decoding.runtime.widths import machine_curve
 from web.settings import DEFAULT_STRATEGIES
 
-PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+PROMPT = DEFAULT_PROMPT      # the app's default example
 
 
 def race(lm, strategies: list[str], repeats: int, max_new: int) -> dict:

@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from common import default_race, filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
+from common import DEFAULT_PROMPT, default_race, filler_ids, generate_new_tokens, interleaved_ms, write_json  # first: repository root on sys.path
 
 from decoding.harness.runner import run_comparison
 from decoding.runtime.kernel_choice import cpu_label
@@ -35,7 +35,7 @@ from decoding.runtime.routes import WIDTH, Config, decide, versions
 from decoding.runtime.session import Session
 
 WIDTHS = (1, 2, 4, 6, 9, 10, 13, 17, 25, 33)
-PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+PROMPT = DEFAULT_PROMPT      # the app's default example
 GENERATE = "generate (float32, transformers' kernels)"
 RACE = [("prophet", {}), ("prompt_lookup", {}), ("lookahead", {}), ("jacobi", {}), ("suffix", {})]
 

@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from decoding.harness.bench import load_prompt_set  # noqa: E402
+from decoding.harness.examples import default_example  # noqa: E402
 from decoding.harness.runner import encode_prompt, run_comparison  # noqa: E402
 from decoding.runtime.head import prophet_for  # noqa: E402
 from decoding.runtime.kernel_choice import cpu_label  # noqa: E402
@@ -183,7 +184,7 @@ def write_json(path: str | Path | None, doc: dict) -> None:
         print(f"wrote {path}")
 
 
-DEFAULT_PROMPT = "What are three good habits for getting better sleep?"      # the app's default example
+DEFAULT_PROMPT = default_example()[1]      # the app's default example (decoding/harness/examples.py)
 
 
 def default_race(lm: Any, runs: list, repeats: int, max_new: int, prompt: str = DEFAULT_PROMPT) -> dict:

@@ -20,7 +20,7 @@ def _curve(per_position: float) -> ForwardCost:
     return ForwardCost({t: 10.0 + per_position * (t - 1) for t in (1, 2, 4, 8, 16, 33)})
 
 
-def test_the_default_comparison_follows_the_curve(copying_example):
+def test_the_default_comparison_follows_the_curve():
     cheap = chosen_strategies(Settings(), curve=_curve(0.0))
     assert cheap.strategies == DEFAULT_STRATEGIES and cheap.strategies_note == ""
     dear = chosen_strategies(Settings(), curve=_curve(5.0))
@@ -44,7 +44,7 @@ def test_without_a_curve_every_default_strategy_stays(monkeypatch):
     assert chosen.strategies == DEFAULT_STRATEGIES and chosen.strategies_note == ""
 
 
-def test_the_page_ticks_the_machines_comparison_and_says_why_for_the_rest(copying_example):
+def test_the_page_ticks_the_machines_comparison_and_says_why_for_the_rest():
     """The strategy picker starts on ``settings.strategies``; every strategy stays in it (one click away), and the
     line under it says why each default one left out does not pay here. A note with markup is shown as text."""
     import app
@@ -146,10 +146,14 @@ def test_the_start_races_the_page_default_comparison_at_its_length_in_the_served
     assert startup.timed_steps(Settings(), _curve(0.0)) is None and calls == []
 
 
-def test_prompt_lookup_on_the_shipped_count_is_left_out_even_on_a_flat_curve():
-    """The default example has little to copy: matches of 2 or 3 tokens draft 0.47 positions a step for 1.049
-    tokens a forward, below the loop's own 0.05 of a step, so the model alone never ticks prompt lookup."""
-    v = verdict("prompt_lookup", _curve(0.0))
-    assert v.tokens == pytest.approx(1.049) and v.positions == pytest.approx(1.47)
-    assert not v.pays and v.speedup < 1
-    assert "prompt_lookup" not in chosen_strategies(Settings(), curve=_curve(0.0)).strategies
+def test_prompt_lookups_shipped_count_is_the_default_examples_and_pays_only_where_a_wide_forward_is_cheap():
+    """The default example is a bug fix whose answer copies the prompt's code: prompt lookup drafts 1.82 positions a
+    step for 1.70 tokens a forward. Where a wide forward costs what a narrow one does the model alone ticks it;
+    where each position costs half a one-position forward it does not pay. A count left at the chat question's 1.05
+    tokens would not tick it on the flat curve."""
+    flat, dear = _curve(0.0), _curve(5.0)
+    v = verdict("prompt_lookup", flat)
+    assert v.tokens == pytest.approx(1.696) and v.positions == pytest.approx(2.82)
+    assert v.pays and v.speedup > 1.5
+    assert not verdict("prompt_lookup", dear).pays
+    assert "prompt_lookup" in chosen_strategies(Settings(), curve=flat).strategies

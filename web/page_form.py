@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from decoding.harness.document import GENERATION_LABELS
+from decoding.harness.examples import default_example
 from decoding.processors import GenerationSettings
 from decoding.runtime.models import runs_here
 from decoding.runtime.pair import PROPHET, has_prophet
@@ -99,12 +100,13 @@ class Form:
 
 
 def _prompt_column(prompts: dict) -> dict:
+    """The prompt box and the example pickers, on the default example (``harness/examples``)."""
+    first, text = default_example()
     with gr.Column(scale=3):
-        prompt = gr.Textbox(label="Prompt", lines=3, value=prompts["chat"][0])
+        prompt = gr.Textbox(label="Prompt", lines=3, value=text)
         with gr.Row():
-            category = gr.Dropdown(list(prompts), value="chat", label="Example category")
-            example = gr.Dropdown(prompts["chat"], value=prompts["chat"][0], label="Example prompt",
-                                  allow_custom_value=True)
+            category = gr.Dropdown(list(prompts), value=first, label="Example category")
+            example = gr.Dropdown(prompts[first], value=text, label="Example prompt", allow_custom_value=True)
     return dict(prompt=prompt, category=category, example=example)
 
 

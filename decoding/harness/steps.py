@@ -8,7 +8,7 @@ one-position forward timed 50 ms against 82 ms for float32, yet through the app'
   every event, ``RunResult.times_ms``): the gaps between consecutive target forwards, so the prefill, however
   long the prompt, is never a step;
 * :func:`race_costs` runs the race's greedy loop itself (the registered strategy, in the mode the race will run
-  it: eager, or ``fast`` on the compiled forward) on a short chat prompt, warm-up first, and returns its median
+  it: eager, or ``fast`` on the compiled forward) on the default example, warm-up first, and returns its median
   decode step beside a ``width``-position verify forward in the same mode (``runtime/forward_cost``);
 * :func:`step_ratios` times whole runs of other strategies the same way, each against greedy's in the same
   rounds: what a prophet step of each shape costs on this machine, its drafting and its loop included
@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 from decoding.events import ForwardPass
+from decoding.harness.examples import default_example
 from decoding.harness.runner import HookTracer, encode_prompt, run_one
 from decoding.params import GreedyParams
 from decoding.runtime.forward_cost import SPREAD_FLOOR, filler_ids, forward_cost
 from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
 
-PROMPT = "What are three good habits for getting better sleep?"   # the page's default example
+PROMPT = default_example()[1]   # the page's default example (harness/examples)
 TOKENS = 24            # decode steps per timed run
 REPEATS = 3
 
