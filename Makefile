@@ -11,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 7860
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test screenshots browser compiler bench bench-routes bench-compiled bench-default-comparison bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-relaxed bench-precision bench-quality bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
+.PHONY: setup demo test screenshots browser compiler bench bench-routes bench-compiled bench-default-comparison bench-default-example bench-forward bench-strategies bench-prompt-lookup bench-suffix bench-suffix-bound bench-suffix-history bench-multiturn bench-prophet bench-prophet-unseen bench-tree-budget bench-relaxed bench-precision bench-quality bench-prophet-sweep bench-lookahead bench-crosstok bench-gpu train-prophet clean-cache
 
 setup: $(STAMP)
 
@@ -111,6 +111,11 @@ bench-compiled: setup
 bench-default-comparison: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_default_comparison.py --repeats 3 \
 	    --json benchmarks/results/default-comparison-cpu.json
+
+# The default comparison (and suffix decoding) on a chat question, code edits and summaries: why the default example
+# is a bug fix (decoding/harness/examples.py)
+bench-default-example: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_default_example.py --repeats 3 --json benchmarks/results/default-example.json
 
 bench-strategies: setup
 	HF_HUB_OFFLINE=1 $(PY) -m playground bench --assistant prophet --strategy prompt_lookup --strategy speculative \

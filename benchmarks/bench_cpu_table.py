@@ -40,6 +40,7 @@ from common import DEFAULT_PROMPT, ROOT, default_race  # first: repository root 
 import torch
 
 from decoding.harness.bench import load_prompt_set
+from decoding.harness.examples import DEFAULT_EXAMPLE
 from decoding.harness.pays import ProphetShape, choose_prophet_shape
 from decoding.harness.runner import encode_prompt, run_comparison
 from decoding.harness.steps import greedy_steps_ms
@@ -54,6 +55,7 @@ from web.settings import DEFAULT_STRATEGIES
 from web.startup import shape_steps
 
 PROMPT = DEFAULT_PROMPT      # the app's default example
+CHAT_EXAMPLE = "chat:0"      # the default example of the rows measured before 2026-11-30 (they name none)
 WIDTHS = (1, 4, 16)
 
 
@@ -129,6 +131,7 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
            "floor_16_over_1": None if rate is None else round(compute_floor_ms(lm.model, 16, rate) / curve(1), 3),
            "greedy_step_ms": round(statistics.median(steps), 2),
            "greedy_over_generate": round(_generate_ratio(lm, fast, args.repeats, args.max_new_tokens), 3),
+           "example": f"{DEFAULT_EXAMPLE[0]}:{DEFAULT_EXAMPLE[1]}",     # which prompt the default race ran on
            **_race(lm, fast, strategies, args.repeats, args.max_new_tokens),
            "measured_at": time.strftime("%Y-%m-%d")}
     if args.unseen:
@@ -152,7 +155,7 @@ def _maybe(value, spec: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
     strategies = [s for s in DEFAULT_STRATEGIES if s != "greedy"]
-    head = ("| CPU | config | c(1) ms | c(4) | c(16) | c(16)/c(1) | FMA GFLOP/s (registers / L1 operand) | c(16) floor / c(1) | greedy tok/s | greedy/generate | "
+    head = ("| CPU | config | default example | c(1) ms | c(4) | c(16) | c(16)/c(1) | FMA GFLOP/s (registers / L1 operand) | c(16) floor / c(1) | greedy tok/s | greedy/generate | "
             "prophet step (greedy steps) | " + " | ".join(f"{s} (default example)" for s in strategies)
             + " | prophet, unseen | prophet, unseen, the start's shape |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -163,7 +166,7 @@ def markdown(rows: list[dict]) -> str:
         race = " | ".join(f"{r['speedup'].get(s, float('nan')):.2f}×" + ("" if r["equal_greedy"].get(s, True)
                                                                            else " (differs)") for s in strategies)
         unseen, app = r.get("prophet_unseen"), r.get("prophet_unseen_app")
-        lines.append(f"| {r['cpu']} | {r['label']} | {f['1']:.1f} | {f['4']:.1f} | {f['16']:.1f} | "
+        lines.append(f"| {r['cpu']} | {r['label']} | {r.get('example', CHAT_EXAMPLE)} | {f['1']:.1f} | {f['4']:.1f} | {f['16']:.1f} | "
                      f"{r['forward_16_over_1']:.2f} | {_maybe(r.get('fma_gflops_registers'), '.0f')} / "
                      f"{_maybe(r.get('fma_gflops'), '.0f')} | "
                      f"{_maybe(r.get('floor_16_over_1'), '.2f')} | {r['greedy_tok_s']:.1f} | {r['greedy_over_generate']:.2f} | "

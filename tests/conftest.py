@@ -147,8 +147,8 @@ def prefill_once():
 def copying_example(monkeypatch):
     """Prompt lookup's verdict model pinned where the curves of the verdict tests were built around it: 1.10 tokens
     per forward over 1 + 1.68 positions, which pays on a flat curve and not on a steep one. The margin's and the
-    width's logic is under test there, not the count; the shipped count (``pays.PROMPT_LOOKUP``: 1.70 tokens on the
-    default example's bug fix) pays on nearly every curve."""
+    width's logic is under test there, not the count; the shipped count (``pays.PROMPT_LOOKUP``: 3.35 tokens on the
+    default example's summary) pays on nearly every curve."""
     from decoding.harness import pays
     monkeypatch.setattr(pays, "PROMPT_LOOKUP", pays.Expectation(tokens=1.10, positions=2.7, source="test"))
 

@@ -8,12 +8,12 @@ from decoding.harness.examples import default_example, example_prompts, examples
 
 def test_the_default_example_is_the_bug_fix_and_everything_uses_the_same_one():
     """The page's prompt box and pickers, the start's race (``harness/steps.PROMPT``) and the recorder's first
-    prompt are one text: a page left on the chat question while the start judges the bug fix (or the other way
+    prompt are one text: a page left on the chat question while the start judges the summary (or the other way
     round) would tick strategies on one prompt and show another."""
     import app
     from web.settings import Settings
     category, text = default_example()
-    assert category == "code" and text.startswith("Fix the bug in this Python code") and "def average" in text
+    assert category == "summarization" and text.startswith("Summarize the following in two sentences") and "Bees" in text
     assert text in example_prompts()[category] and steps.PROMPT == text
     demo = app.build_demo(Settings())
     values = {getattr(b, "label", None): getattr(b, "value", None) for b in demo.blocks.values()}

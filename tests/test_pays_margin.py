@@ -78,7 +78,8 @@ def test_no_two_starts_within_the_spread_call_pays_and_does_not_pay(strategy, pa
     rng = random.Random(47)
     contradictions, bare_contradictions = 0, 0
     for _ in range(300):
-        per_position = rng.uniform(0.0, 0.25)
+        # around each one's break-even: the prophet's on the default example (a summary it copies) is near 0.26
+        per_position = rng.uniform(0.0, 0.5 if strategy == "prophet" else 0.25)
         s = rng.choice([0.02, 0.04, 0.08])
         starts = [_curve(_linear(per_position), {t: 1 + rng.uniform(-s / 2, s / 2) for t in WIDTHS}, s)
                   for _ in range(2)]

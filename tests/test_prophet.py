@@ -66,8 +66,11 @@ def test_random_prophet_chains_are_exact_on_tiny_models(arch):
             want = _greedy(pair, p, 30)
             for k, adaptive, threshold in ((1, False, 0.0), (3, False, 0.0), (6, True, 0.0), (6, True, 0.4)):
                 res = prophet(p, pair, ProphetParams(tree=False, draft_tokens=k, adaptive=adaptive,
-                                                     confidence_threshold=threshold), max_new_tokens=30)
+                                                     confidence_threshold=threshold, lookup=False), max_new_tokens=30)
                 assert res.token_ids == want, (arch, seed, k, threshold)
+                copied = prophet(p, pair, ProphetParams(tree=False, draft_tokens=k, adaptive=adaptive,
+                                                        confidence_threshold=threshold), max_new_tokens=30)
+                assert copied.token_ids == want, (arch, seed, k, threshold, "the chain with its copy branch")
                 assert res.stats["drafted"] > 0 and res.stats["drafted_nodes"] == res.stats["drafted"]
                 if threshold:   # an unsure head computes a token, then stops without proposing it
                     assert res.draft_forwards >= res.stats["drafted"]
@@ -434,6 +437,25 @@ def test_the_lookup_branch_saves_target_forwards_where_the_reply_copies_the_prom
     merged = shipped_run(REPEAT_PROMPT, 40, lookup_source=source)
     # the 10-token reply takes the (GPU-trained) head alone 6 forwards; the lookup branch must save at least 2
     assert merged.target_forwards <= alone.target_forwards - 2, (merged.target_forwards, alone.target_forwards)
+
+
+def test_a_chain_drafts_the_copy_branch_beside_it_where_the_target_verifies_trees(shipped_run, monkeypatch):
+    """A chain (what a steep CPU curve chooses) gets the copy branch too: the restated function lands in fewer
+    target forwards than the chain alone (``lookup=false``), one step accepting more than the chain's 1-token
+    depth, and the output is greedy's (``shipped_run`` checks). Where the target cannot verify a tree the chain
+    stays a chain: a drafter that merged there would hand the loop a tree it cannot verify."""
+    from decoding import drafting
+    from decoding.drafting.merged import MergedDrafter
+    copied = shipped_run(COPY_PROMPT, 48, tree=False, draft_tokens=1)
+    alone = shipped_run(COPY_PROMPT, 48, tree=False, draft_tokens=1, lookup=False)
+    assert max(copied.stats["accepted_lengths"]) > 1 and max(alone.stats["accepted_lengths"]) <= 1
+    assert copied.target_forwards < alone.target_forwards - 4, (copied.target_forwards, alone.target_forwards)
+    pair = ModelPair(shipped_run.lm, prophet=prophet_for(shipped_run.lm))
+    chain = ProphetParams(tree=False, draft_tokens=1)
+    assert isinstance(drafting.make_drafter("prophet", pair, chain), MergedDrafter)
+    monkeypatch.setattr(drafting, "_trees_ok", lambda pair: False)
+    assert not isinstance(drafting.make_drafter("prophet", pair, chain), MergedDrafter)
+    assert isinstance(drafting.make_drafter("prophet", pair, ProphetParams()), MergedDrafter)   # a tree keeps it
 
 
 @pytest.mark.parametrize("source", ["suffix", "prompt"])

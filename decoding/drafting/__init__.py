@@ -37,9 +37,9 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
     * ``prompt_lookup``: n-gram lookup in the context;
     * ``suffix``: suffix trees over the context and the run's history (``context.history``, when
       ``params.history``);
-    * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees merged
-      with a copy branch (``lookup``: suffix decoding over this prompt and output, or prompt lookup; greedy
-      only: ``merged.py``); with ``budget="measured"``, the target's verify-forward cost curve
+    * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees (or its chain,
+      where the target verifies trees) merged with a copy branch (``lookup``: suffix decoding over this prompt
+      and output, or prompt lookup; greedy only: ``merged.py``); with ``budget="measured"``, the target's verify-forward cost curve
       (``runtime/forward_cost.py``, timed at its first use, kept on it);
     * ``head``: the prophet head alone, with no copy branch (what ``speculative`` drafts with when the pair has
       no assistant model; that choice is the strategy's, ``strategies/speculative.py``);
@@ -64,7 +64,9 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
         if params.tree and params.budget == "measured":   # timed once per model
             cost = forward_cost(pair.target, 1 + params.tree_shape(pair.target.device)[1], fast=params.fast)
         drafter = ProphetDrafter(head, params, tracer=tracer, clock=clock, rng=rng, cost=cost)
-        if kind == "prophet" and params.tree and params.lookup:   # a copy branch in the tree
+        # a copy branch beside the head's tree, or beside its chain where the target verifies trees (the chain
+        # and the copy are then two paths of one tree)
+        if kind == "prophet" and params.lookup and (params.tree or _trees_ok(pair)):
             return with_lookup(drafter, params)
         return drafter
     if kind == "speculative":

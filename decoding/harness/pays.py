@@ -36,10 +36,10 @@ What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
 * ``lookahead`` and ``jacobi``: at the width their auto choice takes on this curve (or the user's), the
   models of ``runtime/widths.py``;
 * ``prophet``: the step shape its parameters draft (``PROPHET_SHAPES``; ``PROPHET``, the default 8-node tree:
-  4.33 tokens per forward on the default example (a bug fix whose answer copies the prompt's code;
-  ``harness/examples``), 64 tokens, a verify forward of 13.4 positions with the root and the copy branch, and its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue
+  5.18 tokens per forward on the default example (a summary that copies much of its text;
+  ``harness/examples``), 64 tokens, a verify forward of 16.4 positions with the root and the copy branch, and its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue
   36's profile); parameters of no recorded shape are judged as the default tree.
-* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 1.70 tokens per forward on the default example and 1 + 1.82
+* ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 3.35 tokens per forward on the default example and 1 + 4.44
   positions a forward (counted on the bundled model with the default ``min_ngram=2``; on the chat question that
   was the default example before, 1.05 and 1 + 0.47): a step without a match verifies one position, far narrower
   than 1 + ``draft_tokens``;
@@ -115,9 +115,9 @@ class Expectation:
 
 
 # Recorded on the default example (see the module docstring; BENCHMARKS.md, "How widths are chosen").
-PROMPT_LOOKUP = Expectation(tokens=1.696, positions=2.82, drafting=0.0,
-                            source="the default example: 1.82 drafted positions a step, the code copied from the "
-                                   "prompt (min_ngram=2; a count, 2026-11-30)")
+PROMPT_LOOKUP = Expectation(tokens=3.353, positions=5.44, drafting=0.0,
+                            source="the default example: 4.44 drafted positions a step, the summary copied from the "
+                                   "text (min_ngram=2; a count, 2026-11-30)")
 
 
 # the prophet's parameters that make its step's shape (a caller who sets one shapes the step itself)
@@ -140,25 +140,26 @@ class ProphetShape:
 
 
 # Counted with the shipped head on the bundled model, eager float32: the default example, 64 tokens (recounted on
-# 2026-11-30 when the bug fix became the default example), and the medians over 6 prompts of
-# presets/bench_unseen.yaml (2 a category), 48 tokens, counted the same day: what the choice judges a shape by,
-# since the shape serves every prompt a visitor writes. Positions: the root and the nodes verified a step, the
-# copy branch's included (the bug fix copies more than most prompts: the 8-node tree verifies 13.4 positions a
+# 2026-11-30 when a summary became the default example and chains got the copy branch), and the medians over 6
+# prompts of presets/bench_unseen.yaml (2 a category), 48 tokens, counted the same day: what the choice judges a
+# shape by, since the shape serves every prompt a visitor writes. Positions: the root and the nodes verified a step,
+# the copy branch's included (the summary copies more than most prompts: the 8-node tree verifies 16.4 positions a
 # step there, 11.1 on the unseen prompts' median, 9.9 on the chat question that was the default example before);
 # drafting: the head's ms a step in units of c(1), scaled from the 8-node tree's 0.25 by the shapes' measured
 # draft ms (7.7, 5.9, 3.9, 4.0 and 2.4 ms a step on one CPU).
-# Narrowest first: the order in which a near-tie is given to the narrower shape.
+# Narrowest first (by positions, on the default example and on the unseen prompts): the order in which a near-tie is
+# given to the narrower shape. With the copy branch a chain of 2 verifies as many positions as the 2-node tree.
 PROPHET_SHAPES = (
     ProphetShape("chain1", "a chain of 1 drafted token", (("tree", False), ("draft_tokens", 1)),
-                 Expectation(1.625, 2.0, 0.08, "the default example: a chain of 1"), 1.48, 1.97),
-    ProphetShape("chain2", "a chain of 2 drafted tokens", (("tree", False), ("draft_tokens", 2)),
-                 Expectation(2.167, 3.0, 0.13, "the default example: a chain of 2"), 1.66, 2.94),
+                 Expectation(4.385, 8.92, 0.08, "the default example: a chain of 1 with its copy branch"), 1.90, 4.38),
     ProphetShape("tree2", "a tree of 2 nodes", (("tree_nodes", 2),),
-                 Expectation(3.25, 7.27, 0.13, "the default example: a 2-node tree with its copy branch"), 2.29, 5.41),
+                 Expectation(4.385, 9.75, 0.13, "the default example: a 2-node tree with its copy branch"), 2.29, 5.41),
+    ProphetShape("chain2", "a chain of 2 drafted tokens", (("tree", False), ("draft_tokens", 2)),
+                 Expectation(4.385, 9.75, 0.13, "the default example: a chain of 2 with its copy branch"), 2.24, 5.45),
     ProphetShape("tree4", "a tree of 4 nodes", (("tree_nodes", 4),),
-                 Expectation(3.90, 8.67, 0.19, "the default example: a 4-node tree with its copy branch"), 2.60, 7.65),
+                 Expectation(4.75, 11.91, 0.19, "the default example: a 4-node tree with its copy branch"), 2.60, 7.65),
     ProphetShape("tree8", "a tree of 8 nodes (the default)", (),
-                 Expectation(4.333, 13.38, 0.25, "the default example: the 8-node tree with its copy branch"), 3.00,
+                 Expectation(5.182, 16.40, 0.25, "the default example: the 8-node tree with its copy branch"), 3.00,
                  11.05),
 )
 PROPHET = PROPHET_SHAPES[-1].expectation       # the library's default step
