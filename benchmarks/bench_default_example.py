@@ -92,8 +92,8 @@ def drift(lm, fast: bool, prompt: str, args: argparse.Namespace) -> dict:
                      "speedup": {k: round(v, 3) for k, v in got["speedup"].items()}})
         print(f"{runs[-1]['at_s']:6.0f} s  greedy {runs[-1]['greedy_tok_s']:.0f} tok/s  " + "  ".join(
             f"{k} {v:.2f}×" for k, v in runs[-1]["speedup"].items()), flush=True)
-    summary = {k: {"min": min(r["speedup"][k] for r in runs), "median": statistics.median(r["speedup"][k] for r in runs),
-                   "max": max(r["speedup"][k] for r in runs)} for k in STRATEGIES} if runs else {}
+    speeds = {k: [r["speedup"][k] for r in runs] for k in STRATEGIES}
+    summary = {k: {"min": min(v), "median": statistics.median(v), "max": max(v)} for k, v in speeds.items()} if runs else {}
     for k, v in summary.items():
         print(f"{k}: {v['min']:.2f}-{v['max']:.2f}× (median {v['median']:.2f}) over {len(runs)} runs")
     out = {"cpu": cpu_label(), "config": args.config, "drift_s": args.drift,

@@ -13,7 +13,8 @@ def test_the_default_example_is_the_bug_fix_and_everything_uses_the_same_one():
     import app
     from web.settings import Settings
     category, text = default_example()
-    assert category == "summarization" and text.startswith("Summarize the following in two sentences") and "Bees" in text
+    assert category == "summarization" and text.startswith("Summarize the following in two sentences")
+    assert "Bees" in text
     assert text in example_prompts()[category] and steps.PROMPT == text
     demo = app.build_demo(Settings())
     values = {getattr(b, "label", None): getattr(b, "value", None) for b in demo.blocks.values()}

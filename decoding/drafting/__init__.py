@@ -39,8 +39,8 @@ def make_drafter(kind: str, pair: Any, params: Any, *, tracer: Any = NULL_TRACER
       ``params.history``);
     * ``prophet``: the target's prophet head (``pair.prophet``, else the shipped one), its trees (or its chain,
       where the target verifies trees) merged with a copy branch (``lookup``: suffix decoding over this prompt
-      and output, or prompt lookup; greedy only: ``merged.py``); with ``budget="measured"``, the target's verify-forward cost curve
-      (``runtime/forward_cost.py``, timed at its first use, kept on it);
+      and output, or prompt lookup; greedy only: ``merged.py``); with ``budget="measured"``, the target's
+      verify-forward cost curve (``runtime/forward_cost.py``, timed at its first use, kept on it);
     * ``head``: the prophet head alone, with no copy branch (what ``speculative`` drafts with when the pair has
       no assistant model; that choice is the strategy's, ``strategies/speculative.py``);
     * ``speculative``: the assistant model (``universal`` when its tokenizer is not the target's);

@@ -37,8 +37,9 @@ What ``E``, ``T`` and ``D`` are, per strategy (``expectation``):
   models of ``runtime/widths.py``;
 * ``prophet``: the step shape its parameters draft (``PROPHET_SHAPES``; ``PROPHET``, the default 8-node tree:
   5.18 tokens per forward on the default example (a summary that copies much of its text;
-  ``harness/examples``), 64 tokens, a verify forward of 16.4 positions with the root and the copy branch, and its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue
-  36's profile); parameters of no recorded shape are judged as the default tree.
+  ``harness/examples``), 64 tokens, a verify forward of 16.4 positions with the root and the copy branch, and
+  its drafting, 0.25 ``c(1)``: 3.6 head calls of 2.35 ms per 35 ms forward, issue 36's profile);
+  parameters of no recorded shape are judged as the default tree.
 * ``prompt_lookup``: ``PROMPT_LOOKUP`` below: 3.35 tokens per forward on the default example and 1 + 4.44
   positions a forward (counted on the bundled model with the default ``min_ngram=2``; on the chat question that
   was the default example before, 1.05 and 1 + 0.47): a step without a match verifies one position, far narrower
