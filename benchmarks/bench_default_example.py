@@ -21,14 +21,15 @@ import time
 
 from common import default_race, write_json  # first: repository root on sys.path
 
-from decoding.harness.examples import DEFAULT_EXAMPLE, example_prompts
-from decoding.runtime import compiled
+from decoding.harness.examples import DEFAULT_EXAMPLE, default_example, example_prompts
+from decoding.runtime import compiled, routes
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import load_model
 from decoding.runtime.warmup import warm
 
-# (category, index) of presets/prompts.yaml: a chat question, three code edits, three summaries
-PROMPTS = (("chat", 0), ("code", 2), ("code", 4), DEFAULT_EXAMPLE, ("summarization", 0), ("summarization", 1),
+# (category, index) of presets/prompts.yaml: a chat question, three code edits, three summaries (the default example
+# among them, marked in the table)
+PROMPTS = (("chat", 0), ("code", 2), ("code", 4), ("code", 7), ("summarization", 0), ("summarization", 1),
            ("summarization", 2))
 STRATEGIES = ("prophet", "prompt_lookup", "lookahead", "suffix")
 CONFIG = "smollm2-135m-instruct-w8a8|compiled"
@@ -44,26 +45,27 @@ def main(argv: list[str] | None = None) -> dict:
                     help="race the default example over and over for this long (one run each) instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.repeats < 1 or not 1 <= args.max_new_tokens <= 512:
-        ap.error("--repeats must be >= 1 and --max-new-tokens in 1..512")
-    preset, _, mode = args.config.partition("|")
-    if mode not in ("eager", "compiled"):
+    if args.repeats < 1 or not 1 <= args.max_new_tokens <= 512 or args.drift < 0:
+        ap.error("--repeats must be >= 1, --max-new-tokens in 1..512 and --drift >= 0")
+    try:
+        config = routes.Config.parse(args.config)
+    except ValueError:
         ap.error(f"--config takes PRESET|eager or PRESET|compiled, got {args.config!r}")
-    lm = load_model(preset)
-    fast = mode == "compiled"
+    lm = load_model(config.preset)
+    fast = config.compiled
     if fast:
         reason = compiled.enable(lm)
         if reason is not None:
-            ap.error(f"{preset} does not compile here: {reason}")
+            ap.error(f"{config.label} cannot be compiled here: {reason}")
         warm(lm)
-    prompts = example_prompts()
     if args.drift > 0:
-        return drift(lm, fast, prompts[DEFAULT_EXAMPLE[0]][DEFAULT_EXAMPLE[1]], args)
-    out = {"cpu": cpu_label(), "config": f"{preset}|{mode}", "repeats": args.repeats,
+        return drift(lm, fast, default_example()[1], args)
+    prompts = example_prompts()
+    out = {"cpu": cpu_label(), "config": config.key, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "default_example": list(DEFAULT_EXAMPLE), "rows": [],
            "measured_at": time.strftime("%Y-%m-%d")}
     print(f"CPU: {out['cpu']}; {out['config']}; {args.max_new_tokens} tokens, medians of {args.repeats}")
-    print(f"| prompt | greedy tok/s | " + " | ".join(STRATEGIES) + " |")
+    print("| prompt | greedy tok/s | " + " | ".join(STRATEGIES) + " |")
     print("|---|---:|" + "---:|" * len(STRATEGIES))
     for category, index in PROMPTS:
         got = default_race(lm, [(name, {"fast": fast}) for name in STRATEGIES], args.repeats, args.max_new_tokens,
@@ -83,9 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def drift(lm, fast: bool, prompt: str, args: argparse.Namespace) -> dict:
     """``--drift``: one race of the default example after another for ``args.drift`` seconds (a warm-up first)."""
-    runs, t0 = [], time.monotonic()
     plan = [(name, {"fast": fast}) for name in STRATEGIES]
     default_race(lm, plan, 1, args.max_new_tokens, prompt=prompt)
+    runs, t0 = [], time.monotonic()          # the clock starts after the warm-up: every run counted is timed
     while time.monotonic() - t0 < args.drift:
         got = default_race(lm, plan, 1, args.max_new_tokens, prompt=prompt)
         runs.append({"at_s": round(time.monotonic() - t0, 1), "greedy_tok_s": round(got["greedy_tok_s"], 1),
@@ -96,7 +98,7 @@ def drift(lm, fast: bool, prompt: str, args: argparse.Namespace) -> dict:
     summary = {k: {"min": min(v), "median": statistics.median(v), "max": max(v)} for k, v in speeds.items()} if runs else {}
     for k, v in summary.items():
         print(f"{k}: {v['min']:.2f}-{v['max']:.2f}× (median {v['median']:.2f}) over {len(runs)} runs")
-    out = {"cpu": cpu_label(), "config": args.config, "drift_s": args.drift,
+    out = {"cpu": cpu_label(), "config": args.config, "example": "%s:%d" % DEFAULT_EXAMPLE, "drift_s": args.drift,
            "max_new_tokens": args.max_new_tokens, "runs": runs, "summary": summary,
            "measured_at": time.strftime("%Y-%m-%d")}
     if args.json:

@@ -225,6 +225,11 @@ def _cuttable(query: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
     return mask is not None and query.device.type == "cpu" and query.shape[0] == 1 and not graphs.emulating()
 
 
+def _seen(part: torch.Tensor) -> torch.Tensor:
+    """Which of a mask's entries a row may attend to (a boolean mask, or an additive one's finite entries)."""
+    return part if part.dtype == torch.bool else part != float("-inf")
+
+
 def _seen_prefix(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                  t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``key``/``value``/``mask`` cut to the slots up to the last one any of the ``t`` rows sees (views): unchanged
@@ -232,12 +237,10 @@ def _seen_prefix(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
     s = key.shape[2]
     if mask.dim() != 4 or mask.shape[-1] != s or s <= t:
         return key, value, mask
-    def seen(part: torch.Tensor) -> torch.Tensor:
-        return part if part.dtype == torch.bool else part != float("-inf")
-    if bool(seen(mask[:, :, -t:, -1]).any()):        # a growing cache's: some row sees the last key (``t`` values)
+    if bool(_seen(mask[:, :, -t:, -1]).any()):        # a growing cache's: some row sees the last key (``t`` values)
         return key, value, mask
     # a static cache's whole mask (not memoized: its buffer is rewritten in place between forwards)
-    found = seen(mask[:, :, -t:, :]).flatten(0, 2).any(0).nonzero()
+    found = _seen(mask[:, :, -t:, :]).flatten(0, 2).any(0).nonzero()
     last = int(found.max()) + 1 if found.numel() else s
     if last >= s or last < t:
         return key, value, mask
