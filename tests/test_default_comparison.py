@@ -61,6 +61,8 @@ def test_the_page_ticks_the_machines_comparison_and_says_why_for_the_rest():
     (note,) = [b for b in plain.blocks.values() if getattr(b, "elem_id", None) == "strategies-note"]
     assert "Ticked by default here" in note.value and "Not ticked" not in note.value
     assert all(f"- {name}" in note.value for name in DEFAULT_STRATEGIES[1:])
+    # and that they are the default example's: a visitor's own prompt may not pay for a drafter that copies
+    assert "verdicts are for the default example" in note.value and "change with the prompt" in note.value
     # no choice made yet: the note is there (a later start choice fills it) but hidden and empty
     assert all(not b.visible and not b.value for b in app.build_demo(Settings()).blocks.values()
                if getattr(b, "elem_id", None) == "strategies-note")

@@ -143,7 +143,7 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
     curve timed anew, once no run is in line and /proc says the cores are free, and never from the kept one."""
     import dataclasses
     app, models, file = world
-    proc, chosen, logs = FakeProc(others=1.6), [], []
+    proc, chosen, logs, histories = FakeProc(others=1.6), [], [], []
     narrow, wide = ("greedy", "prophet"), ("greedy", "prophet", "prompt_lookup", "lookahead")
 
     def curve(lm, fast=False):           # the curve, timed where none is kept
@@ -151,6 +151,7 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
 
     def choose(settings, **kw):          # what the curve would say: drafting pays only when timed quiet
         chosen.append((proc.others, kw["curve"]))
+        histories.append(kw["history"])
         quiet = proc.others <= 0.5
         return dataclasses.replace(settings, strategies=wide if quiet else narrow, strategies_note="",
                                    prophet_shape=(("tree_nodes", 4),) if quiet else (),
@@ -181,6 +182,9 @@ def test_strategies_chosen_on_a_curve_timed_busy_are_chosen_again_once_the_machi
         assert chosen[0] == (1.6, "curve timed with others at 1.6")
         assert chosen[-1] == (0.0, "curve timed with others at 0.0")    # timed anew, never the kept busy one
         assert dropped == [True]                 # ... dropped inside the line's hold
+        # the busy start's races are neither pooled with this machine's earlier ones nor kept; the quiet one's are
+        assert histories[0] is None and histories[-1].path == file.with_name("races.json")
+        assert histories[-1].key["config"] == "base-fp16w|eager"      # the served config (the cheaper version)
         assert any("timed again on a quiet machine" in line for line in logs)
         time.sleep(0.3)
         assert len(chosen) == 2                  # done once a timing was quiet
@@ -235,10 +239,12 @@ def test_the_steps_are_timed_after_the_curve_a_run_at_a_time_with_runs_let_throu
     try:
         start.run()
         assert seen == [("the curve", False)] and held == [True, False] * 3
+        history = got[0].pop("history")
         assert got == [{"curve": "the curve", "steps": {"tree2": steps_mod.StepRatio(1.5, 0.02, 3)}}]
+        assert history.path == file.with_name("races.json")         # a quiet start: its races pooled and kept
         monkeypatch.setattr(startup, "timed_steps", lambda settings, curve, hold: None)
         start._choose_strategies()
-        assert got[-1] == {"curve": "the curve", "steps": None}
+        assert {k: v for k, v in got[-1].items() if k != "history"} == {"curve": "the curve", "steps": None}
     finally:
         start.stopped.set()
 

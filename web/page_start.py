@@ -29,7 +29,15 @@ def strategies_note(settings: Settings) -> str:
                          (settings.strategies_note, "Not ticked by default here (each stays one click away)")):
         if lines:
             parts.append(f"{title}:\n\n" + "\n".join(f"- {html.escape(line)}" for line in lines.splitlines()))
+    if settings.ticked_note or settings.strategies_note:
+        parts.append(PROMPT_CAVEAT)
     return "\n\n".join(parts)
+
+
+# the verdicts are the default example's (harness/examples): what a drafter copies depends on the prompt
+PROMPT_CAVEAT = ("These verdicts are for the default example. They change with the prompt: prompt lookup and "
+                 "lookahead pay where the answer repeats words of the prompt or of itself (a summary, a fix to "
+                 "code), and on a free-form chat answer they can run slower than greedy; the race shows which.")
 
 
 def inputs_fast(inputs: Inputs) -> dict:

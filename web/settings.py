@@ -68,6 +68,12 @@ def recordings_dir(root: Optional[str] = None) -> str:
     """Where recorded runs are kept across restarts: one folder per environment (the library's code and
     presets, torch and transformers versions, device and threads) under ``root`` (default:
     :func:`recordings_root`), so only the code and machine that measured a run replay it."""
+    return str((Path(root) if root else recordings_root()) / environment_digest())
+
+
+def environment_digest() -> str:
+    """A short hash of what decides a measured run here: the library's code and presets (and the operator's own
+    presets), torch and transformers, the device and its threads."""
     code = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted([*code.joinpath("decoding").rglob("*.py"), *code.joinpath("presets").rglob("*.*")]):
@@ -79,7 +85,7 @@ def recordings_dir(root: Optional[str] = None) -> str:
             digest.update(path.read_bytes() if path.is_file() else str(path).encode())
     device = torch.cuda.get_device_name(0) if cuda_available() else cpu_name()
     digest.update(f"{torch.__version__}|{transformers.__version__}|{device}|{torch.get_num_threads()}".encode())
-    return str((Path(root) if root else recordings_root()) / digest.hexdigest()[:16])
+    return digest.hexdigest()[:16]
 
 
 PERSISTENT = Path("/data")     # a Hugging Face Space's persistent storage, when the Space has it

@@ -12,7 +12,8 @@ The page is served first. :class:`Startup` then works in a background thread of 
    the winner's forward for a run on one thread too (``compile_one_thread``: a busy machine's runs go on one);
 3. the cheapest config of all serves: its compiled forward is published while no run computes
    (``Line.exclusive``: no race switches mode half-way), the page ticks ``fast`` for it;
-4. the default comparison is chosen on that config's measured forward-cost curve (``harness/pays.py``).
+4. the default comparison is chosen on that config's measured forward-cost curve and its raced steps
+   (``harness/pays.py``), pooled with this machine's earlier quiet starts' races (``web/race_history.py``).
 
 Each step replaces ``app.settings`` (a frozen :class:`~web.settings.Settings`) whole; a page opened later shows the
 new defaults (``app.py`` refreshes them on load), and every request reads the settings it was made under.
@@ -42,6 +43,7 @@ from decoding.runtime.widths import machine_curve
 from decoding.strategies import registry
 from web.compute import decode_probe
 from web.quiet import CpuReader, baselines_of, others_share, read_proc
+from web.race_history import RaceHistory, history_for, params_text
 from web.requests import DEFAULT_MAX_NEW
 from web.settings import DEFAULT_STRATEGIES, Settings
 
@@ -64,7 +66,8 @@ def routes_file() -> Path:
 
 
 def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], float]] = None,
-                      steps: Optional[Mapping[str, StepRatio]] = None) -> Settings:
+                      steps: Optional[Mapping[str, StepRatio]] = None,
+                      history: Optional[RaceHistory] = None) -> Settings:
     """``settings`` with the page's default comparison for this machine (``decoding/harness/pays.py``): the
     strategies of ``DEFAULT_STRATEGIES`` expected to run at least as fast as greedy on the default target's
     measured forward-cost curve in its served mode (``runtime/widths.machine_curve``; ``curve``: injected), and
@@ -73,7 +76,8 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     prophet fields start on and the prophet's verdict judges. ``steps``: what the start timed here
     (``timed_steps``): each shape's step, by shape name, and the default race, by strategy name; with them the shape
     rests on the timed steps and each raced strategy's verdict on its race, without them on the curve's model of
-    a step. Without a curve (a GPU): all, and the library's shape."""
+    a step. ``history``: this machine's earlier starts' races (``web/race_history.py``), pooled with this start's
+    for the verdicts, and this start's kept in it. Without a curve (a GPU): all, and the library's shape."""
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
@@ -81,10 +85,15 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
                                    prophet_shape=(), prophet_note="")
     shape = choose_prophet_shape(curve, steps=steps)
     raced = {name: steps[name] for name in DEFAULT_STRATEGIES if steps and name in steps}
-    if "prophet" not in raced and shape.step is not None:
-        raced["prophet"] = shape.step
+    params, previous, judged = {"prophet": params_text(dict(shape.shape.params))}, None, dict(raced)
+    if history is not None and raced:
+        judged, previous = history.pool(raced, params)
+    if "prophet" not in judged and shape.step is not None:
+        judged["prophet"] = shape.step
     chosen = default_comparison(curve, [name for name in DEFAULT_STRATEGIES if name in registry()],
-                                {"prophet": shape.shape.parsed()}, raced or None)
+                                {"prophet": shape.shape.parsed()}, judged or None, previous)
+    if history is not None and raced:
+        history.record(raced, params, chosen.strategies)
     return dataclasses.replace(settings, strategies=chosen.strategies, strategies_note=chosen.note,
                                ticked_note="\n".join(chosen.kept_notes), prophet_shape=shape.shape.params,
                                prophet_note=shape.reason)
@@ -314,8 +323,10 @@ class Startup:
         cost, curve_busy = self._watched(curve)
         steps, steps_busy = self._watched(lambda: timed_steps(settings, cost, hold=self.app.line.exclusive),
                                           exclusive=False)
-        chosen = chosen_strategies(settings, curve=cost, steps=steps)
         busy = max((b for b in (curve_busy, steps_busy) if b is not None), default=None)
+        history = None if busy is not None else history_for(self.file, Config(settings.default_target(), fast).key,
+                                                                 RACE_TOKENS)
+        chosen = chosen_strategies(settings, curve=cost, steps=steps, history=history)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
                   ticked_note=chosen.ticked_note, prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)
         if chosen.prophet_note:

@@ -74,8 +74,17 @@ is its verdict: ``speedup`` the rounds' median of greedy's ms a token over its o
 rounds' standard error (pooled over every strategy raced in the same rounds where that is larger: three rounds
 alone say little about their noise), the same three calls. The line says so (``raced against greedy on the
 default example here (3 rounds): 1.33 tokens a forward for a step 1.12× greedy's: pays (1.19× greedy, ±0.03
-from the timings' spread)``), and a strategy with no model of its step (suffix decoding) can be judged by its race. The model
-stays for what is not raced (a curve injected, a GPU, a run that failed).
+from the timings' spread)``), and a strategy with no model of its step (suffix decoding) can be judged by its
+race. The model stays for what is not raced (a curve injected, a GPU, a run that failed).
+
+**Across starts.** One start's three rounds are one sample of a machine whose memory rate moves between starts:
+lookahead on the bug-fix example under the AVX2 caps was judged 1.17 ± 0.06 at one start (ticked), 0.98 at the
+next (left out) and 1.08 at a third. So each quiet start's rounds are kept per machine (``web/race_history.py``:
+the code, torch, the CPU and its kernels' instruction set, the served config, the example and the race's
+length), and the next start's verdict rests on its rounds pooled with the last starts' (``steps.pooled``: the
+medians over every round; an error no smaller than the starts' own scatter). A call that stays too close to
+make keeps the last start's (``previous``): a strategy does not flip in and out of the page between starts on
+noise, only when its pooled race is clear of the line. Its line says over how many starts it was raced.
 """
 
 from __future__ import annotations
@@ -253,6 +262,8 @@ class Verdict:
     margin: Optional[float] = None    # ± on speedup from the curve's measured spread; None: the curve has none
     timed: bool = False               # cost_ratio is its step timed here over greedy's (margin: the timings')
     raced: int = 0                    # rounds of a race against greedy on the default example that gave speedup
+    starts: int = 1                   # the starts of this machine those rounds come from (``steps.pooled``)
+    previous: Optional[bool] = None   # ticked at this machine's last start (None: no earlier start raced it)
 
     PAYS, SLOWER, CLOSE = "pays", "does not pay", "too close to call"
 
@@ -268,8 +279,9 @@ class Verdict:
 
     @property
     def pays(self) -> bool:
-        """Ticked by default: no model, or the curve says it pays beyond its noise (too close: not ticked)."""
-        return self.call == self.PAYS
+        """Ticked by default: no model, or the curve says it pays beyond its noise; too close to call: as at this
+        machine's last start (``previous``), left out where there was none."""
+        return self.call == self.PAYS or (self.call == self.CLOSE and self.previous is True)
 
     @property
     def certainty(self) -> str:
@@ -288,9 +300,14 @@ class Verdict:
         if self.strategy == "greedy":
             return "greedy: the reference, one position per token"
         at = f" (at {self.width.shown})" if self.width is not None else ""
-        verb = "too close to call, left out" if self.call == self.CLOSE else self.call
+        verb = self.call
+        if self.call == self.CLOSE:
+            verb = ("too close to call, left out" if self.previous is None else
+                    f"too close to call, {'ticked' if self.previous else 'left out'} as at this machine's last start")
         if self.raced:
-            return (f"{self.strategy}{at}: raced against greedy on the default example here ({self.raced} rounds): "
+            over = f" over {self.starts} starts" if self.starts > 1 else ""
+            return (f"{self.strategy}{at}: raced against greedy on the default example here ({self.raced} rounds"
+                    f"{over}): "
                     f"{self.tokens:.2f} tokens a forward for a step {self.cost_ratio:.2f}× greedy's: {verb} "
                     f"({self.speedup:.2f}× greedy, {self.certainty})")
         if self.timed:
@@ -341,7 +358,7 @@ def verdict(strategy: str, cost: Cost, params: Any = None, step: Optional[StepRa
                                        else (0.0, 0.0, 0.0))
         return Verdict(strategy, step.speedup, step.tokens if step.tokens is not None else tokens, positions,
                        step.ratio, 0.0, drafting, width, step.speedup * step.speedup_spread, timed=True,
-                       raced=step.rounds)
+                       raced=step.rounds, starts=step.starts)
     if model is None:
         return Verdict(strategy, None)
     if step is not None:
@@ -360,10 +377,13 @@ def verdict(strategy: str, cost: Cost, params: Any = None, step: Optional[StepRa
 
 
 def verdicts(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None,
-             steps: Optional[Mapping[str, StepRatio]] = None) -> list[Verdict]:
+             steps: Optional[Mapping[str, StepRatio]] = None,
+             previous: Optional[Mapping[str, bool]] = None) -> list[Verdict]:
     """One verdict per strategy, in order (``params``: strategy name -> its parameters, where not the defaults;
-    ``steps``: strategy name -> its timed step, where one was timed)."""
-    return [verdict(name, cost, (params or {}).get(name), (steps or {}).get(name)) for name in strategies]
+    ``steps``: strategy name -> its timed step, where one was timed; ``previous``: strategy name -> whether this
+    machine's last start ticked it, which decides a call too close to make)."""
+    return [dataclasses.replace(verdict(name, cost, (params or {}).get(name), (steps or {}).get(name)),
+                                previous=(previous or {}).get(name)) for name in strategies]
 
 
 @dataclass(frozen=True)
@@ -380,11 +400,12 @@ class Comparison:
 
 
 def default_comparison(cost: Cost, strategies: Sequence[str], params: Optional[Mapping[str, Any]] = None,
-                       steps: Optional[Mapping[str, StepRatio]] = None) -> Comparison:
+                       steps: Optional[Mapping[str, StepRatio]] = None,
+                       previous: Optional[Mapping[str, bool]] = None) -> Comparison:
     """``strategies`` less those not expected to pay on ``cost`` (or their timed ``steps``) beyond its noise
-    (``Verdict.call``: one too close to call is left out too, and its line says so); greedy, the reference, always
-    stays."""
-    judged = verdicts(cost, strategies, params, steps)
+    (``Verdict.call``: one too close to call is left out too, unless ``previous``, this machine's last start,
+    ticked it; its line says so); greedy, the reference, always stays."""
+    judged = verdicts(cost, strategies, params, steps, previous)
     kept = tuple(v.strategy for v in judged if v.pays or v.strategy == "greedy")
     out = tuple(v for v in judged if v.strategy not in kept)
     return Comparison(kept, tuple(v.strategy for v in out), tuple(v.reason for v in out),

@@ -125,13 +125,18 @@ class StepRatio:
     The same rounds race it: ``speedup`` is greedy's wall time over its own for the same tokens (the median of
     the rounds', the race's figure; ``speedup_spread`` as ``spread``, or the error pooled over every label raced
     in the same rounds where that is larger: ``_pooled_error``), ``tokens`` its tokens per target forward
-    there. None where only a step was timed (injected)."""
+    there. None where only a step was timed (injected).
+
+    ``per_round``: each round's (step over greedy's, speed-up, tokens a forward), what :func:`pooled` joins with
+    other starts' rounds; ``starts``: how many starts' rounds the figures rest on (1: this one's)."""
     ratio: float
     spread: float
     rounds: int
     speedup: Optional[float] = None
     speedup_spread: float = 0.0
     tokens: Optional[float] = None
+    per_round: tuple[tuple[float, float, float], ...] = ()
+    starts: int = 1
 
 
 def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, tokens: int = TOKENS,
@@ -175,8 +180,34 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
             ratio, spread = _median_error([r[0] for r in ok])
             speedup, speedup_spread = _median_error([r[1] for r in ok])
             out[label] = StepRatio(ratio, spread, len(ok), speedup, max(speedup_spread, pooled),
-                                   statistics.median(r[2] for r in ok))
+                                   statistics.median(r[2] for r in ok), tuple(ok))
     return out
+
+
+def pooled(now: StepRatio, earlier: Sequence[Sequence[Sequence[float]]]) -> StepRatio:
+    """``now`` (one start's race of a strategy, with its rounds) joined with the rounds of earlier starts of the same
+    race on the same machine (``earlier``: one list of (step, speed-up, tokens) rounds per start): the medians over
+    every round, and an error that is the largest of three (each relative, at least ``SPREAD_FLOOR``):
+
+    * the rounds' own standard error over all of them;
+    * ``now``'s error (pooled over the labels of its rounds: ``_pooled_error``) scaled down to the rounds pooled;
+    * the starts' scatter: the standard deviation of each start's median over the square root of the starts. Two
+      starts of one machine differ by more than their rounds say (the guest's memory rate moves between them), and
+      a verdict must not call one start's luck sure.
+
+    ``now`` unchanged where there is nothing earlier or it has no rounds."""
+    groups = [[tuple(float(x) for x in r) for r in start] for start in earlier if start]
+    if not groups or not now.per_round or now.speedup is None:
+        return now
+    groups.append(list(now.per_round))
+    rounds = [r for group in groups for r in group]
+    ratio, spread = _median_error([r[0] for r in rounds])
+    speedup, error = _median_error([r[1] for r in rounds])
+    medians = [statistics.median(r[1] for r in group) for group in groups]
+    between = statistics.stdev(medians) / math.sqrt(len(medians)) / speedup
+    scaled = now.speedup_spread * math.sqrt(len(now.per_round) / len(rounds))
+    return StepRatio(ratio, spread, len(rounds), speedup, max(error, between, scaled),
+                     statistics.median(r[2] for r in rounds), tuple(rounds), len(groups))
 
 
 def _pooled_error(groups: list[list[float]]) -> float:

@@ -1,0 +1,129 @@
+"""The default race across starts of one machine (web/race_history.py, harness/steps.pooled, pays.Verdict.previous).
+
+What would break it: a verdict that rests on this start's rounds alone (the earlier starts read but not pooled), a
+pooled error that ignores how far the starts' medians lie apart (three lucky rounds at one start made sure), the last
+start's tick ignored where the pooled race is too close to call (a strategy flips in and out of the page between
+starts), or the reverse (a clear verdict overridden by the last start's), rounds pooled across machines, kernels'
+instruction sets or the prophet's shapes, the history growing without bound, and a busy start's rounds kept.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from decoding.harness.pays import Verdict, verdict
+from decoding.harness.steps import StepRatio, pooled
+from decoding.runtime.forward_cost import ForwardCost
+from web import race_history
+from web.race_history import KEEP_STARTS, RaceHistory, history_for, race_key
+from web.settings import Settings
+from web.startup import chosen_strategies
+
+FLAT = ForwardCost({t: 10.0 for t in (1, 2, 4, 8, 16, 33)})
+
+
+def _race(*speedups: float, step: float = 1.2, tokens: float = 1.4) -> StepRatio:
+    """One start's race of a strategy: its rounds' speed-ups (the figures as ``steps.step_ratios`` makes them)."""
+    mid = statistics.median(speedups)
+    error = statistics.stdev(speedups) / len(speedups) ** 0.5 / mid if len(speedups) > 1 else 0.0
+    return StepRatio(step, 0.02, len(speedups), mid, max(0.02, error), tokens,
+                     tuple((step, s, tokens) for s in speedups))
+
+
+def test_pooling_takes_every_round_and_the_starts_scatter():
+    """Two starts of one machine: 1.17× and 0.98× lookahead, each sure of itself (±0.02). Pooled, the median is every
+    round's and the error is at least the starts' own scatter, so the pooled race is too close to call: neither
+    start's luck is taken as sure."""
+    first, second = _race(1.16, 1.17, 1.18), _race(0.97, 0.98, 0.99)
+    both = pooled(second, [first.per_round])
+    assert both.rounds == 6 and both.starts == 2
+    assert both.speedup == pytest.approx(statistics.median([1.16, 1.17, 1.18, 0.97, 0.98, 0.99]))
+    medians = [1.17, 0.98]
+    between = statistics.stdev(medians) / 2 ** 0.5 / both.speedup
+    assert both.speedup_spread == pytest.approx(between)          # larger than either start's own error
+    assert verdict("lookahead", FLAT, step=second).call == Verdict.SLOWER
+    assert verdict("lookahead", FLAT, step=first).call == Verdict.PAYS
+    pooled_call = verdict("lookahead", FLAT, step=both)
+    assert pooled_call.call == Verdict.CLOSE and pooled_call.starts == 2
+    assert "6 rounds over 2 starts" in pooled_call.reason
+
+
+def test_pooling_agreeing_starts_narrows_the_error_and_keeps_what_is_clear():
+    """Starts that agree pool into a surer figure than one start's (its error scaled down to the rounds pooled), and
+    nothing earlier leaves a race unchanged."""
+    now = _race(0.95, 1.05, 1.15)
+    assert pooled(now, []) is now and pooled(now, [[]]) is now
+    both = pooled(now, [_race(0.96, 1.05, 1.14).per_round, _race(0.97, 1.05, 1.13).per_round])
+    assert both.starts == 3 and both.rounds == 9 and both.speedup == pytest.approx(1.05)
+    assert both.speedup_spread < now.speedup_spread
+    assert both.ratio == pytest.approx(1.2) and both.tokens == pytest.approx(1.4)
+
+
+@pytest.mark.parametrize("previous, pays", [(None, False), (True, True), (False, False)])
+def test_a_call_too_close_to_make_keeps_the_last_starts(previous, pays):
+    close = Verdict("lookahead", 1.02, margin=0.05, previous=previous)
+    assert close.call == Verdict.CLOSE and close.pays is pays
+    if previous is not None:
+        assert f"{'ticked' if pays else 'left out'} as at this machine's last start" in close.reason
+    # a clear call is the pooled race's, whatever the last start said
+    assert Verdict("lookahead", 0.90, margin=0.05, previous=True).pays is False
+    assert Verdict("lookahead", 1.10, margin=0.05, previous=False).pays is True
+
+
+def test_the_history_keeps_a_machines_starts_per_parameters_and_no_more(tmp_path):
+    file = tmp_path / "races.json"
+    key = {"environment": "e", "cpu_flags": "f", "config": "m|compiled", "example": ["summarization", 1],
+           "tokens": 64}
+    history = RaceHistory(file, key)
+    tree8 = {"prophet": ""}
+    for i in range(KEEP_STARTS + 2):
+        history.record({"prophet": _race(1.3 + 0.01 * i, 1.31 + 0.01 * i)}, tree8, ("greedy", "prophet"))
+    kept = json.loads(file.read_text())["entries"][0]["strategies"]["prophet"]
+    assert len(kept["starts"]) == KEEP_STARTS and kept["ticked"] is True
+    assert kept["starts"][-1][0][1] == pytest.approx(1.3 + 0.01 * (KEEP_STARTS + 1))     # the newest kept
+    # a new start pools with the last KEEP_STARTS - 1, at the same shape only
+    judged, previous = RaceHistory(file, key).pool({"prophet": _race(1.2, 1.21)}, tree8)
+    assert judged["prophet"].starts == KEEP_STARTS and previous == {"prophet": True}
+    other_shape, previous = RaceHistory(file, key).pool({"prophet": _race(1.2, 1.21)}, {"prophet": '{"tree_nodes": 2}'})
+    assert other_shape["prophet"].starts == 1 and previous == {}
+    # another machine (its kernels' instruction set, threads, code: the key) sees none of it
+    for field, value in (("cpu_flags", "g"), ("environment", "other"), ("config", "m|eager"), ("tokens", 24)):
+        judged, previous = RaceHistory(file, {**key, field: value}).pool({"prophet": _race(1.2, 1.21)}, tree8)
+        assert judged["prophet"].starts == 1 and previous == {}
+    # a strategy the start raced at another shape starts its history anew
+    history.record({"prophet": _race(1.0, 1.01)}, {"prophet": '{"tree_nodes": 2}'}, ("greedy",))
+    kept = json.loads(file.read_text())["entries"][0]["strategies"]["prophet"]
+    assert len(kept["starts"]) == 1 and kept["ticked"] is False
+
+
+def test_the_key_names_the_cpus_kernels_and_the_served_config(monkeypatch):
+    monkeypatch.setattr(race_history, "environment_digest", lambda: "env")
+    monkeypatch.setattr(race_history, "cpu_fingerprint", lambda: "flags")
+    assert race_key("m|compiled", 64) == {"environment": "env", "cpu_flags": "flags", "config": "m|compiled",
+                                          "example": ["summarization", 1], "tokens": 64}
+    assert history_for(None, "m|compiled", 64) is None
+
+
+def test_a_strategy_stays_on_the_page_across_starts_whose_races_straddle_the_line(tmp_path):
+    """The app's choice over two starts (``chosen_strategies`` with a history): lookahead races 1.17× at the first
+    (ticked) and 0.98× at the second. Alone the second would leave it out; pooled, the race is too close to call
+    and it stays ticked, and its line says so. Starts that keep falling below the line take it out: after two at
+    0.80× the pooled race is clear of it."""
+    file = tmp_path / "routes.json"
+
+    def start(*speedups: float) -> Settings:
+        history = history_for(file, "m|compiled", 64)
+        return chosen_strategies(Settings(), curve=FLAT, steps={"lookahead": _race(*speedups)}, history=history)
+    assert "lookahead" in start(1.16, 1.17, 1.18).strategies
+    alone = chosen_strategies(Settings(), curve=FLAT, steps={"lookahead": _race(0.97, 0.98, 0.99)})
+    assert "lookahead" not in alone.strategies
+    second = start(0.97, 0.98, 0.99)
+    assert "lookahead" in second.strategies
+    assert "over 2 starts" in second.ticked_note and "ticked as at this machine's last start" in second.ticked_note
+    assert "lookahead" in start(0.79, 0.80, 0.81).strategies              # 9 rounds: still too close
+    fourth = start(0.79, 0.80, 0.81)
+    assert "lookahead" not in fourth.strategies and "does not pay" in fourth.strategies_note
+    assert "12 rounds over 4 starts" in fourth.strategies_note
