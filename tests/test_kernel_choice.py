@@ -131,9 +131,15 @@ def test_the_decision_is_cached_reread_and_invalidated_by_a_new_key(tmp_path, mo
     assert len(json.loads(path.read_text())["entries"]) == 4     # the re-measured entry replaced the first
 
 
-def test_a_broken_cache_file_is_measured_again(tmp_path):
+@pytest.mark.parametrize("text", ["{not json", '{"version": %d, "entries": 3}', '{"version": %d, "entries": [3, null]}',
+                                  '[1, 2]'])
+def test_a_broken_cache_file_is_measured_again(tmp_path, text):
+    """A decision file cut short or edited by hand (not JSON, entries not a list, entries not objects) is measured
+    again; every decision file is read the same way (``read_entries``: the version choice's, the races')."""
+    from decoding.runtime.kernel_choice import VERSION, read_entries
     path = tmp_path / "kernels.json"
-    path.write_text("{not json")
+    path.write_text(text.replace("%d", str(VERSION)))
+    assert read_entries(path, VERSION) == []
     choice = configure(tiny_causal("llama").model, "auto", file=path, timer=FakeTimer())
     assert choice.source == "measured" and json.loads(path.read_text())["entries"]
 

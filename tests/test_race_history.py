@@ -127,3 +127,24 @@ def test_a_strategy_stays_on_the_page_across_starts_whose_races_straddle_the_lin
     fourth = start(0.79, 0.80, 0.81)
     assert "lookahead" not in fourth.strategies and "does not pay" in fourth.strategies_note
     assert "12 rounds over 4 starts" in fourth.strategies_note
+
+
+@pytest.mark.parametrize("text", ["{", '{"version": 1, "entries": 3}', '{"version": 1, "entries": [3, null]}',
+                                  "KEYED", "STARTS"])
+def test_a_damaged_history_loses_its_starts_never_the_choice(tmp_path, text):
+    """A file cut short or edited by hand: the start still chooses (on its own rounds) and writes a good file."""
+    file, key = tmp_path / "races.json", {"k": 1}
+    bad_starts = [[[1.0, "x", 1.0]], [[1.0, -2.0, 1.0]], "no", [[1.0, float("nan"), 1.0]], [[True, 1.0, 1.0]]]
+    good = [[1.2, 1.5, 1.4], [1.2, 1.5, 1.4]]
+    doc = {"KEYED": {"version": 1, "entries": [{"key": key, "strategies": "no"}]},
+           "STARTS": {"version": 1, "entries": [{"key": key, "strategies": {"prophet": {
+               "params": "", "ticked": True, "starts": [*bad_starts, good]}}}]}}.get(text)
+    file.write_text(json.dumps(doc) if doc is not None else text)
+    judged, previous = RaceHistory(file, key).pool({"prophet": _race(1.2, 1.3)}, {})
+    if text == "STARTS":            # the one good start is pooled, the damaged ones are not
+        assert judged["prophet"].starts == 2 and judged["prophet"].rounds == 4 and previous == {"prophet": True}
+    else:
+        assert judged["prophet"].starts == 1 and previous == {}
+    RaceHistory(file, key).record({"prophet": _race(1.2, 1.3)}, {}, ("greedy", "prophet"))
+    kept = json.loads(file.read_text())["entries"][-1]["strategies"]["prophet"]["starts"]
+    assert len(kept) == (2 if text == "STARTS" else 1)

@@ -18,6 +18,7 @@ cores keeps nothing). The file is the start's decision cache's neighbour (``rout
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -44,6 +45,24 @@ def _rounds(step: StepRatio) -> list[list[float]]:
     return [[round(float(x), 5) for x in r] for r in step.per_round]
 
 
+def _starts(kept: Any) -> list[list[list[float]]]:
+    """The kept starts of one strategy that are well formed (each a list of rounds of three positive numbers): a
+    file edited by hand or cut short loses those starts, never the start's choice."""
+    starts = kept.get("starts") if isinstance(kept, dict) else None
+    ok = []
+    for start in starts if isinstance(starts, list) else []:
+        if isinstance(start, list) and start and all(
+                isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                            and math.isfinite(x) and x > 0 for x in r)
+                for r in start):
+            ok.append(start)
+    return ok
+
+
+def _same(kept: Any, params: str) -> bool:
+    return isinstance(kept, dict) and kept.get("params", "") == params
+
+
 class RaceHistory:
     """The races kept for one key in ``path``: :meth:`pool` joins a start's races with the earlier ones,
     :meth:`record` keeps them with the strategies the start ticked."""
@@ -59,15 +78,14 @@ class RaceHistory:
         """``raced`` (strategy -> this start's race) pooled with the earlier starts' races of each strategy at the
         same ``params`` (strategy -> its parameters, as text; absent: its defaults), and whether the last start
         ticked each (only where it raced it at the same parameters)."""
-        earlier = self._entry().get("strategies", {})
+        earlier = self._entry().get("strategies")
+        earlier = earlier if isinstance(earlier, dict) else {}
         out, ticked = {}, {}
         for name, step in raced.items():
-            kept = earlier.get(name, {})
-            if kept.get("params", "") != params.get(name, "") or not isinstance(kept.get("starts"), list):
-                out[name] = step
-                continue
-            out[name] = pooled(step, kept["starts"][-(KEEP_STARTS - 1):])
-            if isinstance(kept.get("ticked"), bool):
+            kept = earlier.get(name)
+            starts = _starts(kept) if _same(kept, params.get(name, "")) else []
+            out[name] = pooled(step, starts[-(KEEP_STARTS - 1):])
+            if starts and isinstance(kept.get("ticked"), bool):
                 ticked[name] = kept["ticked"]
         return out, ticked
 
@@ -75,14 +93,14 @@ class RaceHistory:
         """Keep this start's rounds of each raced strategy (after the earlier starts' at the same parameters, the
         newest ``KEEP_STARTS`` in all) and whether the start ticked it. A file that cannot be written is left."""
         entries = read_entries(self.path, VERSION)
-        old = next((e for e in entries if e.get("key") == self.key), {}).get("strategies", {})
+        old = next((e for e in entries if e.get("key") == self.key), {}).get("strategies")
+        old = old if isinstance(old, dict) else {}
         strategies = {}
         for name, step in raced.items():
             if not step.per_round:
                 continue
-            kept = old.get(name, {})
-            same = kept.get("params", "") == params.get(name, "") and isinstance(kept.get("starts"), list)
-            starts = (kept["starts"] if same else []) + [_rounds(step)]
+            kept = old.get(name)
+            starts = (_starts(kept) if _same(kept, params.get(name, "")) else []) + [_rounds(step)]
             strategies[name] = {"params": params.get(name, ""), "starts": starts[-KEEP_STARTS:],
                                 "ticked": name in ticked}
         entries = [e for e in entries if e.get("key") != self.key]

@@ -201,12 +201,14 @@ def prune_shared(folder: Path, keep: int = SHARED_FILES) -> list[Path]:
 
 
 def read_entries(path: Path, version: int) -> list:
-    """The entries of a decision file (``{"version", "entries": [...]}``) written at ``version``; [] otherwise."""
+    """The entries (objects) of a decision file (``{"version", "entries": [...]}``) written at ``version``; []
+    otherwise (a file cut short or edited by hand loses what is not an object, never the caller's decision)."""
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
-        return list(doc.get("entries", [])) if doc.get("version") == version else []
-    except (OSError, ValueError, AttributeError):
+        entries = list(doc.get("entries", [])) if doc.get("version") == version else []
+        return [entry for entry in entries if isinstance(entry, dict)]
+    except (OSError, ValueError, AttributeError, TypeError):      # TypeError: "entries" not a list
         return []
 
 
