@@ -13,7 +13,10 @@ did not write (MT-Bench questions and HumanEval problems; the model's own ``self
 * **greedy agreement**: each prompt in the chat template, ``--max-new-tokens`` greedy tokens; the median share of
   them before the version's first token that differs from float32's, and how many prompts agree to the end.
 
-A speed-up between versions is the CPU table's matter (``bench_cpu_table.py``); this is the other side of the trade.
+``--compiled``: each version that compiles here again on its compiled forward (the app's served mode: greedy on the
+fast path, ``runtime/compiled.py``), its greedy agreement with float32's. A version that rounds its activations (int8)
+can part from its own eager greedy where a norm's sums come out in another order, so the served mode's agreement is
+measured, not assumed. A speed-up between versions is the CPU table's matter (``bench_cpu_table.py``); this is the other side of the trade.
 The CPU is named in the output (the reduced versions' bits do not depend on it, except oneDNN's bfloat16 route).
 """
 
@@ -28,8 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from decoding.harness.bench import load_prompt_set
-from decoding.harness.runner import encode_prompt
-from decoding.runtime import routes
+from decoding.harness.runner import encode_prompt, run_one
+from decoding.params import GreedyParams
+from decoding.runtime import compiled, routes
+from decoding.runtime.pair import ModelPair
+from decoding.strategies import get_strategy
 from decoding.runtime.kernel_choice import cpu_label
 from decoding.runtime.models import default_target, load_model, load_presets
 
@@ -38,6 +44,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--json", default=None)
+    p.add_argument("--compiled", action="store_true",
+                   help="also each version's compiled forward (the app's served mode): its greedy on the fast path")
     args = p.parse_args(argv)
     if not 1 <= args.max_new_tokens <= 256:
         p.error("--max-new-tokens: 1 to 256")
@@ -63,6 +71,22 @@ def greedy_tokens(lm, prompts: list[str], max_new: int) -> list[list[int]]:
             ids = torch.tensor([encode_prompt(lm.tokenizer, text, chat=lm.chat)])
             gen = lm.model.generate(ids, max_new_tokens=max_new, do_sample=False, attention_mask=torch.ones_like(ids))
             out.append(gen[0, ids.shape[1]:].tolist())
+    return out
+
+
+def compiled_greedy_tokens(lm, prompts: list[str], max_new: int) -> list[list[int]] | None:
+    """``lm``'s greedy on the compiled fast path, as the app's race runs it (None: it does not compile here)."""
+    if compiled.compiler_missing() is not None or compiled.enable(lm) is not None:
+        return None
+    pair, out = ModelPair(lm), []
+    try:
+        for text in prompts:
+            ids = list(encode_prompt(lm.tokenizer, text, chat=lm.chat))
+            result, _, _ = run_one(get_strategy("greedy"), GreedyParams(fast=True), ids, pair, max_new_tokens=max_new,
+                                   trace=False)
+            out.append(list(result.token_ids))
+    finally:
+        compiled.disable(lm)
     return out
 
 
@@ -94,6 +118,14 @@ def main(argv: list[str] | None = None) -> dict:
                                  "agree_median": statistics.median(shared), "agree_whole": whole, "shared": shared}
         print(f"| {name} | {lm.weights} | {loss:.4f} | {delta:+.2f} % | {statistics.median(shared):.0f} of "
               f"{args.max_new_tokens} | {whole} of {len(prompts)} |")
+        served = compiled_greedy_tokens(lm, prompts, args.max_new_tokens) if args.compiled else None
+        if served is not None:
+            shared = [agreement(r, t) for r, t in zip(reference["tokens"], served)]
+            whole = sum(1 for r, t in zip(reference["tokens"], served) if r == t)
+            doc["versions"][name]["compiled"] = {"agree_median": statistics.median(shared), "agree_whole": whole,
+                                                 "shared": shared}
+            print(f"| {name}, compiled | {lm.weights} | | | {statistics.median(shared):.0f} of "
+                  f"{args.max_new_tokens} | {whole} of {len(prompts)} |")
     write_json(args.json, doc)
     return doc
 

@@ -17,7 +17,8 @@ is started here, its log saved to a file whose path is printed; it is always kil
    one of >= 400 words joined from the longest ones; never the training templates) through ``/race``, and how
    many were recorded. ``/race``'s answer says neither whether the run was recorded nor why not, so each prompt
    is asked again at once with the identical call: a recorded run is replayed (the same document, its timings
-   included, in well under a second), one that was not is computed again (other timings).
+   included, in well under a second), one that was not is computed again (other timings); why it was not is the
+   app's log line for it (``web.compute.NOT_RECORDED``).
 3. **Busy not recorded**: ``--loops`` (2) pure-Python ``while True`` loops, at this benchmark's own priority (run
    it at priority 0), while one new prompt goes through ``/race``: it must not be recorded; the loops are then
    stopped. With ``--busy-start`` instead: the loops start before the app, so its start and its background work
@@ -61,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 UNSEEN = ROOT / "presets" / "bench_unseen.yaml"
 DONE_LINE = "start-up done in"           # web.startup.DONE_LINE (tests/test_benchmark_scripts.py checks they agree)
 TICKED_LINE = "default comparison here:"  # web.startup.TICKED_LINE (likewise)
+NOT_RECORDED = "[app] run not recorded:"  # web.compute.NOT_RECORDED (likewise): the app logs why a run was not
 PAGE_MARK = b"Decoding Playground"       # in the page's HTML
 STRATEGIES = ["greedy", "prophet"]
 MAX_NEW = 32
@@ -302,9 +304,18 @@ def fingerprint(doc: dict) -> list:
     return [(r.get("strategy"), r.get("wall_s"), r.get("token_ids")) for r in doc.get("results") or ()]
 
 
-def run_row(client, prompt: str, timeout: float, check: bool = True) -> dict:
+def not_recorded_reason(lines: list[str]) -> str:
+    """Why the app did not record a run: the first ``NOT_RECORDED`` line of its log among ``lines`` (those it
+    wrote during the run), "" where there is none."""
+    found = [line.split(NOT_RECORDED, 1)[1].strip() for line in lines if NOT_RECORDED in line]
+    return found[0] if found else ""
+
+
+def run_row(client, prompt: str, timeout: float, check: bool = True, server: "Server | None" = None) -> dict:
     """One prompt through /race, then (``check``) the identical call again: a replay (the same document, timings
-    included) says the first was recorded; a run computed again says it was not."""
+    included) says the first was recorded; a run computed again says it was not, and why: ``/race``'s answer does
+    not say, the app's log does (``server``: read from it)."""
+    seen = len(server.text().splitlines()) if server is not None else 0
     try:
         doc, seconds = race(client, prompt, timeout)
     except BenchError:
@@ -325,8 +336,9 @@ def run_row(client, prompt: str, timeout: float, check: bool = True) -> dict:
         again, again_s = race(client, prompt, timeout)
         row["recorded"] = fingerprint(again) == fingerprint(doc)
         row["check_seconds"] = round(again_s, 2)
+        why = not_recorded_reason(server.text().splitlines()[seen:]) if server is not None else ""
         row["message"] = ("replayed by the identical call" if row["recorded"] else
-                          "computed again by the identical call: not recorded (/race's answer gives no reason)")
+                          f"computed again by the identical call: not recorded ({why or 'the log gives no reason'})")
     elif check:
         row["recorded"], row["message"] = False, "a strategy failed: not recorded"
     return row
@@ -451,11 +463,11 @@ def main() -> None:
                          "background_done_app_s": server.done_s(), "app_log": server.app_lines()}
         if args.busy_start:
             # ---------------------------------------------------------- busy start, then quiet again
-            busy = run_row(client, plan["busy"][0], args.run_timeout)
+            busy = run_row(client, plan["busy"][0], args.run_timeout, server=server)
             loops.stop()
             time.sleep(args.settle)
             share = busy_share()
-            after = [run_row(client, p, args.run_timeout) for p in plan["after"]]
+            after = [run_row(client, p, args.run_timeout, server=server) for p in plan["after"]]
             doc["busy_start_runs"] = {"busy": busy, "quiet_busy_share": share, "after": after}
         else:
             # ---------------------------------------------------------- 2. recorded when quiet
@@ -466,7 +478,7 @@ def main() -> None:
                   flush=True)
             quiet = []
             for i, p in enumerate(plan["quiet"], 1):
-                quiet.append(run_row(client, p, args.run_timeout))
+                quiet.append(run_row(client, p, args.run_timeout, server=server))
                 r = quiet[-1]
                 print(f"quiet {i}/{len(plan['quiet'])}: {r['words']} words, recorded {r.get('recorded')}, "
                       f"{r['seconds']:.1f} s", flush=True)
@@ -480,7 +492,7 @@ def main() -> None:
             # ---------------------------------------------------------- 3. busy, not recorded
             loops = Loops(args.loops)
             time.sleep(1.0)
-            busy = run_row(client, plan["busy"][0], args.run_timeout)
+            busy = run_row(client, plan["busy"][0], args.run_timeout, server=server)
             loops.stop()
             doc["claim3"] = {"busy": busy}
     finally:

@@ -330,9 +330,14 @@ def test_the_start_benchmark_waits_for_the_line_the_start_logs_and_runs_distinct
     """bench_start waits for web/startup.py's last log line (a copy of its text: the script imports nothing
     heavy before its arguments are parsed) and runs every prompt once: 10 quiet ones of 4 to 420 words, one of
     them >= 400, and new ones for the first, busy and after-busy runs."""
+    from web.compute import NOT_RECORDED
     from web.startup import DONE_LINE, TICKED_LINE
     bench = _bench_module("bench_start")
-    assert bench.DONE_LINE == DONE_LINE and bench.TICKED_LINE == TICKED_LINE
+    assert bench.DONE_LINE == DONE_LINE and bench.TICKED_LINE == TICKED_LINE and bench.NOT_RECORDED == NOT_RECORDED
+    # a run not recorded: the reason is the first such line the app logged during it
+    assert bench.not_recorded_reason(["[app] timing", f"{NOT_RECORDED} greedy's decode steps took 14 ms", "x",
+                                      f"{NOT_RECORDED} other"]) == "greedy's decode steps took 14 ms"
+    assert bench.not_recorded_reason(["[app] timing"]) == ""
     # claim 4 races what the page ticks: the last choice the start logged (a re-timed curve logs a second one)
     assert bench.ticked(["timing x", f"{TICKED_LINE} greedy, prophet", "not ticked by default here: lookahead ...",
                          f"{TICKED_LINE} greedy, prophet, lookahead"]) == ["greedy", "prophet", "lookahead"]
@@ -409,3 +414,28 @@ def test_the_cpu_tables_race_gives_the_prophets_shape_to_the_prophet_only_and_pr
     assert table[2].endswith("| 1.30× (6 prompts) | – |")
     assert table[3].endswith("| 1.30× (6 prompts) | 1.21× (tree2) |")
     assert all(line.count("|") == table[0].count("|") for line in table)
+
+
+def test_the_quality_benchmark_measures_the_served_mode_on_the_fast_path(monkeypatch):
+    """``bench_quality --compiled``: a version's compiled greedy is its greedy on the fast path (as the race runs it),
+    with the compiled forward switched off again after; none where the version does not compile here."""
+    from decoding.runtime import compiled
+    from tiny_models import tiny_causal
+    bench = _bench_module("bench_quality")
+    assert bench.parse(["--compiled"]).compiled and not bench.parse([]).compiled
+    lm = tiny_causal("llama")
+    lm.chat = False
+    monkeypatch.setattr(compiled, "enable", lambda lm, publish=True: "refused here")
+    assert bench.compiled_greedy_tokens(lm, ["a b c"], 4) is None
+    runs = []
+    monkeypatch.setattr(compiled, "compiler_missing", lambda: None)
+    monkeypatch.setattr(compiled, "enable", lambda lm, publish=True: runs.append("on"))
+    monkeypatch.setattr(compiled, "disable", lambda lm: runs.append("off"))
+    monkeypatch.setattr(bench, "encode_prompt", lambda tok, text, chat: [3, 4, 5])
+
+    def run_one(strategy, params, ids, pair, **kw):
+        runs.append((strategy.name, params.fast, ids, kw["max_new_tokens"]))
+        return type("R", (), {"token_ids": [7, 8]})(), 0.0, []
+    monkeypatch.setattr(bench, "run_one", run_one)
+    assert bench.compiled_greedy_tokens(lm, ["x", "y"], 4) == [[7, 8], [7, 8]]
+    assert runs == ["on", ("greedy", True, [3, 4, 5], 4), ("greedy", True, [3, 4, 5], 4), "off"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import statistics
 import threading
 import time
@@ -38,6 +39,9 @@ from web.guards import history_from
 from web.validation import needs_assistant
 from web.documents import complete, device_text, history_outputs, run_document
 from web.loading import prepare_checked
+
+log = logging.getLogger(__name__)
+NOT_RECORDED = "[app] run not recorded:"     # the operator's log line for each run not recorded, and why (no prompt)
 from web.redact import redact_paths
 from web.requests import RunRequest, SweepRequest, default_request
 from web.run_thread import stream_comparison
@@ -191,6 +195,8 @@ def run_work(app: PlaygroundApp, req: RunRequest, example: bool = False) -> Call
                                 views=outcome.views)
                 app.recordings.put(rec, pinned=example)
                 outcome.share = rec.share
+            else:                       # /race's document has no message: the log says why (benchmarks read it)
+                log.warning("%s%s", NOT_RECORDED, note.split(f"; {QUIET_NOTE}")[0].replace(" Not recorded:", "", 1))
             outcome.message += note
         return outcome
     return work

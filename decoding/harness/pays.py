@@ -199,7 +199,8 @@ class ShapeChoice:
             said = "its timed steps say" if self.step is not None else "the curve says"
             return (f"prophet: drafts {self.shape.shown} here: {said} no narrower step pays better "
                     f"(predicted {self.predicted:.2f}× greedy on prompts the project did not write{timed}){steps}")
-        why = ("its steps, timed on this machine, make it the fastest shape" if self.step is not None else
+        why = ("its steps, timed on this machine, make it the narrowest shape within their noise of the fastest"
+               if self.step is not None else
                "a wide verify forward costs too much on this curve for the default 8-node tree")
         return (f"prophet: drafts {self.shape.shown} here: {why} (predicted {self.predicted:.2f}× greedy on "
                 f"prompts the project did not write{timed}, against {self.default_predicted:.2f}× for the 8-node "
