@@ -14,7 +14,8 @@ model that loads here, eager, and compiled where a C++ compiler exists and its l
   inner step (``attention_kernels.i8_gmacs``: VNNI's ``vpdpbusd``, or AVX2's four-instruction step), so its floor
   counts byte multiply-adds, not float32 ones;
 * greedy as the race runs it: tokens/s and its median decode step (``harness/steps``), and transformers'
-  ``generate`` on the same loaded model (greedy / ``generate``: above 1, ours is faster);
+  ``generate`` on the same loaded model (greedy / ``generate``, each run's seconds a token: above 1, ours is
+  faster);
 * the prophet's step in greedy steps (its wall time per target forward / greedy's), on the default example;
 * the default race: every default strategy on the default example, median speed-up over ``--repeats`` runs
   (each against greedy in the same run and the same mode), and whether each equals greedy;
@@ -41,7 +42,7 @@ import torch
 
 from decoding.harness.bench import load_prompt_set
 from decoding.harness.examples import DEFAULT_EXAMPLE
-from decoding.harness.pays import ProphetShape, choose_prophet_shape
+from decoding.harness.pays import ShapeChoice, choose_prophet_shape
 from decoding.harness.runner import encode_prompt, run_comparison
 from decoding.harness.steps import greedy_steps_ms
 from decoding.runtime import attention_kernels, compiled, routes
@@ -74,8 +75,15 @@ def _generate_ratio(lm, fast: bool, repeats: int, max_new: int) -> float:
     ratios = []
     for _ in range(repeats):
         ours, hf = run_comparison(ids, pair, plan, max_new_tokens=max_new, warmup=False, trace=False)
-        ratios.append(hf.wall_s / ours.wall_s)
+        ratios.append(_per_token(hf) / _per_token(ours))
     return statistics.median(ratios)
+
+
+def _per_token(run) -> float:
+    """A run's seconds a token. ``generate`` runs the model eagerly and ours in the race's mode: an int8 version's
+    compiled greedy writes another text than its eager one (34 tokens against 57 on the summary), so whole runs'
+    times are not comparable (that ratio read 2.96 on the summary, 1.81 on the bug fix)."""
+    return run.wall_s / max(1, len(run.token_ids))
 
 
 def _unseen(lm, fast: bool, per_category: int, max_new: int, prophet: Optional[dict] = None) -> dict:
@@ -88,11 +96,12 @@ def _unseen(lm, fast: bool, per_category: int, max_new: int, prophet: Optional[d
     return {"prompts": len(chosen), "median": statistics.median(speedups), "equal_greedy": same}
 
 
-def app_shape(lm, fast: bool, curve) -> ProphetShape:
+def app_shape(lm, fast: bool, curve) -> ShapeChoice:
     """The prophet's step shape the app's start would choose for this config: every shape's step timed as the start
-    times them (``web/startup.shape_steps``), and ``pays.choose_prophet_shape`` on them and the config's curve."""
+    times them (``web/startup.shape_steps``), and ``pays.choose_prophet_shape`` on them and the config's curve (the
+    row keeps its reason: every shape's timed step)."""
     steps = shape_steps(lm, ModelPair(lm, prophet=prophet_for(lm)), fast)
-    return choose_prophet_shape(curve, steps=steps).shape
+    return choose_prophet_shape(curve, steps=steps)
 
 
 def fma_rates() -> tuple:
@@ -136,8 +145,9 @@ def measure(config: routes.Config, args: argparse.Namespace) -> dict:
            "measured_at": time.strftime("%Y-%m-%d")}
     if args.unseen:
         row["prophet_unseen"] = _unseen(lm, fast, args.unseen, args.max_new_tokens)
-        shape = app_shape(lm, fast, curve)          # the app's own mode: the shape its start would choose here
-        row["prophet_shape"] = shape.name
+        choice = app_shape(lm, fast, curve)         # the app's own mode: the shape its start would choose here
+        shape = choice.shape
+        row["prophet_shape"], row["prophet_shape_reason"] = shape.name, choice.reason
         row["prophet_unseen_app"] = _unseen(lm, fast, args.unseen, args.max_new_tokens, prophet=dict(shape.params))
     if config.compiled:
         compiled.disable(lm)

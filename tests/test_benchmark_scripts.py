@@ -439,3 +439,16 @@ def test_the_quality_benchmark_measures_the_served_mode_on_the_fast_path(monkeyp
     monkeypatch.setattr(bench, "run_one", run_one)
     assert bench.compiled_greedy_tokens(lm, ["x", "y"], 4) == [[7, 8], [7, 8]]
     assert runs == ["on", ("greedy", True, [3, 4, 5], 4), ("greedy", True, [3, 4, 5], 4), "off"]
+
+
+def test_the_cpu_tables_greedy_over_generate_is_per_token(monkeypatch):
+    """``generate`` runs eagerly and ours in the race's mode, and an int8 version's compiled greedy can write a
+    shorter text: the ratio is of seconds a token, so a run that stops sooner is not read as a faster one."""
+    from types import SimpleNamespace
+    bench = _bench_module("bench_cpu_table")
+    runs = iter([(SimpleNamespace(wall_s=1.0, token_ids=[1] * 34), SimpleNamespace(wall_s=3.0, token_ids=[1] * 57))] * 4)
+    monkeypatch.setattr(bench, "run_comparison", lambda *a, **kw: next(runs))
+    monkeypatch.setattr(bench, "ModelPair", lambda lm: None)
+    monkeypatch.setattr(bench, "encode_prompt", lambda tok, text, chat: [1])
+    lm = SimpleNamespace(tokenizer=None)
+    assert bench._generate_ratio(lm, True, 3, 64) == pytest.approx((3.0 / 57) / (1.0 / 34))

@@ -107,6 +107,32 @@ def test_timed_steps_replace_the_curves_model_of_the_step():
     assert choose_prophet_shape(flat, steps=tie).shape.name == "tree2"
 
 
+def test_a_step_timed_on_the_default_example_is_moved_to_the_positions_unseen_prompts_verify():
+    """The shapes' steps are timed on the default example, whose copy branch makes every tree verify more positions
+    than on prompts the project did not write (the served int8 forward: the 8-node tree 14.7 there, about 11 on them).
+    On a curve that jumps between those widths the timed step overstates the wide shapes: the choice moves each
+    step's verify forward along the curve to the shape's unseen positions. Steps as one Zen 5 start timed them (the
+    shapes' positions counted on the served config): unmoved, the 4-node tree is within the noise of the 8-node one
+    and wins as the narrower; moved, the 8-node tree wins clearly. Ignoring the positions, or moving the step the
+    wrong way, would fail."""
+    cost = ForwardCost({1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0, 12: 10.5, 16: 14.0, 33: 20.0})
+    timed = dict(chain1=(1.56, 7.57), tree2=(1.77, 8.43), chain2=(1.74, 8.57), tree4=(1.89, 10.67), tree8=(1.99, 14.67))
+    plain = {name: StepRatio(ratio, 0.05, 3) for name, (ratio, _) in timed.items()}
+    assert choose_prophet_shape(cost, steps=plain).shape.name == "tree4"
+    counted = {name: StepRatio(ratio, 0.05, 3, positions=at) for name, (ratio, at) in timed.items()}
+    choice = choose_prophet_shape(cost, steps=counted)
+    tree8 = _shape("tree8")
+    moved = (1.99 * 10.0 + cost(tree8.unseen_positions) - cost(14.67)) / 10.0
+    assert choice.shape.name == "tree8" and choice.moved == pytest.approx(moved) and moved < 1.99
+    assert choice.predicted == pytest.approx(tree8.unseen_tokens / moved)
+    assert "1.99× greedy's here over 14.7 positions on the default example" in choice.reason
+    assert f"{moved:.2f}× over the 11.1 it verifies" in choice.reason
+    # a step is never moved below the verify forward at the unseen positions alone
+    tiny = {**counted, "tree8": StepRatio(0.5, 0.05, 3, positions=14.67)}
+    floor = choose_prophet_shape(cost, steps=tiny)
+    assert floor.shape.name == "tree8" and floor.moved == pytest.approx(cost(tree8.unseen_positions) / 10.0)
+
+
 def test_a_timed_step_decides_the_prophets_verdict_and_says_so():
     """The prophet's verdict on the default example divides its tokens there by its timed step: a step timed at
     more than those tokens is left out even on a flat curve, where the model would tick it."""
@@ -174,6 +200,7 @@ def test_step_ratios_divide_each_run_by_greedy_in_its_round(monkeypatch):
     # races: 300/200 = 1.5, 600/500 = 1.2, (330/24) / (150/20) = 1.833...; tokens a forward 2.4, 2.0, 2.5
     speedups = [1.5, 1.2, (330 / 24) / (150 / 20)]
     assert got["a"].speedup == pytest.approx(1.5) and got["a"].tokens == pytest.approx(2.4)
+    assert got["a"].positions is None                       # the runs did not count their positions
     own = statistics.stdev(speedups) / 3 ** 0.5 / 1.5
     assert own <= got["a"].speedup_spread <= own * 1.01     # alone, its own rounds are the pooled ones
 
@@ -292,3 +319,24 @@ def test_a_page_built_before_the_choice_shows_the_shape_on_load():
     sent = dict(zip((o._id for o in load.outputs), load.fn()))
     got = {f: sent[demo.inputs[param_input("prophet", f)]._id] for f in SHAPE_FIELDS}
     assert got == {"draft_tokens": 6, "tree": True, "tree_nodes": 2}
+
+
+def test_a_timed_run_counts_the_positions_its_decode_forwards_verified(monkeypatch):
+    """What moves a shape's step along the curve: the mean positions of its target forwards, the prefill left out
+    (a 90-token prompt's prefill would count as a 90-position verify), its draft calls too; the rounds' median."""
+    from decoding.events import ForwardPass
+    from decoding.harness import steps as steps_mod
+    events = [ForwardPass(0, "target", 90, 5.0, "prefill"), ForwardPass(1, "draft", 3, 0.5, "draft"),
+              ForwardPass(1, "target", 12, 8.0, "verify"), ForwardPass(2, "target", 8, 7.0, "verify")]
+    assert steps_mod._decode_positions(events) == pytest.approx(10.0)
+    assert steps_mod._decode_positions(events[:2]) == 0.0
+    T = steps_mod.Timed
+    widths = {"": iter([1.0] * 4), "a": iter([10.0, 14.0, 11.0, 99.0])}
+
+    def timed_run(name, params, ids, pair):
+        key = "" if name == "greedy" else "a"
+        return lambda tokens: T([10.0], 100.0, 10, 10, next(widths[key]) if tokens > 8 else 0.0)
+    monkeypatch.setattr(steps_mod, "_timed_run", timed_run)
+    monkeypatch.setattr(steps_mod, "_prompt_ids", lambda lm: [1])
+    got = steps_mod.step_ratios(None, {"a": ("prophet", SimpleNamespace(fast=True))}, None, tokens=24, repeats=3)
+    assert got["a"].positions == pytest.approx(11.0)        # the warm-up's 0 and the unused 99 are not counted

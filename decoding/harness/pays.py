@@ -63,7 +63,9 @@ is slow the head's drafting costs more (the AMD EPYC Zen 3's predictions ran 1.2
 against about 1.06× raced). So where the start times the curve it also times each shape's whole step against
 greedy's, in the served mode, on the default example (``harness/steps.step_ratios``: drafting, verify forward
 and loop together), and ``E / ratio`` replaces the model, for the shape (``choose_prophet_shape(steps=...)``) and
-for the prophet's verdict (``verdict(step=...)``), with the rounds' standard error as the noise.
+for the prophet's verdict (``verdict(step=...)``), with the rounds' standard error as the noise. For the shape the
+step is first moved along the curve from the positions its runs verified on the default example to those the shape
+verifies on unseen prompts (``unseen_step_ms``): the example copies more, so its trees verify more.
 
 **Raced verdicts.** The model's ``E`` for prompt lookup and lookahead is one count on one day, and its ``STEP``
 a fit: on an Intel Xeon whose curve put both at 0.97× ("too close to call"), the same app raced them at 1.07×
@@ -184,6 +186,7 @@ class ShapeChoice:
     predicted: float                    # its predicted speed-up over greedy on prompts the project did not write
     default_predicted: float            # the library's default shape's, on the same curve
     timed: tuple[tuple[str, StepRatio], ...] = ()   # every shape's step over greedy's, timed here (none: modelled)
+    moved: float = 0.0                  # the chosen shape's timed step moved to its unseen positions (unseen_step_ms)
 
     @property
     def step(self) -> Optional[StepRatio]:
@@ -192,7 +195,12 @@ class ShapeChoice:
 
     @property
     def reason(self) -> str:
-        timed = f", from its step timed at {self.step.ratio:.2f}× greedy's here" if self.step is not None else ""
+        timed = ""
+        if self.step is not None:
+            timed = f", from its step timed at {self.step.ratio:.2f}× greedy's here"
+            if self.step.positions:
+                timed += (f" over {self.step.positions:.1f} positions on the default example, "
+                          f"{self.moved:.2f}× over the {self.shape.unseen_positions:.1f} it verifies on those prompts")
         listed = ", ".join(f"{name} {step.ratio:.2f}×" for name, step in self.timed)
         steps = f"; steps timed here, over greedy's: {listed}" if self.timed else ""
         if self.shape is PROPHET_SHAPES[-1]:
@@ -223,7 +231,8 @@ def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SH
 
     ``steps`` (shape name -> its step over greedy's, timed in the race's mode on this machine:
     ``harness/steps.step_ratios``): where every shape has one, the timed step replaces the model's denominator,
-    ``E / ratio``, and the timings' spread is the noise. The model guesses the head's drafting from one CPU's
+    ``E / ratio``, and the timings' spread is the noise; the step is timed on the default example, so its verify
+    forward is moved along the curve to the positions the shape verifies on unseen prompts (``unseen_step_ms``). The model guesses the head's drafting from one CPU's
     profile; where memory is slow the head costs more (an AMD EPYC Zen 3's predictions ran 1.3-1.4× against
     about 1.06× raced)."""
     one = float(cost(1))
@@ -234,7 +243,7 @@ def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SH
         e, positions = shape.expectation, shape.unseen_positions
         if timed:
             step = steps[shape.name]
-            return shape.unseen_tokens, positions, step.ratio * one, step.spread
+            return shape.unseen_tokens, positions, unseen_step_ms(step, cost, positions, e.paths), step.spread
         forward = tree_ms(cost, positions, e.paths)
         ms = forward + e.drafting * one
         return (shape.unseen_tokens, positions, ms,
@@ -246,7 +255,25 @@ def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SH
         tokens, _, ms, _ = score(i)
         return tokens / (ms / one + step)
     return ShapeChoice(shapes[pick.value - 1], predicted(pick.value), predicted(len(shapes)),
-                       tuple((shape.name, steps[shape.name]) for shape in shapes) if timed else ())
+                       tuple((shape.name, steps[shape.name]) for shape in shapes) if timed else (),
+                       score(pick.value)[2] / one if timed else 0.0)
+
+
+def unseen_step_ms(step: StepRatio, cost: Cost, positions: float, paths: float) -> float:
+    """A shape's step timed on the default example (``step``, over greedy's), in ms, moved along the curve to the
+    ``positions`` it verifies on prompts the project did not write: its verify forward at the positions the timed
+    runs verified (``step.positions``) swapped for one at ``positions``. The default example copies more of its
+    prompt than most prompts, so its trees verify more (the served int8 forward: the 8-node tree 14.7 positions there,
+    10.9 on the unseen prompts' median) and a curve that jumps between those widths (7.6 ms at 12 positions, 10.2
+    at 16 on a Zen 5) overstated the wide shapes' steps: the start chose the 4-node tree, which then ran 1.15× greedy
+    on unseen prompts against the 8-node tree's 1.32×. Never below that forward itself; unmoved where the timed runs
+    did not count their positions."""
+    one = float(cost(1))
+    ms = step.ratio * one
+    if not step.positions:
+        return ms
+    at_unseen = tree_ms(cost, positions, paths)
+    return max(at_unseen, ms + at_unseen - tree_ms(cost, step.positions, paths))
 
 
 @dataclass(frozen=True)

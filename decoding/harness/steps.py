@@ -83,12 +83,20 @@ def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int =
 
 @dataclass(frozen=True)
 class Timed:
-    """One timed run: its decode steps (ms), its wall time (ms, the prefill included, as the race times a run), and
-    the tokens it made for its target forwards."""
+    """One timed run: its decode steps (ms), its wall time (ms, the prefill included, as the race times a run), the
+    tokens it made for its target forwards, and the positions its decode forwards verified (mean; 0: unknown)."""
     steps_ms: list[float]
     wall_ms: float
     tokens: int
     forwards: int
+    positions: float = 0.0
+
+
+def _decode_positions(events: Sequence[Any]) -> float:
+    """The mean positions of a run's target forwards after its prefill (0 where it made none)."""
+    widths = [e.positions for e in events if isinstance(e, ForwardPass) and e.model == "target"
+              and e.kind != "prefill"]
+    return sum(widths) / len(widths) if widths else 0.0
 
 
 def _timed_run(name: str, params: Any, ids: list[int], pair: Any) -> Callable[[int], Timed]:
@@ -99,7 +107,7 @@ def _timed_run(name: str, params: Any, ids: list[int], pair: Any) -> Callable[[i
         tracer = HookTracer()
         result, wall_s, _ = run_one(strategy, params, ids, pair, max_new_tokens=tokens, tracer=tracer)
         return Timed(decode_steps_ms(tracer.events, tracer.times), 1000.0 * wall_s, len(result.token_ids),
-                     int(result.target_forwards))
+                     int(result.target_forwards), _decode_positions(tracer.events))
     return run
 
 
@@ -128,7 +136,10 @@ class StepRatio:
     there. None where only a step was timed (injected).
 
     ``per_round``: each round's (step over greedy's, speed-up, tokens a forward), what :func:`pooled` joins with
-    other starts' rounds; ``starts``: how many starts' rounds the figures rest on (1: this one's)."""
+    other starts' rounds; ``starts``: how many starts' rounds the figures rest on (1: this one's); ``positions``:
+    the positions its decode forwards verified, the median of the rounds' means (None: not counted), which says
+    what the step's verify forward was (``pays.choose_prophet_shape`` moves a shape's step to the positions it
+    verifies on other prompts along the curve)."""
     ratio: float
     spread: float
     rounds: int
@@ -137,6 +148,7 @@ class StepRatio:
     tokens: Optional[float] = None
     per_round: tuple[tuple[float, float, float], ...] = ()
     starts: int = 1
+    positions: Optional[float] = None
 
 
 def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, tokens: int = TOKENS,
@@ -160,6 +172,7 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
         with hold():
             call(min(tokens, 8))
     per_round: dict[str, list[tuple[float, float, float]]] = {label: [] for label in runs}
+    widths: dict[str, list[float]] = {label: [] for label in runs}
     for _ in range(max(1, repeats)):
         done = {}
         for label, call in calls.items():
@@ -171,6 +184,8 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
             step = statistics.median(run.steps_ms or [math.nan]) / statistics.median(greedy.steps_ms or [math.nan])
             per_round[label].append((step, _ms_a_token(greedy) / _ms_a_token(run),
                                      run.tokens / max(1, run.forwards)))
+            if run.positions > 0:
+                widths[label].append(run.positions)
     kept = {label: [r for r in rounds if all(math.isfinite(x) and x > 0 for x in r)]
             for label, rounds in per_round.items()}
     pooled = _pooled_error([[r[1] for r in ok] for ok in kept.values()])
@@ -180,7 +195,8 @@ def step_ratios(lm: Any, runs: Mapping[str, tuple[str, Any]], pair: Any, *, toke
             ratio, spread = _median_error([r[0] for r in ok])
             speedup, speedup_spread = _median_error([r[1] for r in ok])
             out[label] = StepRatio(ratio, spread, len(ok), speedup, max(speedup_spread, pooled),
-                                   statistics.median(r[2] for r in ok), tuple(ok))
+                                   statistics.median(r[2] for r in ok), tuple(ok),
+                                   positions=statistics.median(widths[label]) if widths[label] else None)
     return out
 
 
@@ -207,7 +223,7 @@ def pooled(now: StepRatio, earlier: Sequence[Sequence[Sequence[float]]]) -> Step
     between = statistics.stdev(medians) / math.sqrt(len(medians)) / speedup
     scaled = now.speedup_spread * math.sqrt(len(now.per_round) / len(rounds))
     return StepRatio(ratio, spread, len(rounds), speedup, max(error, between, scaled),
-                     statistics.median(r[2] for r in rounds), tuple(rounds), len(groups))
+                     statistics.median(r[2] for r in rounds), tuple(rounds), len(groups), now.positions)
 
 
 def _pooled_error(groups: list[list[float]]) -> float:
