@@ -97,6 +97,12 @@ def test_the_history_keeps_a_machines_starts_per_parameters_and_no_more(tmp_path
     history.record({"prophet": _race(1.0, 1.01)}, {"prophet": '{"tree_nodes": 2}'}, ("greedy",))
     kept = json.loads(file.read_text())["entries"][0]["strategies"]["prophet"]
     assert len(kept["starts"]) == 1 and kept["ticked"] is False
+    # one the start did not race (its run failed) keeps what it had
+    history.record({"lookahead": _race(1.3, 1.31)}, {}, ("greedy", "lookahead"))
+    history.record({"prophet": _race(1.0, 1.02)}, {"prophet": '{"tree_nodes": 2}'}, ("greedy",))
+    kept = json.loads(file.read_text())["entries"][0]["strategies"]
+    assert len(kept["prophet"]["starts"]) == 2 and len(kept["lookahead"]["starts"]) == 1
+    assert kept["lookahead"]["ticked"] is True
 
 
 def test_the_key_names_the_cpus_kernels_and_the_served_config(monkeypatch):

@@ -91,11 +91,12 @@ class RaceHistory:
 
     def record(self, raced: Mapping[str, StepRatio], params: Mapping[str, str], ticked: Any) -> None:
         """Keep this start's rounds of each raced strategy (after the earlier starts' at the same parameters, the
-        newest ``KEEP_STARTS`` in all) and whether the start ticked it. A file that cannot be written is left."""
+        newest ``KEEP_STARTS`` in all) and whether the start ticked it; a strategy this start did not race (its run
+        failed) keeps its history. A file that cannot be written is left."""
         entries = read_entries(self.path, VERSION)
         old = next((e for e in entries if e.get("key") == self.key), {}).get("strategies")
         old = old if isinstance(old, dict) else {}
-        strategies = {}
+        strategies = {name: kept for name, kept in old.items() if name not in raced and _starts(kept)}
         for name, step in raced.items():
             if not step.per_round:
                 continue
