@@ -54,8 +54,10 @@ SHAPE_LINE = "prophet step here:"         # logged with the prophet's parameters
 RETRY_S = 30.0        # a curve timed busy: how often the start looks for a quiet moment to time it again
 ROUNDS = 2            # interleaved rounds of timing every config once the compiled ones are ready (min kept)
 # each prophet shape's timed runs (``timed_steps``; each run holds the line, visitors' runs go between them): 16-token
-# runs ranked the 8-node tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower
-SHAPE_TOKENS, SHAPE_ROUNDS = 24, 3
+# runs ranked the 8-node tree within 4 % of the 2-node one under the AVX2 caps, where 48-token races ran it 14 % slower;
+# 6 rounds: with 3 the narrower shape within the rounds' noise of the best won at one CPU-table run of two (tree4 1.25×
+# greedy on unseen prompts, tree8 1.34×); 6 cost a few seconds more on a Zen 5 and halve the rounds' variance
+SHAPE_TOKENS, SHAPE_ROUNDS = 24, 6
 # the default race the verdicts rest on: the page's default length (a lookahead pool and a prompt lookup's matches
 # grow with the output: 24-token runs would judge a shorter race than the page runs)
 RACE_TOKENS, RACE_ROUNDS = DEFAULT_MAX_NEW, 3
