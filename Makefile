@@ -113,7 +113,7 @@ bench-default-comparison: setup
 	    --json benchmarks/results/default-comparison-cpu.json
 
 # The default comparison (and suffix decoding) on a chat question, code edits and summaries: why the default example
-# is a bug fix (decoding/harness/examples.py)
+# is a two-sentence summary (decoding/harness/examples.py)
 bench-default-example: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_default_example.py --repeats 3 --json benchmarks/results/default-example.json
 

@@ -187,8 +187,8 @@ def _wire(demo: gr.Blocks, ui: Views, form: Any, run_order: tuple, state: Playgr
 
 def _warm_start(state: PlaygroundApp, preload: bool, record: bool) -> None:
     """In the background at start: load the default model (and its head), so the first Run does not wait
-    for it; then record the default comparison of every example prompt (the default example first) while no visitor's run
-    is waiting."""
+    for it; then record the default comparison of every example prompt (the default example first) while no
+    visitor's run is waiting."""
     if preload:
         preload_default(state.settings)
     if record:

@@ -16,7 +16,8 @@ did not write (MT-Bench questions and HumanEval problems; the model's own ``self
 ``--compiled``: each version that compiles here again on its compiled forward (the app's served mode: greedy on the
 fast path, ``runtime/compiled.py``), its greedy agreement with float32's. A version that rounds its activations (int8)
 can part from its own eager greedy where a norm's sums come out in another order, so the served mode's agreement is
-measured, not assumed. A speed-up between versions is the CPU table's matter (``bench_cpu_table.py``); this is the other side of the trade.
+measured, not assumed. A speed-up between versions is the CPU table's matter (``bench_cpu_table.py``); this is the
+other side of the trade.
 The CPU is named in the output (the reduced versions' bits do not depend on it, except oneDNN's bfloat16 route).
 """
 

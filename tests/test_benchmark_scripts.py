@@ -446,7 +446,8 @@ def test_the_cpu_tables_greedy_over_generate_is_per_token(monkeypatch):
     shorter text: the ratio is of seconds a token, so a run that stops sooner is not read as a faster one."""
     from types import SimpleNamespace
     bench = _bench_module("bench_cpu_table")
-    runs = iter([(SimpleNamespace(wall_s=1.0, token_ids=[1] * 34), SimpleNamespace(wall_s=3.0, token_ids=[1] * 57))] * 4)
+    ours, eager = SimpleNamespace(wall_s=1.0, token_ids=[1] * 34), SimpleNamespace(wall_s=3.0, token_ids=[1] * 57)
+    runs = iter([(ours, eager)] * 4)
     monkeypatch.setattr(bench, "run_comparison", lambda *a, **kw: next(runs))
     monkeypatch.setattr(bench, "ModelPair", lambda lm: None)
     monkeypatch.setattr(bench, "encode_prompt", lambda tok, text, chat: [1])

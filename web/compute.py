@@ -39,9 +39,6 @@ from web.guards import history_from
 from web.validation import needs_assistant
 from web.documents import complete, device_text, history_outputs, run_document
 from web.loading import prepare_checked
-
-log = logging.getLogger(__name__)
-NOT_RECORDED = "[app] run not recorded:"     # the operator's log line for each run not recorded, and why (no prompt)
 from web.redact import redact_paths
 from web.requests import RunRequest, SweepRequest, default_request
 from web.run_thread import stream_comparison
@@ -57,6 +54,8 @@ except ImportError:
 
 POLL_S = 0.2          # the live race redraws at least this often while tokens come
 PROBE_TOKENS = 16     # decode steps of the run that measures a quiet baseline (decode_probe)
+NOT_RECORDED = "[app] run not recorded:"     # the operator's log line for each run not recorded, and why (no prompt)
+log = logging.getLogger(__name__)
 
 
 def budget_seconds(app: PlaygroundApp, units: float) -> int:

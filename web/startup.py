@@ -326,8 +326,8 @@ class Startup:
         steps, steps_busy = self._watched(lambda: timed_steps(settings, cost, hold=self.app.line.exclusive),
                                           exclusive=False)
         busy = max((b for b in (curve_busy, steps_busy) if b is not None), default=None)
-        history = None if busy is not None else history_for(self.file, Config(settings.default_target(), fast).key,
-                                                                 RACE_TOKENS)
+        served = Config(settings.default_target(), fast).key
+        history = None if busy is not None else history_for(self.file, served, RACE_TOKENS)
         chosen = chosen_strategies(settings, curve=cost, steps=steps, history=history)
         self._set(strategies=chosen.strategies, strategies_note=chosen.strategies_note,
                   ticked_note=chosen.ticked_note, prophet_shape=chosen.prophet_shape, prophet_note=chosen.prophet_note)

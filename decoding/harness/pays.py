@@ -232,9 +232,9 @@ def choose_prophet_shape(cost: Cost, shapes: Sequence[ProphetShape] = PROPHET_SH
     ``steps`` (shape name -> its step over greedy's, timed in the race's mode on this machine:
     ``harness/steps.step_ratios``): where every shape has one, the timed step replaces the model's denominator,
     ``E / ratio``, and the timings' spread is the noise; the step is timed on the default example, so its verify
-    forward is moved along the curve to the positions the shape verifies on unseen prompts (``unseen_step_ms``). The model guesses the head's drafting from one CPU's
-    profile; where memory is slow the head costs more (an AMD EPYC Zen 3's predictions ran 1.3-1.4× against
-    about 1.06× raced)."""
+    forward is moved along the curve to the positions the shape verifies on unseen prompts (``unseen_step_ms``).
+    The model guesses the head's drafting from one CPU's profile; where memory is slow the head costs more (an AMD
+    EPYC Zen 3's predictions ran 1.3-1.4× against about 1.06× raced)."""
     one = float(cost(1))
     timed = steps is not None and all(shape.name in steps for shape in shapes)
 
@@ -335,8 +335,7 @@ class Verdict:
         if self.raced:
             over = f" over {self.starts} starts" if self.starts > 1 else ""
             return (f"{self.strategy}{at}: raced against greedy on the default example here ({self.raced} rounds"
-                    f"{over}): "
-                    f"{self.tokens:.2f} tokens a forward for a step {self.cost_ratio:.2f}× greedy's: {verb} "
+                    f"{over}): {self.tokens:.2f} tokens a forward for a step {self.cost_ratio:.2f}× greedy's: {verb} "
                     f"({self.speedup:.2f}× greedy, {self.certainty})")
         if self.timed:
             return (f"{self.strategy}: its step (drafting, a {self.positions:.0f}-position forward and its loop) "
