@@ -22,6 +22,7 @@
 #           On an H200 (2026-11-30): SELF_SEEDS=48 TEMPLATES=12000 SHARD=256 PACK=32 GEN_MINUTES=1.75 gave 5,120
 #           answers in 194 s with the prompts; BATCH=64 under bfloat16 ran 2.1 steps/s. Give the step a call of
 #           its own (data and TRAIN_MINUTES=2.5 take about 420 s), or resume: TRAIN_ARGS=--resume GEN_MINUTES=0.
+#           CONSISTENCY=kl trains the global loss as a KL to the fixed point's distribution (the default here: ce).
 #           A `timeout -k 90 N` around it is safe: SIGTERM ends the training as its time budget would (the step,
 #           the last evaluation, checkpoint, export and summary; playground/training/stopping.py), and so for
 #           `train` and `mix`.
@@ -224,7 +225,7 @@ cllm() {
       | tee -a "$OUTDIR/cllm-log.txt"
   # 2. LoRA training (the recipe of docs/consistency-training.md's last leg, with GPU-sized batches)
   "$PY" -m playground.train_consistency --device $DEVICE --threads ${THREADS:-8} --skip-data --data-dir $data \
-      --out-dir $out --consistency ce --trim --state-rows 2 --w-ar 3 --lr ${LR:-1e-3} --batch ${BATCH:-32} \
+      --out-dir $out --consistency ${CONSISTENCY:-ce} --trim --state-rows 2 --w-ar 3 --lr ${LR:-1e-3} --batch ${BATCH:-32} \
       --states-per-block 6 --steps ${STEPS:-100000} --train-minutes ${TRAIN_MINUTES:-4} \
       --eval-every ${EVAL_EVERY:-200} --decode-every ${DECODE_EVERY:-4} --eval-records ${HELD:-32} --eval-prompts ${EVAL_PROMPTS:-12} \
       --eval-tokens 64 --export "$OUTDIR/smollm2-135m-instruct-cllm.safetensors" ${TRAIN_ARGS:-} \
