@@ -105,6 +105,50 @@ def test_background_work_waits_for_visitors_and_gives_its_slot_up():
     assert later.done.wait(5) and log == ["bg", "v", "bg2"]
 
 
+def _holder(line: Line, log: list, sections: int, first_held: threading.Event) -> threading.Thread:
+    """A thread that holds the line ``sections`` times back to back (as the start times its versions)."""
+    def hold() -> None:
+        for i in range(sections):
+            with line.exclusive():
+                log.append(f"held {i}")
+                first_held.set()
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_visitor_waiting_through_one_exclusive_hold_runs_before_the_next():
+    """The start holds the line once per timing, one after the other: a visitor who came during one runs before
+    the next (it used to wait through all of them: 192 s for a first run on a busy machine)."""
+    line, log, first_held = Line(slots=1, capacity=4), [], threading.Event()
+    holder = _holder(line, log, 4, first_held)
+    assert first_held.wait(5)
+    visitor = Computation("v", lambda comp: log.append("visitor"))
+    line.submit(visitor)
+    assert visitor.done.wait(10) and visitor.state == "finished"
+    holder.join(10)
+    assert log == ["held 0", "visitor", "held 1", "held 2", "held 3"]
+
+
+def test_a_visitor_coming_after_an_exclusive_call_waits_for_it_and_background_work_for_every_one():
+    line, gate, log = Line(slots=1, capacity=4), threading.Event(), []
+    running = Computation("a", gate_work(gate, log, "a"))
+    line.submit(running)
+    wait_for(lambda: running.state == "running")
+    holder = _holder(line, log, 1, threading.Event())
+    wait_for(lambda: line._tickets)                                  # the hold waits for the running computation
+    later = Computation("b", lambda comp: log.append("b"))
+    background = Computation("bg", lambda comp: log.append("bg"), background=True)
+    line.submit(background)
+    line.submit(later)
+    gate.set()
+    assert later.done.wait(10) and background.done.wait(10)
+    holder.join(10)
+    assert log == ["a", "held 0", "b", "bg"]
+
+
 def test_a_visitor_joining_background_work_keeps_it_from_being_stopped():
     comp = Computation("k", lambda c: None, background=True)
     comp.subscribe()                     # the recorder
