@@ -309,6 +309,39 @@ def test_without_a_compiler_only_eager_configs_are_timed(world, monkeypatch):
     assert "C++ compiler" in app.settings.compiled_note
 
 
+def test_a_versions_timing_holds_the_line_for_each_run_and_forward_and_never_computes_outside():
+    """``steps.race_measure`` (the start's timing of a version): the load and every forward of the timing run inside
+    the hold, one hold per timed run or forward, so a visitor's run waiting for the line goes between them (the
+    whole config under one hold kept the first run of a busy start waiting through every timing)."""
+    import contextlib
+    from types import SimpleNamespace
+    from decoding.harness.steps import race_measure
+    from tiny_models import tiny_causal
+    lm, state = tiny_causal(), {"inside": False, "holds": 0, "outside": 0, "loads": []}
+
+    @contextlib.contextmanager
+    def hold():
+        assert not state["inside"]                      # never nested: each hold is one run or one forward
+        state["inside"], state["holds"] = True, state["holds"] + 1
+        try:
+            yield
+        finally:
+            state["inside"] = False
+
+    def counted(module, args, kwargs):
+        state["outside"] += not state["inside"]
+    handle = lm.model.register_forward_pre_hook(counted, with_kwargs=True)
+    try:
+        costs = race_measure(lambda preset: state["loads"].append(state["inside"]) or lm, 4, hold)(
+            SimpleNamespace(preset="tiny", compiled=False))
+    finally:
+        handle.remove()
+    assert set(costs) == {1, 4} and all(ms > 0 for ms in costs.values())
+    assert state["loads"] == [True] and state["outside"] == 0
+    # the load, greedy's warm-up and 3 runs, the curve's prefill, its warm-up and at least 3 passes over its widths
+    assert state["holds"] >= 1 + 4 + 2 + 3 * 3
+
+
 def test_publishing_waits_for_the_running_race_and_holds_the_next():
     """``Line.exclusive``: the start publishes the compiled forward only between races."""
     line = Line(slots=1)

@@ -4,8 +4,9 @@ strategies the page ticks by default. No Gradio here.
 The page is served first. :class:`Startup` then works in a background thread of the app (``app.main``):
 
 1. the eager configs of the default target (``runtime/routes.py``: each version, eager) are timed as the race runs
-   them (``harness/steps.race_costs``) and the cheapest serves at once; an earlier start's decision on this
-   machine (cached per CPU, threads, torch and candidates) skips the timing;
+   them (``harness/steps.race_measure``: each timed run and forward alone on the line, a visitor's run let through
+   between them) and the cheapest serves at once; an earlier start's decision on this machine (cached per CPU,
+   threads, torch and candidates) skips the timing;
 2. where a C++ compiler exists, each version that compiles gets its forward compiled, *unpublished*: only this
    thread's forwards use it (``compiled.building``), to time it; visitors' runs stay eager meanwhile, and the page
    and each run's message say so;
@@ -32,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from decoding.harness.pays import PROPHET_SHAPES, choose_prophet_shape, default_comparison
-from decoding.harness.steps import StepRatio, race_costs, step_ratios
+from decoding.harness.steps import StepRatio, race_measure, step_ratios
 from decoding.runtime import attention_kernels, compiled, kernels, omp_pool, routes
 from decoding.runtime.head import prophet_for
 from decoding.runtime.models import cache_root, forget_models, load_presets, pick_device
@@ -173,15 +174,6 @@ def compile_one_thread(lm: Any, log: Optional[Log] = None) -> Optional[float]:
     return took
 
 
-def timed_in_race(load: Callable[[str], Any]) -> routes.Measure:
-    """The app's ``Measure``: a config's race step, its compiled configs timed inside ``compiled.building``."""
-    def measure(config: Config) -> dict:
-        lm = load(config.preset)
-        with compiled.building(lm):
-            return race_costs(lm, config.compiled, width=WIDTH)
-    return measure
-
-
 class Startup:
     """One app's background start (see the module docstring). ``measure`` and ``compile`` are injectable (tests);
     ``pinned``: the operator named the target (``--target``), so only its modes are compared."""
@@ -194,7 +186,8 @@ class Startup:
         self.cpu, self.retry_s = cpu, retry_s      # /proc (injected: tests), how often a busy curve is tried again
         self.stopped = threading.Event()           # set: the curve is no longer tried again (the app closes, tests)
         self.curve_busy: Optional[float] = None    # others' share of the cores while the served curve was timed
-        self._measure = measure or timed_in_race(app.settings.load)
+        # the app's own measure holds the line per timed run and forward (a visitor's run goes between), not per config
+        self._holds, self._measure = measure is None, measure or race_measure(app.settings.load, WIDTH, app.line.exclusive)
         self.busy: list[str] = []          # configs timed while other processes held the cores (not cached)
         self.compile_fn = compile_fn or compile_unpublished
         self.file, self.log = file, log or (lambda msg: None)
@@ -209,17 +202,16 @@ class Startup:
                   compiled_note="" if compile else "compiled CPU forward: off, turned off at start (--no-compile)")
 
     def measure(self, config: Config) -> dict:
-        """One config's race step, timed while no visitor's run computes (``Line.exclusive``: a run would slow it,
-        and it the run), and while /proc watches the other processes (``web/quiet.py``)."""
-        costs, share = self._watched(lambda: self._measure(config))
+        """One config's race step, each timing while no visitor's run computes (``Line.exclusive``: a run would slow
+        it, and it the run), and while /proc watches the other processes (``web/quiet.py``)."""
+        costs, share = self._watched(lambda: self._measure(config), exclusive=not self._holds)
         if share is not None:
             self.busy.append(f"{config.label} (others used {share:.0%} of the cores)")
         return costs
 
     def _watched(self, work: Callable[[], Any], exclusive: bool = True) -> tuple[Any, Optional[float]]:
         """``work()`` while no run computes (``Line.exclusive``; ``exclusive=False``: ``work`` holds the line itself
-        where it must) and /proc watches the other processes: its result, and the others' share of the cores when
-        it was over the quiet limit (the timing is then not trusted), else None."""
+        where it must) and /proc watches the others: its result, and their share of the cores over the quiet limit."""
         limits = self.app.limits.quiet
         with self.app.line.exclusive() if exclusive else contextlib.nullcontext():
             before = self.cpu()

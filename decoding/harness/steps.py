@@ -29,7 +29,8 @@ from decoding.events import ForwardPass
 from decoding.harness.examples import default_example
 from decoding.harness.runner import HookTracer, encode_prompt, run_one
 from decoding.params import GreedyParams
-from decoding.runtime.forward_cost import SPREAD_FLOOR, filler_ids, forward_cost
+from decoding.runtime import compiled
+from decoding.runtime.forward_cost import SPREAD_FLOOR, calibrate, filler_ids, forward_cost
 from decoding.runtime.pair import ModelPair
 from decoding.strategies import get_strategy
 
@@ -71,14 +72,20 @@ def context_bucket(prompt_tokens: int) -> int:
 
 
 def greedy_steps_ms(lm: Any, fast: bool, *, tokens: int = TOKENS, repeats: int = REPEATS,
-                    context: Optional[int] = None) -> list[float]:
+                    context: Optional[int] = None, hold: Callable[[], ContextManager] = contextlib.nullcontext
+                    ) -> list[float]:
     """Every decode step of ``repeats`` timed greedy runs of ``tokens`` tokens, as the race runs greedy (after an
     untimed warm-up run: caches allocated, graphs compiled or read from disk). ``context``: a prompt of that many
-    tokens instead of the default example (filler ids: only its length matters to a step's cost)."""
+    tokens instead of the default example (filler ids: only its length matters to a step's cost). ``hold``: entered
+    around each run (the warm-up's included)."""
     ids = _prompt_ids(lm) if context is None else filler_ids(lm.vocab_size, context)
     timed = _timed_run("greedy", GreedyParams(fast=fast), ids, ModelPair(lm))
-    timed(min(tokens, 8))                       # the warm-up: caches allocated, graphs compiled; not kept
-    return [step for _ in range(max(1, repeats)) for step in timed(tokens).steps_ms]
+
+    def run(n: int) -> Timed:
+        with hold():
+            return timed(n)
+    run(min(tokens, 8))                         # the warm-up: caches allocated, graphs compiled; not kept
+    return [step for _ in range(max(1, repeats)) for step in run(tokens).steps_ms]
 
 
 @dataclass(frozen=True)
@@ -242,8 +249,25 @@ def _pooled_error(groups: list[list[float]]) -> float:
     return math.sqrt(squares / free) / math.sqrt(statistics.median(rounds)) if free else 0.0
 
 
-def race_costs(lm: Any, fast: bool, *, width: int, tokens: int = TOKENS, repeats: int = REPEATS) -> dict:
-    """``{1: greedy's median decode step, width: a width-position verify forward}`` in ms, in the race's mode."""
-    steps = greedy_steps_ms(lm, fast, tokens=tokens, repeats=repeats)
-    return {1: statistics.median(steps), width: forward_cost(lm, width, fast=fast)(width)}
+def race_costs(lm: Any, fast: bool, *, width: int, tokens: int = TOKENS, repeats: int = REPEATS,
+               hold: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:
+    """``{1: greedy's median decode step, width: a width-position verify forward}`` in ms, in the race's mode.
+    ``hold``: entered around each timed run and forward, not around the whole (``forward_cost.calibrate``)."""
+    steps = greedy_steps_ms(lm, fast, tokens=tokens, repeats=repeats, hold=hold)
+    curve = forward_cost(lm, width, fast=fast,
+                         measure=lambda model, top, fast: calibrate(model, top, fast=fast, hold=hold))
+    return {1: statistics.median(steps), width: curve(width)}
+
+
+def race_measure(load: Callable[[str], Any], width: int, hold: Callable[[], ContextManager] = contextlib.nullcontext
+                 ) -> Callable[[Any], dict]:
+    """A ``runtime/routes.Measure``: a config's :func:`race_costs` at ``width``, its compiled configs timed inside
+    ``compiled.building``; the load (its kernels' timing) and each timed run and forward inside ``hold`` (the app's
+    line: a visitor's run goes between them, never beside them)."""
+    def measure(config: Any) -> dict:
+        with hold():
+            lm = load(config.preset)
+        with compiled.building(lm):
+            return race_costs(lm, config.compiled, width=width, hold=hold)
+    return measure
 

@@ -35,10 +35,11 @@ Tests inject their own.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 
@@ -221,10 +222,13 @@ def time_until_settled(keys: list, run: Callable[[Any], float], lo: int, hi: int
 
 def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CONTEXT,
               repeats: Optional[int] = None, max_repeats: Optional[int] = None, agree: float = AGREE,
-              hidden: bool = True, timer: Optional[Timer] = None) -> ForwardCost:
+              hidden: bool = True, timer: Optional[Timer] = None,
+              hold: Callable[[], ContextManager] = contextlib.nullcontext) -> ForwardCost:
     """Time ``lm``'s verify forward for the widths up to ``max_width`` (see the module docstring). ``repeats``
     alone: exactly that many passes (tests); else REPEATS passes, and more (up to ``max_repeats``, default
-    MAX_REPEATS) for the widths whose fastest two times disagree by more than ``agree``."""
+    MAX_REPEATS) for the widths whose fastest two times disagree by more than ``agree``. ``hold``: entered around
+    the prefill and warm-up and around each timed forward (the app's line: no run computes beside them, and a run
+    waiting goes between them)."""
     if lm.is_encoder_decoder:
         raise ValueError("the measured tree budget times decoder-only verify forwards")
     t_start = time.perf_counter()
@@ -235,29 +239,36 @@ def calibrate(lm: Any, max_width: int, *, fast: bool = False, context: int = CON
     if limit:
         context = max(1, min(context, int(limit) - widths[-1] - 1))
     vocab = lm.vocab_size
-    session = Session(lm, "calibration", fast=fast, max_len=context + widths[-1] + 1)
-    session.prefill(filler_ids(vocab, context))
-    base = session.length
-    branching = supports_trees(lm)
-    trees = {t: _probe_tree(t - 1, branching) for t in widths}
     timer = timer or _timer(lm.device)
     root = [(31 * context + 7) % vocab]
+    with hold():
+        branching = supports_trees(lm)                 # probed with a forward, once per model
+        session = Session(lm, "calibration", fast=fast, max_len=context + widths[-1] + 1)
+        session.prefill(filler_ids(vocab, context))
+    base = session.length
+    trees = {t: _probe_tree(t - 1, branching) for t in widths}
 
     def verify(tree: TokenTree) -> None:
         tree_forward(session, root, tree, hidden=hidden)
         session.crop(base)
 
-    for t in widths:                                   # warm-up (and, with fast, the graph captures)
-        verify(trees[t])
-    times = time_until_settled(widths, lambda t: timer(lambda: verify(trees[t])), lo, hi, agree)
+    def timed(tree: TokenTree) -> float:
+        with hold():
+            return timer(lambda: verify(tree))
+
+    with hold():
+        for t in widths:                               # warm-up (and, with fast, the graph captures)
+            verify(trees[t])
+    times = time_until_settled(widths, lambda t: timed(trees[t]), lo, hi, agree)
     best = {t: min(ms) for t, ms in times.items()}
     spread = {t: s for t, s in ((t, _spread(ms)) for t, ms in times.items()) if s is not None}
     floor = 1e-6                                       # a clock too coarse for a tiny model still gives > 0
     per_path = 0.0
     if branching and STAR in best:                     # the same width in STAR - 1 paths instead of two
         star = TokenTree(tuple(range(STAR - 1)), (-1,) * (STAR - 1))
-        verify(star)
-        star_ms = min(time_until_settled(["star"], lambda _: timer(lambda: verify(star)), lo, hi, agree)["star"])
+        with hold():
+            verify(star)
+        star_ms = min(time_until_settled(["star"], lambda _: timed(star), lo, hi, agree)["star"])
         per_path = max(0.0, (star_ms - best[STAR]) / (STAR - 1 - PROBE_PATHS))
     return ForwardCost({t: max(ms, floor) for t, ms in best.items()}, source="measured",
                        seconds=time.perf_counter() - t_start, context=context, per_path_ms=per_path,
