@@ -172,6 +172,15 @@ time.sleep(60)
 """
 
 
+def _signal_state(pid: int) -> str:
+    """The signal masks of ``pid`` (``/proc/PID/status``: pending, blocked, caught), for a failure's message."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "; ".join(line.strip() for line in f if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigCgt")))
+    except OSError as exc:
+        return f"unreadable ({exc})"
+
+
 @pytest.mark.parametrize("mode", ["default", "chained"])
 def test_sigterm_removes_the_export_and_trace_folders_and_goes_on_to_the_earlier_handler(mode):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,7 +190,13 @@ def test_sigterm_removes_the_export_and_trace_folders_and_goes_on_to_the_earlier
         folders = json.loads(proc.stdout.readline())
         assert all(os.path.isdir(f) and os.listdir(f) for f in folders)
         proc.send_signal(signal.SIGTERM)
-        rest = proc.communicate(timeout=60)[0]
+        try:
+            rest = proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            # seen once (the whole suite under the AVX2 caps, AMD EPYC Zen 5): the handler never ran within 60 s.
+            # Say what the kernel held for the child (a SIGTERM pending but blocked, one inherited from the worker?)
+            pytest.fail(f"no exit within 60 s of SIGTERM; the child's signals: {_signal_state(proc.pid)}; this "
+                        f"worker's: {_signal_state(os.getpid())}")
     finally:
         proc.kill()
     assert not any(os.path.exists(f) for f in folders)
