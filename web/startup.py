@@ -187,7 +187,8 @@ class Startup:
         self.stopped = threading.Event()           # set: the curve is no longer tried again (the app closes, tests)
         self.curve_busy: Optional[float] = None    # others' share of the cores while the served curve was timed
         # the app's own measure holds the line per timed run and forward (a visitor's run goes between), not per config
-        self._holds, self._measure = measure is None, measure or race_measure(app.settings.load, WIDTH, app.line.exclusive)
+        self._holds = measure is None
+        self._measure = measure or race_measure(app.settings.load, WIDTH, app.line.exclusive)
         self.busy: list[str] = []          # configs timed while other processes held the cores (not cached)
         self.compile_fn = compile_fn or compile_unpublished
         self.file, self.log = file, log or (lambda msg: None)
@@ -211,7 +212,8 @@ class Startup:
 
     def _watched(self, work: Callable[[], Any], exclusive: bool = True) -> tuple[Any, Optional[float]]:
         """``work()`` while no run computes (``Line.exclusive``; ``exclusive=False``: ``work`` holds the line itself
-        where it must) and /proc watches the others: its result, and their share of the cores over the quiet limit."""
+        where it must) and /proc watches the other processes: its result, and the others' share of the cores when
+        it was over the quiet limit (the timing is then not trusted), else None."""
         limits = self.app.limits.quiet
         with self.app.line.exclusive() if exclusive else contextlib.nullcontext():
             before = self.cpu()

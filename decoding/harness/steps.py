@@ -20,6 +20,7 @@ one-position forward timed 50 ms against 82 ms for float32, yet through the app'
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -254,8 +255,7 @@ def race_costs(lm: Any, fast: bool, *, width: int, tokens: int = TOKENS, repeats
     """``{1: greedy's median decode step, width: a width-position verify forward}`` in ms, in the race's mode.
     ``hold``: entered around each timed run and forward, not around the whole (``forward_cost.calibrate``)."""
     steps = greedy_steps_ms(lm, fast, tokens=tokens, repeats=repeats, hold=hold)
-    curve = forward_cost(lm, width, fast=fast,
-                         measure=lambda model, top, fast: calibrate(model, top, fast=fast, hold=hold))
+    curve = forward_cost(lm, width, fast=fast, measure=functools.partial(calibrate, hold=hold))
     return {1: statistics.median(steps), width: curve(width)}
 
 
