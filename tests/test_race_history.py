@@ -4,7 +4,8 @@ What would break it: a verdict that rests on this start's rounds alone (the earl
 pooled error that ignores how far the starts' medians lie apart (three lucky rounds at one start made sure), the last
 start's tick ignored where the pooled race is too close to call (a strategy flips in and out of the page between
 starts), or the reverse (a clear verdict overridden by the last start's), rounds pooled across machines, kernels'
-instruction sets or the prophet's shapes, the history growing without bound, and a busy start's rounds kept.
+instruction sets or the prophet's shapes, the history growing without bound, and a busy start's rounds kept; and
+the prophet's shape chosen on one start's timing of the shapes' steps (not pooled, or not kept for the next start).
 """
 
 from __future__ import annotations
@@ -154,3 +155,34 @@ def test_a_damaged_history_loses_its_starts_never_the_choice(tmp_path, text):
     RaceHistory(file, key).record({"prophet": _race(1.2, 1.3)}, {}, ("greedy", "prophet"))
     kept = json.loads(file.read_text())["entries"][-1]["strategies"]["prophet"]["starts"]
     assert len(kept) == (2 if text == "STARTS" else 1)
+
+
+def _shape_steps(tree8: float) -> dict[str, StepRatio]:
+    """One start's timed steps of every prophet shape (3 rounds each, as ``startup.shape_steps`` times them): the
+    4-node tree the most tokens per step unless the 8-node tree's step is timed low (``tree8``)."""
+    ratios = dict(chain1=1.5, tree2=1.75, chain2=1.75, tree4=1.8, tree8=tree8)
+    return {name: StepRatio(r, 0.02, 3, 1.3, 0.02, 2.0, ((r, 1.3, 2.0),) * 3) for name, r in ratios.items()}
+
+
+def test_the_prophets_shape_rests_on_the_last_starts_timings_not_on_one_starts_luck(tmp_path):
+    """Three starts time the 8-node tree's step at 2.4 greedy steps and choose the 4-node tree; a fourth times it at
+    1.7 (a lucky sample of a memory rate that moves between starts), which alone would choose the 8-node tree.
+    Pooled with the three before it, the fourth keeps the 4-node tree and its line says over how many starts. The
+    shapes' timings are kept beside the default race's rounds, neither overwriting the other."""
+    file = tmp_path / "routes.json"
+    race = {"prophet": _race(1.3, 1.31, 1.32)}
+
+    def start(tree8: float) -> Settings:
+        return chosen_strategies(Settings(), curve=FLAT, steps={**_shape_steps(tree8), **race},
+                                 history=history_for(file, "m|compiled", 64))
+    for _ in range(3):
+        assert dict(start(2.4).prophet_shape) == {"tree_nodes": 4}
+    alone = chosen_strategies(Settings(), curve=FLAT, steps={**_shape_steps(1.7), **race})
+    assert dict(alone.prophet_shape) == {}                                              # the 8-node tree (default)
+    fourth = start(1.7)
+    assert dict(fourth.prophet_shape) == {"tree_nodes": 4}
+    assert "(4 starts pooled)" in fourth.prophet_note
+    kept = json.loads((tmp_path / "races.json").read_text())["entries"][0]["strategies"]
+    tree8 = kept[race_history.SHAPE + "tree8"]["starts"]
+    assert len(tree8) == 4 and tree8[-1][0][0] == 1.7                                   # the newest start last
+    assert race_history.SHAPE + "prophet" not in kept and "prophet" in kept           # the race's rounds, apart

@@ -6,6 +6,8 @@ under the AVX2 caps lookahead on the bug-fix example was judged 1.17 ± 0.06 gre
 the next (left out) and 1.08 at a third. So a start keeps its rounds here, and the next start on the same machine
 judges every strategy on its own rounds pooled with the last ``KEEP_STARTS`` starts' (``harness/steps.pooled``),
 and keeps the last start's tick where the pooled race is still too close to call (``pays.Verdict.previous``).
+The prophet's step shapes, timed at each start to choose the one the page starts on, are pooled and kept the same
+way (:meth:`RaceHistory.shapes`).
 
 "The same machine" is the key (:func:`race_key`): the code and presets, torch and transformers, the CPU and its
 threads (``web/settings.environment_digest``), the CPU's flags and its kernels' instruction set (the AVX2 caps
@@ -21,7 +23,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from decoding.harness.examples import DEFAULT_EXAMPLE
 from decoding.harness.steps import StepRatio, pooled
@@ -32,6 +34,7 @@ from web.settings import environment_digest
 VERSION = 1
 KEEP_STARTS = 4        # the starts a verdict pools (the oldest dropped first)
 KEEP_ENTRIES = 8       # machines (keys) kept in one file
+SHAPE = "shape "       # the prophet's step shapes' timings are kept beside the race, each as this and its name
 
 
 def race_key(config: str, tokens: int) -> dict:
@@ -89,6 +92,18 @@ class RaceHistory:
                 ticked[name] = kept["ticked"]
         return out, ticked
 
+    def shapes(self, steps: Mapping[str, StepRatio], names: Sequence[str]) -> dict[str, StepRatio]:
+        """``steps`` with each of ``names`` (the prophet's step shapes this start timed) pooled with the earlier
+        starts' timings of that shape, and this start's kept. The shape the page starts on then rests on the last
+        starts, not on one start's sample: five starts on an AMD EPYC Zen 5 timed the 8-node tree's step at 1.87-2.08
+        greedy steps, and three of them chose the 8-node tree, two the 4-node one."""
+        timed = {SHAPE + name: steps[name] for name in names if name in steps and steps[name].per_round}
+        if not timed:
+            return dict(steps)
+        joined, _ = self.pool(timed, {})
+        self.record(timed, {}, ())
+        return {**steps, **{name[len(SHAPE):]: step for name, step in joined.items()}}
+
     def record(self, raced: Mapping[str, StepRatio], params: Mapping[str, str], ticked: Any) -> None:
         """Keep this start's rounds of each raced strategy (after the earlier starts' at the same parameters, the
         newest ``KEEP_STARTS`` in all) and whether the start ticked it; a strategy this start did not race (its run
@@ -110,6 +125,8 @@ class RaceHistory:
             write_entries(self.path, VERSION, entries, KEEP_ENTRIES)
         except OSError:
             pass
+
+
 
 
 def params_text(params: Mapping[str, Any]) -> str:

@@ -79,13 +79,15 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     prophet fields start on and the prophet's verdict judges. ``steps``: what the start timed here
     (``timed_steps``): each shape's step, by shape name, and the default race, by strategy name; with them the shape
     rests on the timed steps and each raced strategy's verdict on its race, without them on the curve's model of
-    a step. ``history``: this machine's earlier starts' races (``web/race_history.py``), pooled with this start's
-    for the verdicts, and this start's kept in it. Without a curve (a GPU): all, and the library's shape."""
+    a step. ``history``: this machine's earlier starts' races and shape timings (``web/race_history.py``), pooled
+    with this start's for the verdicts and the shape, and this start's kept in it. Without a curve (a GPU): all, and the library's shape."""
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
         return dataclasses.replace(settings, strategies=DEFAULT_STRATEGIES, strategies_note="", ticked_note="",
                                    prophet_shape=(), prophet_note="")
+    if history is not None and steps:       # the shapes' steps pooled with this machine's last starts', and kept
+        steps = history.shapes(steps, [shape.name for shape in PROPHET_SHAPES])
     shape = choose_prophet_shape(curve, steps=steps)
     raced = {name: steps[name] for name in DEFAULT_STRATEGIES if steps and name in steps}
     params, previous, judged = {"prophet": params_text(dict(shape.shape.params))}, None, dict(raced)
