@@ -80,7 +80,8 @@ def chosen_strategies(settings: Settings, *, curve: Optional[Callable[[float], f
     (``timed_steps``): each shape's step, by shape name, and the default race, by strategy name; with them the shape
     rests on the timed steps and each raced strategy's verdict on its race, without them on the curve's model of
     a step. ``history``: this machine's earlier starts' races and shape timings (``web/race_history.py``), pooled
-    with this start's for the verdicts and the shape, and this start's kept in it. Without a curve (a GPU): all, and the library's shape."""
+    with this start's for the verdicts and the shape, and this start's kept. Without a curve (a GPU): all, and the
+    library's shape."""
     if curve is None:
         curve = machine_curve(settings.load(settings.default_target()), fast=settings.compiled)
     if curve is None:
