@@ -127,8 +127,6 @@ class RaceHistory:
             pass
 
 
-
-
 def params_text(params: Mapping[str, Any]) -> str:
     """A strategy's parameters beyond its defaults as the history compares them (``{}``: the defaults)."""
     return json.dumps(dict(params), sort_keys=True) if params else ""
