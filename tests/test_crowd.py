@@ -406,7 +406,11 @@ def test_a_visitor_who_stops_a_shared_run_leaves_it_to_the_others(app_url, count
 
 
 def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, app_state, monkeypatch):
+    """The holder's run is held a few steps in (``holding.hold_runs``) until the waiter has stopped its queued run: a
+    300-token answer once ended before the waiter's Stop on a fast machine, and the queued run had started."""
     monkeypatch.setattr(app_state.line, "capacity", 1)
+    release = threading.Event()
+    hold_runs(monkeypatch, release)
     holder, waiter, late = (Client(app_url, verbose=False) for _ in range(3))
     long = page_submit(holder, **_values(prompt="Write a long poem about rivers.", max_new=300, seed=11))
     wait_for(lambda: app_state.line.counts()["running"] == 1, timeout=120)
@@ -415,6 +419,7 @@ def test_a_full_line_answers_queue_full_and_keeps_serving(app_url, app_state, mo
     with pytest.raises(Exception, match="queue full: 1 runs are waiting"):
         page_run(late, **_values(prompt="Write a long poem about lakes.", max_new=4, seed=11))
     waiter.predict(api_name="/stop")
+    release.set()
     holder.predict(api_name="/stop")
     assert queued.result(timeout=120).status == "Stopped the queued run before it started."
     assert "Ran 1 strategies" in long.result(timeout=120).status
