@@ -87,9 +87,7 @@ length), and the next start's verdict rests on its rounds pooled with the last s
 medians over every round; an error no smaller than the starts' own scatter). A call that stays too close to
 make keeps the last start's (``previous``): a strategy does not flip in and out of the page between starts on
 noise, only when its pooled race is clear of the line. Its line says over how many starts it was raced. The
-prophet's shapes are pooled the same way before the shape is chosen (``RaceHistory.shapes``): five starts on one
-Zen 5 had timed the 8-node tree's step at 1.87-2.08 greedy steps, and chose the 8-node tree three times, the 4-node
-one twice.
+prophet's shapes are pooled the same way before the shape is chosen (``web/race_history.RaceHistory.shapes``).
 """
 
 from __future__ import annotations
